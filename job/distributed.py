@@ -1,0 +1,179 @@
+"""`job.initialize`: join the JAX cluster this process belongs to.
+
+    import job
+    info = job.initialize()          # first thing in main, before any JAX call
+    print(info.summary())
+
+Explicit arguments win over environment variables, which win over detection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import ClassVar
+
+from job.cluster import ClusterInfo, detect
+from job.cluster.base import read_id_list, read_int
+from job.errors import ConfigError, InitOrderError
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeouts:
+    """Seconds. jax's defaults (300/100/300) let a dead peer hang a job for minutes."""
+
+    init_s: int = 120  # every process must register with the coordinator within this
+    heartbeat_s: int = 10  # a silent peer is declared dead after this
+    shutdown_s: int = 60  # a clean exit waits this long for the slowest peer
+
+    ENV: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("init_s", "JOB_INIT_TIMEOUT"),
+        ("heartbeat_s", "JOB_HEARTBEAT_TIMEOUT"),
+        ("shutdown_s", "JOB_SHUTDOWN_TIMEOUT"),
+    )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Timeouts:
+        values = {
+            field: read_int(env, name, minimum=1, fix=f"set {name} to a whole number of seconds, or unset it")
+            for field, name in cls.ENV
+            if name in env
+        }
+        return cls(**values)
+
+
+def resolve(
+    env: Mapping[str, str],
+    *,
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    local_device_ids: Sequence[int] | None = None,
+) -> ClusterInfo:
+    """Detection, then environment overrides, then explicit arguments."""
+    info = detect(env)
+    overrides: dict[str, object] = {}
+    if "JAX_COORDINATOR_ADDRESS" in env:
+        overrides["coordinator_address"] = env["JAX_COORDINATOR_ADDRESS"]
+    if "JAX_LOCAL_DEVICE_IDS" in env:
+        overrides["local_device_ids"] = read_id_list(
+            env, "JAX_LOCAL_DEVICE_IDS", fix="give device ids such as '0,1', or unset it"
+        )
+    explicit = {
+        "coordinator_address": coordinator_address,
+        "num_processes": num_processes,
+        "process_id": process_id,
+        "local_device_ids": None if local_device_ids is None else tuple(local_device_ids),
+    }
+    overrides.update({k: v for k, v in explicit.items() if v is not None})
+    if not overrides:
+        return info
+    if info.kind == "single" and {"num_processes", "process_id"} <= overrides.keys():
+        info = dataclasses.replace(info, kind="manual")
+    info = dataclasses.replace(info, **overrides)
+    _validate(info)
+    return info
+
+
+def _validate(info: ClusterInfo) -> None:
+    fix = "pass num_processes >= 1 and 0 <= process_id < num_processes"
+    if info.num_processes < 1:
+        raise ConfigError("num_processes", expected="an integer >= 1", found=info.num_processes, fix=fix)
+    if not 0 <= info.process_id < info.num_processes:
+        raise ConfigError(
+            "process_id", expected=f"0 <= process_id < {info.num_processes}", found=info.process_id, fix=fix
+        )
+    if info.num_processes > 1 and not info.coordinator_address:
+        raise ConfigError(
+            "coordinator_address", expected="'host:port' of process 0", found=info.coordinator_address,
+            fix="pass coordinator_address= or set JAX_COORDINATOR_ADDRESS",
+        )
+    if info.coordinator_address and ":" not in info.coordinator_address:
+        raise ConfigError(
+            "coordinator_address", expected="'host:port'", found=info.coordinator_address,
+            fix="append the port, e.g. 'node1:61440'",
+        )
+
+
+def _exit_on_uncaught(previous):  # noqa: ANN001, ANN202
+    """An uncaught exception ends this process at once.
+
+    A normal interpreter exit runs jax's shutdown barrier, which waits for
+    every peer; the peers wait for us in their next collective. Leaving with
+    os._exit makes the failure visible to the launcher or Slurm in seconds.
+    """
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        previous(kind, value, tb)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        code = value.code if isinstance(value, SystemExit) and isinstance(value.code, int) else 1
+        os._exit(code or 1)
+
+    return hook
+
+
+def initialize(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    local_device_ids: Sequence[int] | None = None,
+    *,
+    timeouts: Timeouts | None = None,
+    exit_on_uncaught: bool = True,
+    env: Mapping[str, str] | None = None,
+) -> ClusterInfo:
+    """Detect the environment and start JAX's distributed runtime.
+
+    Call it first, before any other JAX call. Calling it again returns the same
+    record. In a single process nothing is started.
+    """
+    import jax
+    from jax._src import xla_bridge
+
+    env = os.environ if env is None else env
+    info = resolve(
+        env,
+        coordinator_address=coordinator_address,
+        num_processes=num_processes,
+        process_id=process_id,
+        local_device_ids=local_device_ids,
+    )
+    if jax.distributed.is_initialized():
+        if jax.process_index() != info.process_id or jax.process_count() != info.num_processes:
+            raise InitOrderError(
+                "jax.distributed was already initialised as process "
+                f"{jax.process_index()} of {jax.process_count()}, but this environment says "
+                f"{info.process_id} of {info.num_processes}. Fix: call job.initialize() once, "
+                "instead of jax.distributed.initialize()."
+            )
+        return info
+    if not info.is_multiprocess:
+        return info
+    if xla_bridge.backends_are_initialized():
+        raise InitOrderError(
+            "job.initialize() must run before any JAX computation: expected no JAX backend yet, "
+            "found one already started (something called jax.devices(), jnp.*, jax.jit(...)(), or "
+            "device_put first, possibly at import time). Fix: call job.initialize() at the very top "
+            "of main(), before building meshes, models or arrays."
+        )
+    timeouts = timeouts or Timeouts.from_env(env)
+    log.info("joining %s (timeouts %s)", info.summary(), timeouts)
+    if exit_on_uncaught:
+        sys.excepthook = _exit_on_uncaught(sys.excepthook)
+    jax.distributed.initialize(
+        coordinator_address=info.coordinator_address,
+        num_processes=info.num_processes,
+        process_id=info.process_id,
+        local_device_ids=list(info.local_device_ids) if info.local_device_ids is not None else None,
+        initialization_timeout=timeouts.init_s,
+        heartbeat_timeout_seconds=timeouts.heartbeat_s,
+        shutdown_timeout_seconds=timeouts.shutdown_s,
+    )
+    return info

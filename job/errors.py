@@ -1,0 +1,28 @@
+"""Errors that say what was expected, what was found, and how to fix it."""
+
+from __future__ import annotations
+
+
+class JobError(Exception):
+    """Base class of the errors this package raises on purpose."""
+
+
+class ConfigError(JobError, ValueError):
+    """Bad input: a value that cannot work, caught before anything starts.
+
+    The message always has the same three parts, so users learn where to look:
+    what was expected, what was found, and the fix.
+    """
+
+    def __init__(self, what: str, *, expected: str, found: object, fix: str) -> None:
+        self.what = what
+        self.expected = expected
+        self.found = found
+        self.fix = fix
+        super().__init__(
+            f"{what}: expected {expected}, found {found!r}. Fix: {fix}"
+        )
+
+
+class InitOrderError(JobError, RuntimeError):
+    """`job.initialize` was called after JAX had already started its backends."""

@@ -1,0 +1,151 @@
+"""A group of child processes that live and die together.
+
+Used by the local launcher (and by anything else that runs N ranks on one
+machine). Each child runs in its own session so a signal can reach its whole
+process tree; its output is copied line by line with a ``[rank N]`` prefix.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import IO
+
+log = logging.getLogger("job.launch")
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+STOPPING = (signal.SIGINT, signal.SIGTERM)
+# Lines the gloo backend prints once per peer; they drown real output at scale.
+_NOISE = ("[Gloo] Rank ",)
+
+
+def exit_code(returncode: int) -> int:
+    """A child's return code as a shell would report it (killed by signal N -> 128+N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class ProcessGroup:
+    def __init__(
+        self,
+        command: list[str],
+        envs: list[dict[str, str]],
+        *,
+        prefix: bool = True,
+        kill_after_s: float = 5.0,
+        stop_timeout_s: float = 60.0,
+        poll_s: float = 0.05,
+    ) -> None:
+        self.command = command
+        self.envs = envs
+        self.prefix = prefix
+        self.kill_after_s = kill_after_s
+        self.stop_timeout_s = stop_timeout_s
+        self.poll_s = poll_s
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._pumps: list[threading.Thread] = []
+        self._write_lock = threading.Lock()
+        self._signals: list[int] = []
+
+    # ------------------------------------------------------------------ output
+    def _pump(self, rank: int, pipe: IO[bytes], out: IO[str]) -> None:
+        tag = f"[rank {rank}] " if self.prefix else ""
+        for raw in iter(pipe.readline, b""):
+            line = raw.decode("utf-8", errors="replace")
+            if line.startswith(_NOISE) and "is connected to" in line:
+                continue
+            with self._write_lock:
+                out.write(tag + (line if line.endswith("\n") else line + "\n"))
+                out.flush()
+        pipe.close()
+
+    # ------------------------------------------------------------------ signals
+    def _send(self, sig: int, procs: list[subprocess.Popen[bytes]] | None = None) -> None:
+        for proc in procs if procs is not None else self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._signals.append(signum)
+        if signum in STOPPING and self._signals.count(signum) > 1:
+            log.warning("second %s: killing every process now", signal.Signals(signum).name)
+            self._send(signal.SIGKILL)
+            return
+        log.info("forwarding %s to %d processes", signal.Signals(signum).name, len(self.procs))
+        self._send(signum)
+
+    # ------------------------------------------------------------------ running
+    def start(self) -> None:
+        for rank, env in enumerate(self.envs):
+            proc = subprocess.Popen(
+                self.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+            self.procs.append(proc)
+            for pipe, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+                thread = threading.Thread(target=self._pump, args=(rank, pipe, out), daemon=True)
+                thread.start()
+                self._pumps.append(thread)
+
+    def _stop_others(self, failed_rank: int, code: int) -> None:
+        log.error(
+            "rank %d exited with code %d; stopping the other %d process(es)",
+            failed_rank, code, sum(p.poll() is None for p in self.procs),
+        )
+        self._send(signal.SIGTERM)
+        self._wait_all(self.kill_after_s)
+        self._send(signal.SIGKILL)
+
+    def _wait_all(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
+            time.sleep(self.poll_s)
+
+    def watch(self) -> int:
+        """Block until every child has exited; return the first failure's code, or 0."""
+        stop_deadline: float | None = None
+        while True:
+            if self._signals and stop_deadline is None and set(self._signals) & set(STOPPING):
+                stop_deadline = time.monotonic() + self.stop_timeout_s
+            if stop_deadline is not None and time.monotonic() > stop_deadline:
+                log.error("processes still running %.0f s after the signal; killing them", self.stop_timeout_s)
+                self._send(signal.SIGKILL)
+                stop_deadline = float("inf")
+            for rank, proc in enumerate(self.procs):
+                rc = proc.poll()
+                if rc is not None and rc != 0:
+                    code = exit_code(rc)
+                    if stop_deadline is None:
+                        self._stop_others(rank, code)
+                    else:
+                        self._wait_all(self.kill_after_s)
+                        self._send(signal.SIGKILL)
+                    self._finish()
+                    return code
+            if all(p.poll() is not None for p in self.procs):
+                self._finish()
+                return 0
+            time.sleep(self.poll_s)
+
+    def _finish(self) -> None:
+        for proc in self.procs:
+            proc.wait()
+        for thread in self._pumps:
+            thread.join(timeout=5)
+
+    def run(self) -> int:
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in FORWARDED}
+        try:
+            self.start()
+            return self.watch()
+        finally:
+            self._send(signal.SIGKILL)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

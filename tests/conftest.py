@@ -1,0 +1,28 @@
+"""Shared test machinery.
+
+Tiers: a test whose engine is absent (no Slurm, no podman) skips with the
+reason; with JOB_REQUIRE_ALL_TIERS=1 (CI sets it) every skip is a failure,
+so a green CI run proves every tier ran.
+"""
+
+from __future__ import annotations
+
+import os
+
+# In-process unit tests see 8 CPU devices; must precede any jax import.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest  # noqa: E402
+
+REQUIRE_ALL_TIERS = os.environ.get("JOB_REQUIRE_ALL_TIERS") == "1"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # noqa: ANN201
+    outcome = yield
+    report = outcome.get_result()
+    if REQUIRE_ALL_TIERS and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped, but JOB_REQUIRE_ALL_TIERS=1 requires every tier: {reason}"

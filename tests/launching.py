@@ -1,0 +1,55 @@
+"""Run programs under `python -m job.launch` from tests, with readable failures."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = ROOT / "tests" / "scenarios"
+
+
+def launcher_argv(n: int, command: list[str], *, devices: int | None = 2, extra: tuple[str, ...] = ()) -> list[str]:
+    argv = [sys.executable, "-m", "job.launch", "-n", str(n), *extra]
+    if devices is not None:
+        argv += ["--devices-per-process", str(devices)]
+    return [*argv, "--", *command]
+
+
+def scenario(name: str, *args: str) -> list[str]:
+    return [sys.executable, str(SCENARIOS / name), *args]
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["JAX_PLATFORMS"] = "cpu"
+    env.update(extra)
+    return env
+
+
+def explain(proc: subprocess.CompletedProcess[str] | subprocess.Popen[str], out: str, err: str) -> str:
+    return f"exit code {proc.returncode}\n--- stdout (every rank) ---\n{out}\n--- stderr (every rank) ---\n{err}"
+
+
+def run(argv: list[str], *, timeout: float = 180, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, env=child_env(**env), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float) -> list[str]:
+    """Read proc's stdout until a line contains `needle`; return the lines read."""
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if needle in line:
+            return lines
+    proc.send_signal(signal.SIGKILL)
+    raise AssertionError(f"no line with {needle!r} within {timeout} s; got:\n{''.join(lines)}")

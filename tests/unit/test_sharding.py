@@ -1,0 +1,317 @@
+"""Tests for job.sharding on 8 fake CPU devices.
+
+These tests need 8 host devices. tests/conftest.py sets
+XLA_FLAGS=--xla_force_host_platform_device_count=8 before jax is imported; the
+guard below does the same when this file is the first to import jax. By hand:
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 pytest tests/unit/test_sharding.py -q
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+_FLAG = "--xla_force_host_platform_device_count=8"
+if "jax" not in sys.modules and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}".strip()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+import pytest  # noqa: E402
+from flax import nnx  # noqa: E402
+from jax.sharding import AxisType, Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from job import sharding as sh  # noqa: E402
+from job.errors import ConfigError  # noqa: E402
+
+AUTO2 = (AxisType.Auto, AxisType.Auto)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def eight_devices() -> None:
+    assert jax.device_count() == 8, (
+        f"job.sharding tests need 8 devices, found {jax.device_count()}: set "
+        f"XLA_FLAGS={_FLAG} before jax is imported (tests/conftest.py should do this)")
+
+
+@pytest.fixture(scope="module")
+def mesh42() -> Mesh:
+    return sh.make_mesh(model_axis=2)
+
+
+class Net(nnx.Module):
+    """Annotated layers, an unannotated variable and three bad annotations."""
+
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.up = nnx.Linear(4, 8, kernel_metadata=sh.axes("embed", "mlp"),
+                             bias_metadata=sh.axes("mlp"), rngs=rngs)
+        self.down = nnx.Linear(8, 4, kernel_init=sh.partitioned(nnx.initializers.lecun_normal(),
+                                                               ("mlp", "embed")), rngs=rngs)
+        self.plain = nnx.Param(jnp.arange(6.0))
+        self.bad_rank = nnx.Param(jnp.ones((4, 8)), **sh.axes("embed"))
+        self.bad_name = nnx.Param(jnp.ones((4,)), **sh.axes("bogus"))
+        self.bad_div = nnx.Param(jnp.ones((6, 8)), **sh.axes("embed", "mlp"))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down(nnx.relu(self.up(x)))
+
+
+def specs(node: object) -> dict[str, P]:
+    return {k: s.spec for k, s in sh.sharding_of(node).items()}
+
+
+def shard_quietly(node: object, mesh: Mesh, rule: str) -> list[str]:
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        sh.shard_model(node, mesh, rule)
+    return [str(w.message) for w in rec if issubclass(w.category, UserWarning)]
+
+
+# --- constants and annotations -------------------------------------------------------------
+
+def test_constants() -> None:
+    assert sh.LOGICAL_AXES == ("embed", "mlp", "heads", "vocab", "in", "out")
+    assert (sh.MODEL_AXIS, sh.DATA_AXIS) == ("model", "data")
+    assert dict(sh.RULES) == {
+        "replicated": tuple((n, None) for n in sh.LOGICAL_AXES),
+        "fsdp": (("embed", "data"), ("mlp", None), ("heads", None), ("vocab", None),
+                 ("in", None), ("out", None)),
+        "tensor": (("embed", None), ("mlp", "model"), ("heads", "model"), ("vocab", "model"),
+                   ("in", None), ("out", None)),
+    }
+    assert all(isinstance(v, tuple) for v in sh.RULES.values())
+    with pytest.raises(TypeError):
+        sh.RULES["mine"] = ()  # type: ignore[index]
+
+
+def test_axes_and_partitioned_values() -> None:
+    assert sh.axes("embed", "mlp") == {"out_sharding": ("embed", "mlp"), "eager_sharding": False}
+    assert sh.axes() == {"out_sharding": (), "eager_sharding": False}
+    p = nnx.Param(sh.partitioned(nnx.initializers.ones, ("embed", "mlp"))(jax.random.key(0), (4, 8)))
+    meta = p.get_metadata()
+    assert meta["out_sharding"] == ("embed", "mlp") and meta["eager_sharding"] is False
+    assert p.shape == (4, 8) and float(p[...].sum()) == 32.0
+
+
+def test_constructing_model_needs_no_mesh() -> None:
+    assert jax.sharding.get_abstract_mesh().empty
+    net = Net(nnx.Rngs(0))
+    assert net.up.kernel.get_metadata()["out_sharding"] == ("embed", "mlp")
+    assert net.down.kernel.get_metadata()["out_sharding"] == ("mlp", "embed")
+    assert len(net.up.kernel[...].sharding.device_set) == 1  # inert: not placed yet
+
+
+# --- meshes --------------------------------------------------------------------------------
+
+def test_make_mesh_forms() -> None:
+    m = sh.make_mesh()
+    assert m.axis_names == ("data", "model") and dict(m.shape) == {"data": 8, "model": 1}
+    assert tuple(m.axis_types) == AUTO2
+    m = sh.make_mesh(model_axis=2)
+    assert dict(m.shape) == {"data": 4, "model": 2}
+    devs = jax.devices()[:4]
+    m = sh.make_mesh(devs, model_axis=2)
+    assert dict(m.shape) == {"data": 2, "model": 2} and set(m.devices.flat) == set(devs)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 3, 16, True, 2.0])
+def test_make_mesh_rejects_non_divisors(bad: object) -> None:
+    with pytest.raises(ValueError, match="positive divisor of the device count 8") as e:
+        sh.make_mesh(model_axis=bad)  # type: ignore[arg-type]
+    assert isinstance(e.value, ConfigError) and "[1, 2, 4, 8]" in str(e.value)
+
+
+def test_batch_axes_and_divisor(mesh42: Mesh) -> None:
+    assert sh.batch_axes(mesh42) == ("data",) and sh.batch_size_divisor(mesh42) == 4
+    m3 = jax.make_mesh((2, 2, 2), ("replica", "data", "model"), axis_types=(AxisType.Auto,) * 3)
+    assert sh.batch_axes(m3) == ("replica", "data") and sh.batch_size_divisor(m3) == 4
+    assert sh.batch_size_divisor(sh.make_mesh(model_axis=8)) == 1
+
+
+def test_resolve_mesh(mesh42: Mesh) -> None:
+    assert sh.resolve_mesh(None) is None
+    assert sh.resolve_mesh(mesh42) is mesh42
+    assert dict(sh.resolve_mesh("auto").shape) == {"data": 8, "model": 1}
+    assert dict(sh.resolve_mesh({"model_axis": 2}).shape) == {"data": 4, "model": 2}
+    for bad in ("bogus", 3, ["auto"]):
+        with pytest.raises(ConfigError, match="expected None, a jax.sharding.Mesh, 'auto'") as e:
+            sh.resolve_mesh(bad)  # type: ignore[arg-type]
+        assert repr(bad) in str(e.value) and "Fix:" in str(e.value)
+    with pytest.raises(ConfigError, match="model_axes"):
+        sh.resolve_mesh({"model_axes": 2})
+
+
+def test_pad_for_mesh(mesh42: Mesh) -> None:
+    assert sh.pad_for_mesh(10, mesh42) == (12, 10)
+    assert sh.pad_for_mesh(8, mesh42) == (8, 8)
+    assert sh.pad_for_mesh(1, mesh42) == (4, 1)
+    assert sh.pad_for_mesh(0, mesh42) == (0, 0)
+    with pytest.raises(ConfigError, match="non-negative int"):
+        sh.pad_for_mesh(-1, mesh42)
+
+
+def test_mesh_context_sets_and_restores(mesh42: Mesh) -> None:
+    assert jax.sharding.get_abstract_mesh().empty
+    with sh.mesh_context(mesh42) as m:
+        assert m is mesh42
+        assert jax.sharding.get_abstract_mesh() == mesh42.abstract_mesh
+    assert jax.sharding.get_abstract_mesh().empty
+    with pytest.raises(RuntimeError), sh.mesh_context(mesh42):
+        raise RuntimeError("boom")
+    assert jax.sharding.get_abstract_mesh().empty
+    with sh.mesh_context(None) as m:
+        assert m is None and jax.sharding.get_abstract_mesh().empty
+
+
+# --- shard_model ---------------------------------------------------------------------------
+
+EXPECTED = {
+    "replicated": {"up/kernel": P(), "up/bias": P(), "down/kernel": P(), "down/bias": P(),
+                   "bad_div": P()},
+    "fsdp": {"up/kernel": P("data"), "up/bias": P(), "down/kernel": P(None, "data"),
+             "down/bias": P(), "bad_div": P()},
+    "tensor": {"up/kernel": P(None, "model"), "up/bias": P("model"), "down/kernel": P("model"),
+               "down/bias": P(), "bad_div": P(None, "model")},
+}
+BAD = {"replicated": {"bad_rank", "bad_name"}, "fsdp": {"bad_rank", "bad_name", "bad_div"},
+       "tensor": {"bad_rank", "bad_name"}}
+
+
+@pytest.mark.parametrize("rule", ["replicated", "fsdp", "tensor"])
+def test_shard_model_specs_and_single_warning(rule: str, mesh42: Mesh) -> None:
+    net = Net(nnx.Rngs(0))
+    before = {k: np.asarray(v) for k, v in nnx.to_pure_dict(nnx.state(net)).items()
+              if not isinstance(v, dict)}
+    msgs = shard_quietly(net, mesh42, rule)
+    got = specs(net)
+    assert {k: got[k] for k in EXPECTED[rule]} == EXPECTED[rule]
+    for k in ("plain", "bad_rank", "bad_name"):
+        assert got[k] == P()
+    for s in sh.sharding_of(net).values():
+        assert s.mesh == mesh42 and len(s.device_set) == 8
+    fell = [m for m in msgs if "fell back" in m]
+    assert len(fell) == 1
+    named = {line.split(":")[0].strip() for line in fell[0].splitlines()[1:] if line.startswith("  ")}
+    assert named == BAD[rule]
+    assert "1 names ('embed',) for an array of rank 2" in fell[0]
+    assert "unknown logical axis 'bogus'" in fell[0]
+    assert ("not divisible by mesh size 4" in fell[0]) == (rule == "fsdp")
+    assert len([m for m in msgs if "experimental" in m]) == (rule != "replicated")
+    assert len(msgs) == 1 + (rule != "replicated")
+    for k, v in before.items():
+        np.testing.assert_array_equal(np.asarray(getattr(net, k)[...]), v)
+
+
+def test_shard_model_warns_with_pytest_warns(mesh42: Mesh) -> None:
+    net = Net(nnx.Rngs(0))
+    with pytest.warns(UserWarning, match=r"2 variable\(s\) fell back to replicated") as rec:
+        assert sh.shard_model(net, mesh42) is net
+    assert len(rec) == 1
+
+
+def test_shard_model_idempotent(mesh42: Mesh) -> None:
+    net = Net(nnx.Rngs(0))
+    shard_quietly(net, mesh42, "tensor")
+    first = sh.sharding_of(net)
+    vals = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(net)))
+    shard_quietly(net, mesh42, "tensor")
+    assert sh.sharding_of(net) == first
+    jax.tree.map(np.testing.assert_array_equal, vals,
+                 jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(net))))
+
+
+def test_mesh_lacking_mapped_axis_falls_back() -> None:
+    data_only = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    net = Net(nnx.Rngs(0))
+    msgs = [m for m in shard_quietly(net, data_only, "tensor") if "fell back" in m]
+    assert len(msgs) == 1
+    assert "up/kernel: 'mlp' maps to mesh axis 'model', absent from mesh axes ('data',)" in msgs[0]
+    assert specs(net)["up/kernel"] == P()
+
+
+def test_unknown_rule() -> None:
+    with pytest.raises(ValueError) as e:
+        sh.shard_model(Net(nnx.Rngs(0)), sh.make_mesh(), "zero3")
+    msg = str(e.value)
+    assert isinstance(e.value, ConfigError)
+    assert "'zero3'" in msg and "['fsdp', 'replicated', 'tensor']" in msg and "Fix:" in msg
+
+
+def test_explicit_mesh_warns() -> None:
+    explicit = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    model = nnx.Linear(4, 8, kernel_metadata=sh.axes("embed", "mlp"), rngs=nnx.Rngs(0))
+    with pytest.warns(UserWarning, match="Explicit axes"):
+        sh.shard_model(model, explicit)
+    assert model.kernel[...].sharding.mesh == explicit
+
+
+def test_optimizer_state_follows_params(mesh42: Mesh) -> None:
+    net = Net(nnx.Rngs(0))
+    opt = nnx.Optimizer(net, optax.adam(1e-2), wrt=nnx.Param)
+    shard_quietly(net, mesh42, "tensor")
+    msgs = shard_quietly(opt, mesh42, "tensor")
+    assert len([m for m in msgs if "fell back" in m]) == 1
+    params, state = specs(net), specs(opt)
+    for moment in ("mu", "nu"):
+        for k in ("up/kernel", "up/bias", "down/kernel", "bad_div", "plain"):
+            assert state[f"opt_state/0/{moment}/{k}"] == params[k]
+    assert state["opt_state/0/mu/up/kernel"] == P(None, "model")
+    assert state["opt_state/0/count"] == P() and state["step"] == P()
+
+    @nnx.jit
+    def step(net: Net, opt: nnx.Optimizer, x: jax.Array) -> None:
+        grads = nnx.grad(lambda m: jnp.mean(m(x) ** 2))(net)
+        opt.update(net, grads)
+
+    step(net, opt, sh.shard_batch(jnp.ones((8, 4)), mesh42))
+    assert int(opt.step[...]) == 1
+    assert specs(net)["up/kernel"] == P(None, "model")  # still sharded after an update
+
+
+def test_shard_model_handles_rng_keys(mesh42: Mesh) -> None:
+    rngs = nnx.Rngs(0)
+    sh.shard_model(rngs, mesh42)
+    got = sh.sharding_of(rngs)
+    assert set(got) == {"default/count", "default/key"}
+    assert all(s.spec == P() and len(s.device_set) == 8 for s in got.values())
+
+
+# --- batches -------------------------------------------------------------------------------
+
+def test_shard_batch(mesh42: Mesh) -> None:
+    x = np.arange(48.0).reshape(16, 3)
+    batch = {"x": x, "y": jnp.arange(16), "n": 5, "s": "abc", "none": None, "t": jnp.float32(2.0)}
+    out = sh.shard_batch(batch, mesh42)
+    assert out["x"].sharding == NamedSharding(mesh42, P("data"))
+    assert out["y"].sharding.spec == P("data") and out["t"].sharding.spec == P()
+    np.testing.assert_array_equal(np.asarray(out["x"]), x)
+    assert out["n"] == 5 and out["s"] == "abc" and out["none"] is None
+    assert len(out["x"].addressable_shards) == 8 and out["x"].addressable_shards[0].data.shape == (4, 3)
+    same = sh.shard_sample_init(batch, mesh42)
+    assert same["x"].sharding == out["x"].sharding
+    with pytest.raises(ConfigError, match="multiple of 4"):
+        sh.shard_batch({"x": np.ones((6, 2))}, mesh42)
+
+
+def test_replicate(mesh42: Mesh) -> None:
+    out = sh.replicate({"a": np.ones((3, 5)), "b": 7, "c": "s"}, mesh42)
+    assert out["a"].sharding == NamedSharding(mesh42, P()) and len(out["a"].sharding.device_set) == 8
+    assert out["b"] == 7 and out["c"] == "s"
+
+
+def test_check_batch_divisible() -> None:
+    mesh = sh.make_mesh()
+    assert sh.check_batch_divisible({"x": np.ones((16, 2)), "y": np.ones(16), "k": 3}, mesh, "train batch") == 16
+    with pytest.raises(ConfigError) as e:
+        sh.check_batch_divisible({"x": np.ones((12, 2))}, mesh, "train batch")
+    msg = str(e.value)
+    assert msg.startswith("train batch:") and "found 12" in msg and "multiple of 8" in msg
+    assert "use a batch size that is a multiple of 8, e.g. 16" in msg
+    with pytest.raises(ConfigError, match=r"found \[8, 12\]") as e:
+        sh.check_batch_divisible({"x": np.ones((8, 2)), "y": np.ones(12)}, mesh, "eval batch")
+    assert str(e.value).startswith("eval batch:")
