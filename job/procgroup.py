@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -50,6 +51,7 @@ class ProcessGroup:
         self._pumps: list[threading.Thread] = []
         self._write_lock = threading.Lock()
         self._signals: list[int] = []
+        self._exits: queue.Queue[tuple[int, int]] = queue.Queue()
 
     # ------------------------------------------------------------------ output
     def _pump(self, rank: int, pipe: IO[bytes], out: IO[str]) -> None:
@@ -93,6 +95,8 @@ class ProcessGroup:
                 thread = threading.Thread(target=self._pump, args=(rank, pipe, out), daemon=True)
                 thread.start()
                 self._pumps.append(thread)
+            # One waiter per child: exits arrive in the order they happened.
+            threading.Thread(target=lambda r=rank, p=proc: self._exits.put((r, p.wait())), daemon=True).start()
 
     def _stop_others(self, failed_rank: int, code: int) -> None:
         log.error(
@@ -111,28 +115,30 @@ class ProcessGroup:
     def watch(self) -> int:
         """Block until every child has exited; return the first failure's code, or 0."""
         stop_deadline: float | None = None
-        while True:
-            if self._signals and stop_deadline is None and set(self._signals) & set(STOPPING):
+        running = len(self.procs)
+        while running:
+            if stop_deadline is None and set(self._signals) & set(STOPPING):
                 stop_deadline = time.monotonic() + self.stop_timeout_s
             if stop_deadline is not None and time.monotonic() > stop_deadline:
                 log.error("processes still running %.0f s after the signal; killing them", self.stop_timeout_s)
                 self._send(signal.SIGKILL)
                 stop_deadline = float("inf")
-            for rank, proc in enumerate(self.procs):
-                rc = proc.poll()
-                if rc is not None and rc != 0:
-                    code = exit_code(rc)
-                    if stop_deadline is None:
-                        self._stop_others(rank, code)
-                    else:
-                        self._wait_all(self.kill_after_s)
-                        self._send(signal.SIGKILL)
-                    self._finish()
-                    return code
-            if all(p.poll() is not None for p in self.procs):
+            try:
+                rank, rc = self._exits.get(timeout=self.poll_s)
+            except queue.Empty:
+                continue
+            running -= 1
+            if rc != 0:
+                code = exit_code(rc)
+                if stop_deadline is None:
+                    self._stop_others(rank, code)
+                else:
+                    self._wait_all(self.kill_after_s)
+                    self._send(signal.SIGKILL)
                 self._finish()
-                return 0
-            time.sleep(self.poll_s)
+                return code
+        self._finish()
+        return 0
 
     def _finish(self) -> None:
         for proc in self.procs:

@@ -1,0 +1,31 @@
+"""`python -m job demo` (what `make run-local` runs) on 4 processes x 2 devices, and alone."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.launching import explain, launcher_argv, run
+
+pytestmark = pytest.mark.multiprocess
+
+
+def test_demo_on_4_processes_checks_the_global_result_on_every_rank() -> None:
+    proc = run(launcher_argv(4, [sys.executable, "-m", "job", "demo"]))
+    assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
+    assert "[rank 0] [demo-4x2] local cluster: process 0 of 4" in proc.stdout
+    assert "[rank 0]   mesh: {'data': 4, 'model': 2}; flat mesh: {'devices': 8}" in proc.stdout
+    # closed form: 0.01 * 8 * 16 * sum(range(32)) = 634.88
+    assert "[rank 0]   tensor-parallel layer over the global batch: 634.8800" in proc.stdout
+    assert "[rank 0] demo OK" in proc.stdout
+    # only process 0 reports
+    assert not any(line.startswith(("[rank 1]", "[rank 2]", "[rank 3]")) for line in proc.stdout.splitlines())
+    assert "Warning" not in proc.stderr
+
+
+def test_demo_in_a_single_process_needs_no_launcher() -> None:
+    proc = run([sys.executable, "-m", "job", "demo"], timeout=120)
+    assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
+    assert "single cluster: process 0 of 1" in proc.stdout
+    assert "demo OK" in proc.stdout

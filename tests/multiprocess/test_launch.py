@@ -1,0 +1,109 @@
+"""`python -m job.launch`: bad input, output, fail-fast, signals. Real processes."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.launching import ROOT, child_env, explain, launcher_argv, run, scenario, wait_for_line
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-n", "0"], "argument -n/--nproc: expected a whole number >= 1, found '0'"),
+        (["-n", "abc"], "argument -n/--nproc: expected a whole number >= 1, found 'abc'"),
+        (["-n", "2", "--devices-per-process", "-1"], "expected a whole number >= 1, found '-1'"),
+        (["-n", "2", "--port", "70000"], "expected a TCP port 1..65535, found '70000'"),
+        (["-n", "2", "--"], "expected a command after '--', found none"),
+        (["-n", "2"], "expected a command after '--', found none"),
+        (["-n", "2", "--", "no-such-program-xyz"], "found 'no-such-program-xyz' (not on PATH)"),
+    ],
+)
+def test_bad_input_is_one_clear_error_and_starts_nothing(args: list[str], message: str, tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    command = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    if "--" in args:
+        argv = [sys.executable, "-m", "job.launch", *args] if args[-1] != "--" else [sys.executable, "-m", "job.launch", *args]
+    else:
+        argv = [sys.executable, "-m", "job.launch", *args]
+    if args == ["-n", "2", "--devices-per-process", "-1"] or args[:2] == ["-n", "0"] or args[:2] == ["-n", "abc"]:
+        argv += ["--", *command]
+    if "--port" in args:
+        argv += ["--", *command]
+    proc = run(argv, timeout=30)
+    assert proc.returncode == 2, explain(proc, proc.stdout, proc.stderr)
+    assert message in proc.stderr
+    assert "usage: python -m job.launch" in proc.stderr
+    assert not marker.exists()
+
+
+def test_output_is_prefixed_per_rank_and_gloo_noise_dropped() -> None:
+    code = "import job, jax; job.initialize(); print('devices', jax.local_device_count(), jax.device_count())"
+    proc = run(launcher_argv(3, [sys.executable, "-c", code]), timeout=120)
+    assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
+    for rank in range(3):
+        assert f"[rank {rank}] devices 2 6\n" in proc.stdout
+    assert "[Gloo]" not in proc.stdout + proc.stderr
+
+
+def test_exit_code_of_the_first_failure_passes_through() -> None:
+    started = time.monotonic()
+    proc = run(launcher_argv(4, scenario("hold.py", "exit", "3", "7")), timeout=120)
+    assert proc.returncode == 7, explain(proc, proc.stdout, proc.stderr)
+    assert "rank 3 exited with code 7; stopping the other 3 process(es)" in proc.stderr
+    assert time.monotonic() - started < 60
+
+
+def test_exception_in_one_rank_stops_all_with_its_traceback() -> None:
+    proc = run(launcher_argv(4, scenario("hold.py", "raise", "1")), timeout=120)
+    assert proc.returncode == 1, explain(proc, proc.stdout, proc.stderr)
+    assert "[rank 1] RuntimeError: injected failure on rank 1" in proc.stderr
+    assert "rank 1 exited with code 1" in proc.stderr
+
+
+def _start_held(n: int, *extra: str) -> tuple[subprocess.Popen[str], dict[int, int]]:
+    proc = subprocess.Popen(
+        launcher_argv(n, scenario("hold.py", *extra)), env=child_env(), cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    pids: dict[int, int] = {}
+    while len(pids) < n:
+        line = wait_for_line(proc, "ready pid=", timeout=120)[-1]
+        rank, pid = re.match(r"\[rank (\d+)\] ready pid=(\d+)", line).groups()  # type: ignore[union-attr]
+        pids[int(rank)] = int(pid)
+    return proc, pids
+
+
+@pytest.mark.parametrize("victim", [0, 2])
+def test_sigkill_of_one_rank_stops_the_job_within_15_s(victim: int) -> None:
+    proc, pids = _start_held(4, "hold")
+    killed = time.monotonic()
+    os.kill(pids[victim], signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
+    elapsed = time.monotonic() - killed
+    print(f"SIGKILL of rank {victim}: launcher exited {proc.returncode} after {elapsed:.2f} s")
+    assert proc.returncode == 128 + signal.SIGKILL, explain(proc, out, err)
+    assert f"rank {victim} exited with code 137" in err
+    assert elapsed < 15
+    for pid in pids.values():
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_sigterm_is_forwarded_to_every_rank_and_their_code_returned(tmp_path: Path) -> None:
+    proc, pids = _start_held(4, "term", "-1", str(tmp_path))
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 42, explain(proc, out, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"term{r}" for r in range(4)]
+    assert all((tmp_path / f"term{r}").read_text() == str(int(signal.SIGTERM)) for r in range(4))
