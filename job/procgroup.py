@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -21,8 +22,27 @@ log = logging.getLogger("job.launch")
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING = (signal.SIGINT, signal.SIGTERM)
-# Lines the gloo backend prints once per peer; they drown real output at scale.
-_NOISE = ("[Gloo] Rank ",)
+# Gloo prints "[Gloo] Rank N is connected to M peer ranks. Expected number of
+# connected peer ranks is : M" once per device, from several threads at once,
+# so the pieces interleave into fragment lines. They drown real output at scale.
+_GLOO_WORDS = re.compile(
+    r"\[Gloo\] Rank|is connected to|peer ranks\.|Expected number of connected peer ranks is :|\d+|\s+"
+)
+_GLOO_WINDOW = 4  # fragment lines that may follow a gloo line
+
+
+class GlooFilter:
+    """Drops gloo's connection lines and the fragments that follow them, per stream."""
+
+    def __init__(self) -> None:
+        self._since_gloo = _GLOO_WINDOW
+
+    def keep(self, line: str) -> bool:
+        if "[Gloo]" in line or "is connected to" in line:
+            self._since_gloo = 0
+            return False
+        self._since_gloo += 1
+        return not (self._since_gloo <= _GLOO_WINDOW and not _GLOO_WORDS.sub("", line))
 
 
 def exit_code(returncode: int) -> int:
@@ -56,9 +76,10 @@ class ProcessGroup:
     # ------------------------------------------------------------------ output
     def _pump(self, rank: int, pipe: IO[bytes], out: IO[str]) -> None:
         tag = f"[rank {rank}] " if self.prefix else ""
+        noise = GlooFilter()
         for raw in iter(pipe.readline, b""):
             line = raw.decode("utf-8", errors="replace")
-            if line.startswith(_NOISE) and "is connected to" in line:
+            if not noise.keep(line):
                 continue
             with self._write_lock:
                 out.write(tag + (line if line.endswith("\n") else line + "\n"))
