@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 NPROC ?= 4
 DEVICES ?= 2
-ARGS ?= demo
+ARGS ?= train --run-dir runs/local
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help

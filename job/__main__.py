@@ -1,26 +1,42 @@
 """`python -m job COMMAND`: the entry point every target runs.
 
-    python -m job demo      # cluster smoke test (what `make run-local` runs for now)
+    python -m job train [--steps 200 --model.layers 2 ...]   # the example training job
+    python -m job demo                                        # cluster smoke test
+    python -m job tokenize INPUT.txt OUTPUT.npy               # text -> byte-level token file
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 
+USAGE = __doc__.strip().split("\n", 1)[1]
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m job", description="Run a job on this cluster.")
-    sub = parser.add_subparsers(dest="command")
-    sub.add_parser("demo", help="join the cluster and check a data- and tensor-parallel computation")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if args.command in (None, "demo"):
+    args = sys.argv[1:] if argv is None else argv
+    command, rest = (args[0], args[1:]) if args else ("train", [])
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    for noisy in ("absl", "jax._src", "orbax"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if command == "train" or command.startswith("--"):
+        from job import config, train
+
+        return train.run(config.parse(rest if command == "train" else args))
+    if command == "demo":
         from job.demo import DemoConfig, run
 
         run(DemoConfig())
-    return 0
+        return 0
+    if command == "tokenize" and len(rest) == 2:
+        from job.data import tokenize_text
+
+        count = tokenize_text(rest[0], rest[1])
+        print(f"wrote {count} byte-level tokens to {rest[1]}")
+        return 0
+    print(f"usage:\n{USAGE}\nexpected one of the commands above, found {' '.join(args)!r}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -164,7 +164,7 @@ def initialize(
             "of main(), before building meshes, models or arrays."
         )
     timeouts = timeouts or Timeouts.from_env(env)
-    log.info("joining %s (timeouts %s)", info.summary(), timeouts)
+    log.debug("joining %s (timeouts %s)", info.summary(), timeouts)
     if exit_on_uncaught:
         sys.excepthook = _exit_on_uncaught(sys.excepthook)
     jax.distributed.initialize(

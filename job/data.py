@@ -1,0 +1,263 @@
+"""The training job's input pipeline: every process makes only its own rows.
+
+    from job import data
+    cfg = data.DataConfig(source="reverse", global_batch=32)   # or "tokens.npy"
+    source = data.make_source(cfg, vocab_size=32, seq_len=32)
+    rows = data.local_rows(source, split="train", step=step,
+                           process_index=jax.process_index(),
+                           process_count=jax.process_count(),
+                           global_batch=cfg.global_batch)
+    sharding = multihost.create_dp_sharding(mesh)
+    batch = {k: jax.make_array_from_process_local_data(sharding, v) for k, v in rows.items()}
+
+Row ``r`` of step ``s`` is a pure function of (seed, split, s, r): it is drawn
+from ``np.random.default_rng([seed, split_id, s, r])``. So every topology
+(1 x 4, 2 x 2, 4 x 1 processes x devices) sees the same global batches, and a
+run resumed at step s sees exactly the batches an uninterrupted run would.
+No host holds the dataset or the global batch: token files are memory-mapped
+and a host reads only the windows of its own rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict
+
+import numpy as np
+
+from job.errors import ConfigError
+
+if TYPE_CHECKING:
+    import jax
+
+SPLITS = ("train", "eval")  # a split's index is its id in the row seed
+TOKEN_DTYPES = ("uint16", "uint32")
+CHUNK_TOKENS = 1 << 24  # tokens (or bytes) touched at once when scanning or writing a file
+PAD, BOS, SEP = 0, 1, 2
+_TOKENIZE = "`python -m job tokenize INPUT.txt OUTPUT.npy`"
+
+
+def _require(ok: bool, what: str, expected: str, found: object, fix: str) -> None:
+    if not ok:
+        raise ConfigError(what, expected=expected, found=found, fix=fix)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where the tokens come from and how many sequences each step takes."""
+
+    source: str = "reverse"  # "reverse" (synthetic, learnable) or a token file path (.npy, or .bin with `dtype`)
+    dtype: str = "uint16"  # token dtype of a raw .bin file ("uint16" or "uint32"); .npy files carry their own
+    global_batch: int = 32  # sequences per step, summed over all processes
+    eval_batches: int = 2  # held-out batches per evaluation
+    eval_fraction: float = 0.1  # share of a token file held out for evaluation (its tail)
+    seed: int = 0  # data seed
+
+    def __post_init__(self) -> None:
+        _require(self.global_batch >= 1, "data.global_batch", "an integer >= 1", self.global_batch,
+                 "pass --data.global_batch N with N >= 1")
+        _require(self.eval_batches >= 0, "data.eval_batches", "an integer >= 0", self.eval_batches,
+                 "pass --data.eval_batches N with N >= 0")
+        _require(0.0 < self.eval_fraction < 1.0, "data.eval_fraction", "a fraction strictly between 0 and 1",
+                 self.eval_fraction, "pass e.g. --data.eval_fraction 0.1")
+        _require(self.seed >= 0, "data.seed", "an integer >= 0", self.seed, "pass --data.seed 0 or any N >= 0")
+        _require(self.dtype in TOKEN_DTYPES, "data.dtype", " or ".join(TOKEN_DTYPES), self.dtype,
+                 "pass --data.dtype uint16 (or uint32 for vocabularies above 65536)")
+
+
+class Batch(TypedDict):
+    """Rows of a batch: the model predicts tokens[:, 1:] from tokens[:, :-1], weighted by mask[:, 1:]."""
+
+    tokens: np.ndarray  # int32 [n, seq_len]
+    mask: np.ndarray  # float32 [n, seq_len], 1 where a token is a prediction target
+
+
+class _Source:
+    """Rows keyed by (seed, split, step, global row index); subclasses draw one row from its rng."""
+
+    seed: int
+    seq_len: int
+    vocab_size: int
+    _mask: np.ndarray
+
+    def _row(self, rng: np.random.Generator, split: str) -> np.ndarray:
+        raise NotImplementedError
+
+    def rows(self, split: str, step: int, start: int, stop: int) -> Batch:
+        """Global rows [start, stop) of batch `step` of `split` ("train", or "eval" with step = eval batch)."""
+        _require(split in SPLITS, "split", " or ".join(map(repr, SPLITS)), split, "pass split='train' or 'eval'")
+        _require(step >= 0, "step", "an integer >= 0", step, "count steps from 0")
+        _require(0 <= start <= stop, "row range", "0 <= start <= stop", (start, stop), "pass a valid row range")
+        split_id = SPLITS.index(split)
+        tokens = np.empty((stop - start, self.seq_len), np.int32)
+        for i in range(stop - start):
+            tokens[i] = self._row(np.random.default_rng([self.seed, split_id, step, start + i]), split)
+        mask = np.repeat(self._mask[None, :], stop - start, axis=0)
+        return {"tokens": tokens, "mask": mask}
+
+
+class ReverseTask(_Source):
+    """Synthetic, learnable: [BOS, x1..xk, SEP, xk..x1, PAD...], k = (seq_len - 2) // 2.
+
+    Symbols are 3..vocab_size-1; the loss falls exactly on the k reversed positions.
+    """
+
+    def __init__(self, vocab_size: int, seq_len: int, seed: int = 0) -> None:
+        _require(vocab_size >= 4, "model.vocab_size for the reverse task",
+                 ">= 4 (PAD, BOS, SEP and at least one symbol)", vocab_size, "pass --model.vocab_size 4 or more")
+        _require(seq_len >= 4, "model.seq_len for the reverse task", ">= 4 (BOS, a symbol, SEP, its reverse)",
+                 seq_len, "pass --model.seq_len 4 or more")
+        _require(seed >= 0, "data.seed", "an integer >= 0", seed, "pass --data.seed 0 or any N >= 0")
+        self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
+        self.k = (seq_len - 2) // 2
+        self._mask = np.zeros(seq_len, np.float32)
+        self._mask[2 + self.k:2 + 2 * self.k] = 1.0
+
+    def _row(self, rng: np.random.Generator, split: str) -> np.ndarray:
+        k = self.k
+        x = rng.integers(3, self.vocab_size, size=k)
+        row = np.full(self.seq_len, PAD, np.int32)
+        row[0], row[1 + k] = BOS, SEP
+        row[1:1 + k], row[2 + k:2 + 2 * k] = x, x[::-1]
+        return row
+
+
+def _open_tokens(path: Path, dtype: str) -> np.ndarray:
+    """A read-only, memory-mapped 1-D uint16/uint32 view of a token file."""
+    _require(path.is_file(), "data.source (token file)", "an existing .npy or .bin file", str(path),
+             "check the path (or pass --data.source reverse for the synthetic task), "
+             f"or make one with {_TOKENIZE}")
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        try:
+            tokens = np.load(path, mmap_mode="r")
+        except (ValueError, OSError) as err:
+            raise ConfigError(f"token file {path}", expected="a readable .npy array", found=str(err),
+                              fix=f"write it with np.save(path, tokens.astype(np.uint16)) or {_TOKENIZE}") from err
+        _require(tokens.dtype.name in TOKEN_DTYPES and tokens.ndim == 1, f"token file {path}",
+                 "a 1-D uint16 or uint32 array", f"{tokens.dtype} array of shape {tokens.shape}",
+                 f"save it as np.save(path, tokens.reshape(-1).astype(np.uint16 or np.uint32)) or use {_TOKENIZE}")
+        return tokens
+    if suffix == ".bin":
+        _require(dtype in TOKEN_DTYPES, "data.dtype", " or ".join(TOKEN_DTYPES), dtype,
+                 "pass --data.dtype with the dtype the .bin file was written with")
+        size, itemsize = path.stat().st_size, np.dtype(dtype).itemsize
+        _require(size % itemsize == 0, f"token file {path}",
+                 f"a size that is a multiple of {itemsize} bytes (--data.dtype {dtype})", f"{size} bytes",
+                 "pass the --data.dtype the file was written with (uint16 or uint32), or rewrite the file")
+        return np.memmap(path, dtype=dtype, mode="r") if size else np.zeros(0, dtype)
+    raise ConfigError(f"token file {path}", expected="a .npy file, or a raw .bin file with --data.dtype",
+                      found=suffix or "no extension", fix=f"convert it with {_TOKENIZE}")
+
+
+def _max_token(tokens: np.ndarray) -> int:
+    """Largest token, scanning CHUNK_TOKENS at a time (the file is never read whole)."""
+    top = 0
+    for lo in range(0, len(tokens), CHUNK_TOKENS):
+        top = max(top, int(tokens[lo:lo + CHUNK_TOKENS].max()))
+    return top
+
+
+class TokenFile(_Source):
+    """Memory-mapped tokens: train = head (1 - eval_fraction), eval = tail.
+
+    A row is seq_len consecutive tokens at an offset drawn within its split; mask = all ones.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, seq_len: int, seed: int = 0, dtype: str = "uint16",
+                 eval_fraction: float = 0.1) -> None:
+        _require(0.0 < eval_fraction < 1.0, "data.eval_fraction", "a fraction strictly between 0 and 1",
+                 eval_fraction, "pass e.g. --data.eval_fraction 0.1")
+        _require(seed >= 0, "data.seed", "an integer >= 0", seed, "pass --data.seed 0 or any N >= 0")
+        self.path, self.seq_len, self.seed = Path(path), seq_len, seed
+        self.tokens = _open_tokens(self.path, dtype)
+        n = len(self.tokens)
+        boundary = n - int(round(n * eval_fraction))
+        self.splits = {"train": (0, boundary), "eval": (boundary, n)}
+        for name, (lo, hi) in self.splits.items():
+            _require(hi - lo >= seq_len + 1, f"the {name} split of token file {self.path}",
+                     f"at least seq_len + 1 = {seq_len + 1} tokens",
+                     f"{hi - lo} tokens ({n} in the file, eval_fraction={eval_fraction})",
+                     "use a longer file, a smaller --model.seq_len, or another --data.eval_fraction")
+        self.vocab_size = _max_token(self.tokens) + 1
+        self._mask = np.ones(seq_len, np.float32)
+
+    def _row(self, rng: np.random.Generator, split: str) -> np.ndarray:
+        lo, hi = self.splits[split]
+        start = lo + int(rng.integers(0, hi - lo - self.seq_len + 1))
+        return np.asarray(self.tokens[start:start + self.seq_len])
+
+
+def make_source(cfg: DataConfig, *, vocab_size: int, seq_len: int) -> ReverseTask | TokenFile:
+    """The source `cfg` names, checked against the model's vocabulary before training starts."""
+    if cfg.source == "reverse":
+        return ReverseTask(vocab_size, seq_len, cfg.seed)
+    source = TokenFile(cfg.source, seq_len=seq_len, seed=cfg.seed, dtype=cfg.dtype,
+                       eval_fraction=cfg.eval_fraction)
+    _require(source.vocab_size <= vocab_size, f"model.vocab_size for token file {source.path}",
+             f"at least the file's vocab_size {source.vocab_size} (its largest token + 1)",
+             f"model.vocab_size {vocab_size}", f"pass --model.vocab_size {source.vocab_size} (or more)")
+    return source
+
+
+def local_rows(source: ReverseTask | TokenFile, *, split: str, step: int, process_index: int,
+               process_count: int, global_batch: int) -> Batch:
+    """This process's rows [p * n, (p + 1) * n) of the global batch, n = global_batch // process_count."""
+    _require(process_count >= 1 and 0 <= process_index < process_count, "process_index",
+             f"0 <= process_index < process_count={process_count}", process_index,
+             "pass jax.process_index() and jax.process_count()")
+    nearest = max(process_count, round(global_batch / process_count) * process_count)
+    _require(global_batch >= 1 and global_batch % process_count == 0, "data.global_batch",
+             f"a positive multiple of the process count {process_count}", global_batch,
+             f"pass --data.global_batch {nearest}")
+    n = global_batch // process_count
+    return source.rows(split, step, process_index * n, (process_index + 1) * n)
+
+
+def global_batch_array(source: ReverseTask | TokenFile, sharding: Any, *, split: str, step: int,
+                       global_batch: int) -> dict[str, jax.Array]:
+    """The global batch as jax.Arrays laid out by `sharding`; this process makes only the rows it holds.
+
+    The rows come from the sharding itself, so any device order works, as long as
+    each process's rows are one contiguous block.
+    """
+    import jax
+
+    shape = (global_batch, source.seq_len)
+    spans = sorted({idx[0].indices(global_batch)[:2]
+                    for idx in sharding.addressable_devices_indices_map(shape).values()})
+    start, stop = spans[0][0], max(end for _, end in spans)
+    covered = all(a_end >= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+    _require(covered, "batch sharding", "each process's rows in one contiguous block", spans,
+             "order the mesh's devices by process (jax.make_mesh does)")
+    rows = source.rows(split, step, start, stop)
+    return {k: jax.make_array_from_process_local_data(sharding, v, shape) for k, v in rows.items()}
+
+
+def tokenize_text(text_path: str | os.PathLike[str], out_path: str | os.PathLike[str]) -> int:
+    """Byte-level tokens (uint16 .npy, values 0..255) of a UTF-8 text file, streamed; returns the count.
+
+    Any bytes are kept as they are; the output appears only once complete.
+    """
+    src, dst = Path(text_path), Path(out_path)
+    _require(src.is_file(), "text file to tokenize", "an existing file", str(src), "check the input path")
+    _require(dst.suffix == ".npy", "tokenized output path", "a path ending in .npy", str(dst),
+             f"use {dst.with_suffix('.npy')}")
+    n = src.stat().st_size
+    partial = dst.with_name(dst.name + ".partial")
+    out = np.lib.format.open_memmap(partial, mode="w+", dtype=np.uint16, shape=(n,))
+    pos = 0
+    with src.open("rb") as f:
+        while pos < n and (chunk := f.read(min(CHUNK_TOKENS, n - pos))):
+            out[pos:pos + len(chunk)] = np.frombuffer(chunk, np.uint8)
+            pos += len(chunk)
+    out.flush()
+    del out
+    if pos != n:
+        partial.unlink()
+        raise ConfigError(f"text file {src}", expected=f"{n} bytes", found=f"{pos} bytes (it shrank while read)",
+                          fix="tokenize it again once it stops changing")
+    os.replace(partial, dst)
+    return n

@@ -1,0 +1,209 @@
+"""The example model: a small decoder-only transformer language model in Flax NNX.
+
+Replace it with yours; keep the logical-axis annotations so `job.sharding` can place it:
+
+    cfg = ModelConfig(vocab_size=256)
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    loss, metrics = loss_fn(model, tokens, mask)  # tokens int32 [B, T], mask float [B, T]
+
+Every parameter carries one logical axis name per dimension ("vocab", "embed",
+"heads", "mlp", or None); `job.sharding.RULES` maps those names to mesh axes.
+Call `validate(cfg, rule=..., model_axis=...)` first to fail fast on a config
+that the chosen sharding rule cannot split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from job.errors import ConfigError
+from job.sharding import RULES, axes, partitioned
+
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Sizes of the example transformer; the defaults build 104,768 parameters."""
+
+    vocab_size: int = 32  # tokens; the synthetic task needs 32, byte-level text 256
+    seq_len: int = 32  # longest sequence (learned positions)
+    dim: int = 64  # model width ("embed")
+    heads: int = 4  # attention heads ("heads"); dim must be a multiple
+    layers: int = 2  # transformer blocks
+    mlp_dim: int = 256  # MLP hidden width ("mlp")
+    dtype: str = "float32"  # activation/compute dtype ("float32" or "bfloat16"); params stay float32
+
+
+def _linear(cfg: ModelConfig, n_in: int, n_out: int, names: tuple[str, str], rngs: nnx.Rngs) -> nnx.Linear:
+    """A bias-free projection whose kernel is annotated with the logical axes `names`."""
+    return nnx.Linear(n_in, n_out, use_bias=False, dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.float32,
+                      kernel_metadata=axes(*names), rngs=rngs)
+
+
+def _norm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.RMSNorm:
+    return nnx.RMSNorm(cfg.dim, dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.float32,
+                       scale_metadata=axes("embed"), rngs=rngs)
+
+
+class Attention(nnx.Module):
+    """Causal multi-head self-attention with separate q/k/v/out projections.
+
+    The "heads" dimension of a kernel is heads * head_dim wide, so splitting it
+    over a model axis that divides `heads` keeps whole heads on each device.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs) -> None:
+        self.heads = cfg.heads
+        self.q = _linear(cfg, cfg.dim, cfg.dim, ("embed", "heads"), rngs)
+        self.k = _linear(cfg, cfg.dim, cfg.dim, ("embed", "heads"), rngs)
+        self.v = _linear(cfg, cfg.dim, cfg.dim, ("embed", "heads"), rngs)
+        self.out = _linear(cfg, cfg.dim, cfg.dim, ("heads", "embed"), rngs)
+
+    def _split(self, y: jax.Array) -> jax.Array:
+        """[B, T, dim] -> [B, T, heads, dim // heads], the layout dot_product_attention takes."""
+        return y.reshape(*y.shape[:-1], self.heads, -1)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        q, k, v = self._split(self.q(x)), self._split(self.k(x)), self._split(self.v(x))
+        y = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.reshape(x.shape))
+
+
+class MLP(nnx.Module):
+    """Two projections with a GELU between them."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs) -> None:
+        self.up = _linear(cfg, cfg.dim, cfg.mlp_dim, ("embed", "mlp"), rngs)
+        self.down = _linear(cfg, cfg.mlp_dim, cfg.dim, ("mlp", "embed"), rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down(jax.nn.gelu(self.up(x)))
+
+
+class Block(nnx.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs) -> None:
+        self.attn_norm = _norm(cfg, rngs)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.mlp_norm = _norm(cfg, rngs)
+        self.mlp = MLP(cfg, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nnx.Module):
+    """Decoder-only LM: int32 tokens [B, T] -> float32 logits [B, T, vocab_size], T <= seq_len."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs) -> None:
+        validate(cfg, rule="replicated", model_axis=1)  # the checks that need no mesh
+        self.cfg = cfg
+        init = nnx.initializers.normal(stddev=0.02)
+        self.embed = nnx.Embed(cfg.vocab_size, cfg.dim, dtype=jnp.dtype(cfg.dtype),
+                               param_dtype=jnp.float32, embedding_init=init,
+                               embedding_metadata=axes("vocab", "embed"), rngs=rngs)
+        self.pos = nnx.Param(partitioned(init, (None, "embed"))(rngs.params(), (cfg.seq_len, cfg.dim)))
+        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.layers)])
+        self.norm = _norm(cfg, rngs)
+        self.head = _linear(cfg, cfg.dim, cfg.vocab_size, ("embed", "vocab"), rngs)
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        t = tokens.shape[1]
+        if t > self.cfg.seq_len:
+            raise ConfigError("sequence length", expected=f"at most seq_len={self.cfg.seq_len}",
+                              found=t, fix="shorten the batch or raise --model.seq-len")
+        x = self.embed(tokens) + self.pos[:t].astype(self.cfg.dtype)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x)).astype(jnp.float32)
+
+
+def loss_fn(model: Transformer, tokens: jax.Array, mask: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Next-token cross-entropy averaged over targets where `mask[:, 1:]` is 1.
+
+    Returns (loss, {"loss", "accuracy", "tokens"}); an all-zero mask gives loss 0, not NaN.
+    """
+    logits = model(tokens[:, :-1])
+    targets = tokens[:, 1:]
+    weights = mask[:, 1:].astype(jnp.float32)
+    count = weights.sum()
+    denom = jnp.maximum(count, 1.0)
+    loss = (optax.softmax_cross_entropy_with_integer_labels(logits, targets) * weights).sum() / denom
+    accuracy = ((logits.argmax(-1) == targets) * weights).sum() / denom
+    return loss, {"loss": loss, "accuracy": accuracy, "tokens": count}
+
+
+def count_params(model: nnx.Module) -> int:
+    """Number of scalar entries over all `nnx.Param`s."""
+    return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def _flag(field: str) -> str:
+    """The command-line flag of a ModelConfig field (tyro spells "_" as "-"; both parse)."""
+    return "--model." + field.replace("_", "-")
+
+
+def _or(values: list[int]) -> str:
+    return " or ".join(str(v) for v in values)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _nearest(candidates: list[int], target: int, n: int = 2) -> list[int]:
+    """The `n` candidates closest to `target`, in increasing order."""
+    return sorted(sorted(candidates, key=lambda c: (abs(c - target), c))[:n])
+
+
+def validate(cfg: ModelConfig, *, rule: str, model_axis: int) -> None:
+    """Raise ConfigError for a config that cannot be built or sharded with `rule`.
+
+    Call before building anything. The fsdp/tensor fit of "embed" on the data
+    axis is left to `job.sharding.shard_model`, which knows the mesh.
+    """
+    for field in ("vocab_size", "seq_len", "dim", "heads", "layers", "mlp_dim"):
+        value = getattr(cfg, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"model.{field}", expected="a positive int", found=value,
+                              fix=f"pass {_flag(field)} {getattr(ModelConfig, field)}")
+    if cfg.dim % cfg.heads:
+        raise ConfigError("model.heads", expected=f"a divisor of model.dim={cfg.dim}", found=cfg.heads,
+                          fix=f"use --model.heads {_or(_nearest(_divisors(cfg.dim), cfg.heads))}, "
+                          f"or a --model.dim that is a multiple of {cfg.heads}")
+    if cfg.dtype not in DTYPES:
+        raise ConfigError("model.dtype", expected=f"one of {DTYPES}", found=cfg.dtype,
+                          fix="pass --model.dtype float32 (or bfloat16 on GPU/TPU)")
+    if rule not in RULES:
+        raise ConfigError("sharding rule", expected=f"one of {sorted(RULES)}", found=rule,
+                          fix="pass rule='replicated' (safe), 'fsdp' or 'tensor'")
+    if isinstance(model_axis, bool) or not isinstance(model_axis, int) or model_axis < 1:
+        raise ConfigError("model_axis", expected="a positive int", found=model_axis, fix="use --model-axis 1")
+    if rule != "tensor" or model_axis == 1:
+        return
+    axis_ok = [d for d in _divisors(cfg.heads) if d > 1 and cfg.mlp_dim % d == 0 and cfg.vocab_size % d == 0]
+    axis_fix = f"use --model-axis {_or(axis_ok)}" if axis_ok else "use --model-axis 1"
+    if cfg.heads % model_axis:
+        heads_ok = _nearest([h for h in _divisors(cfg.dim) if h % model_axis == 0], cfg.heads)
+        heads_fix = f", or --model.heads {_or(heads_ok)}" if heads_ok else ""
+        raise ConfigError("model.heads",
+                          expected=f"a multiple of model_axis={model_axis} (rule 'tensor' splits heads)",
+                          found=cfg.heads, fix=f"{axis_fix}{heads_fix}")
+    for field in ("mlp_dim", "vocab_size"):
+        value = getattr(cfg, field)
+        if value % model_axis:
+            up = -(-value // model_axis) * model_axis
+            raise ConfigError(f"model.{field}",
+                              expected=f"a multiple of model_axis={model_axis} (rule 'tensor' splits it)",
+                              found=value, fix=f"{axis_fix}, or {_flag(field)} {up}")
+
+
+__all__ = ["DTYPES", "ModelConfig", "Transformer", "count_params", "loss_fn", "validate"]

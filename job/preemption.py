@@ -1,0 +1,54 @@
+"""The preemption protocol: a signal to ANY process stops ALL of them together.
+
+SIGTERM, SIGUSR1 or SIGUSR2 sets a flag in the process that receives it. At
+every step boundary the processes share their flags through one tiny
+collective, so they all see the request at the same step, save a checkpoint
+there, and exit with REQUEUE_EXIT_CODE. Schedulers and the deploy scripts
+treat that code as "requeue me".
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from types import FrameType
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: saved, stopped on purpose, run me again
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+
+class PreemptionGuard:
+    """Install on entry, restore the previous handlers on exit."""
+
+    def __init__(self, signals: tuple[signal.Signals, ...] = SIGNALS) -> None:
+        self.signals = signals
+        self.received: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> PreemptionGuard:
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if self.received is None:
+            log.warning("received %s: will save and stop at the next step boundary", signal.Signals(signum).name)
+        self.received = signum
+
+    def should_stop(self) -> bool:
+        """Collective: True on every process when any process got a signal."""
+        import jax
+        from jax.experimental import multihost_utils
+
+        mine = np.int32(self.received is not None)
+        if jax.process_count() == 1:
+            return bool(mine)
+        return bool(np.any(multihost_utils.process_allgather(mine)))

@@ -1,0 +1,76 @@
+"""Progress output and metrics. Process 0 writes; on the others every call is a no-op.
+
+On a terminal: a tqdm progress bar. Otherwise: one concise line every
+`log_every` steps. Always: metrics as JSON lines in `<run_dir>/metrics.jsonl`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from job.multihost import only_specific_processes
+
+log = logging.getLogger("job.train")
+
+
+class Reporter:
+    def __init__(self, run_dir: Path, *, start_step: int, total_steps: int, tokens_per_step: int) -> None:
+        self.run_dir = run_dir
+        self.tokens_per_step = tokens_per_step
+        self.total_steps = total_steps
+        self._last_time = time.perf_counter()
+        self._last_step = start_step
+        self._bar = None
+        self._open(start_step)
+
+    @only_specific_processes()
+    def _open(self, start_step: int) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._metrics = (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        if sys.stdout.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.flush()
+
+    @only_specific_processes()
+    def train(self, step: int, metrics: dict[str, float], lr: float) -> None:
+        now = time.perf_counter()
+        steps = max(step - self._last_step, 1)
+        step_time = (now - self._last_time) / steps
+        self._last_time, self._last_step = now, step
+        record = {"step": step, "split": "train", **metrics, "lr": lr, "step_time_s": step_time,
+                  "tokens_per_s": self.tokens_per_step / step_time if step_time > 0 else 0.0}
+        self._write(record)
+        if self._bar is not None:
+            self._bar.update(steps)
+            self._bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{lr:.2e}")
+        else:
+            log.info("step %d/%d  loss %.4f  acc %.3f  lr %.2e  %.0f tok/s  %.1f ms/step", step,
+                     self.total_steps, metrics["loss"], metrics["accuracy"], lr,
+                     record["tokens_per_s"], step_time * 1e3)
+
+    @only_specific_processes()
+    def eval(self, step: int, metrics: dict[str, float]) -> None:
+        self._write({"step": step, "split": "eval", **metrics})
+        log.info("eval at step %d  loss %.4f  acc %.3f", step, metrics["loss"], metrics["accuracy"])
+
+    @only_specific_processes()
+    def message(self, text: str, *args: object) -> None:
+        log.info(text, *args)
+
+    @only_specific_processes()
+    def close(self, summary: dict[str, Any]) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        self._metrics.close()
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        log.info("done: %s", ", ".join(f"{k} {v}" for k, v in summary.items() if k != "params_sha256"))

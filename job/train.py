@@ -1,0 +1,200 @@
+"""The example training job: a small transformer LM, trained data-parallel.
+
+    python -m job.launch -n 4 --devices-per-process 2 -- python -m job train --steps 200
+
+Fork point: replace `job.model` (the model and its loss) and `job.data` (the
+per-host input) with yours; this loop, the checkpoints and the preemption
+protocol stay as they are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import job
+from job.config import TrainConfig, differences, to_dict, to_json
+from job.errors import ConfigError
+from job.preemption import REQUEUE_EXIT_CODE, PreemptionGuard
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Checks that need no devices: run before anything starts."""
+    from job import model
+
+    model.validate(cfg.model, rule=cfg.rule, model_axis=cfg.model_axis)
+    for name in ("steps", "log_every", "eval_every", "model_axis"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"--{name}", expected="an integer >= 1", found=getattr(cfg, name),
+                              fix=f"pass --{name} 1 or more")
+    if cfg.ckpt.every < 1 or cfg.ckpt.keep < 1:
+        raise ConfigError("--ckpt.every / --ckpt.keep", expected="integers >= 1",
+                          found=(cfg.ckpt.every, cfg.ckpt.keep), fix="pass positive values")
+
+
+def _agree_on_config(cfg: TrainConfig) -> None:
+    """Every process must run the same config and code version as process 0."""
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    from job.multihost import sync_string
+
+    if jax.process_count() == 1:
+        return
+    mine = {"config": to_dict(cfg), "version": job.__version__}
+    reference = json.loads(sync_string(json.dumps(mine) if jax.process_index() == 0 else None))
+    diffs = differences(mine, reference)
+    bad = np.flatnonzero(multihost_utils.process_allgather(np.int32(bool(diffs)))).tolist()
+    if diffs:
+        raise ConfigError("config", expected="the same config and version as process 0",
+                          found="; ".join(diffs), fix="launch every process with the same flags and code")
+    if bad:
+        raise ConfigError("config", expected="one config on every process", found=f"processes {bad} differ",
+                          fix="see their errors; launch every process with the same flags and code")
+
+
+def _digest(tree: Any) -> str:
+    """sha256 of every leaf's full value (gathered across processes), in path order."""
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    h = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        value = leaf if leaf.is_fully_addressable else multihost_utils.process_allgather(leaf, tiled=True)
+        h.update(jax.tree_util.keystr(path).encode())
+        h.update(np.ascontiguousarray(np.asarray(value)).tobytes())
+    return h.hexdigest()
+
+
+def run(cfg: TrainConfig) -> int:
+    """Train to cfg.steps (resuming if possible). Returns 0, or REQUEUE_EXIT_CODE when preempted."""
+    validate(cfg)
+    info = job.initialize()
+
+    import jax
+    import optax
+    from flax import nnx
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from job import data, model, sharding
+    from job.checkpoint import Checkpointer
+    from job.multihost import only_specific_processes
+    from job.report import Reporter
+
+    mesh = sharding.make_mesh(model_axis=cfg.model_axis)
+    divisor = sharding.batch_size_divisor(mesh)
+    if cfg.data.global_batch % divisor or cfg.data.global_batch % info.num_processes:
+        raise ConfigError(
+            "--data.global-batch", expected=f"a multiple of the data-parallel size {divisor} "
+            f"(and of the {info.num_processes} processes)", found=cfg.data.global_batch,
+            fix=f"use --data.global-batch {divisor * max(1, -(-cfg.data.global_batch // divisor))}",
+        )
+    source = data.make_source(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len)
+    _agree_on_config(cfg)
+    run_dir = Path(cfg.run_dir)
+    only_specific_processes()(_save_config)(run_dir, cfg)
+
+    lm = model.Transformer(cfg.model, rngs=nnx.Rngs(cfg.seed))
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, cfg.optim.lr, cfg.optim.warmup_steps, max(cfg.steps, cfg.optim.warmup_steps + 1),
+        end_value=cfg.optim.lr * cfg.optim.min_lr_ratio,
+    )
+    tx = optax.chain(
+        optax.clip_by_global_norm(cfg.optim.clip_norm),
+        optax.adamw(schedule, b1=cfg.optim.b1, b2=cfg.optim.b2, weight_decay=cfg.optim.weight_decay),
+    )
+    optimizer = nnx.Optimizer(lm, tx, wrt=nnx.Param)
+    sharding.shard_model(lm, mesh, rule=cfg.rule)
+    sharding.shard_model(optimizer, mesh, rule=cfg.rule)
+
+    checkpoints = Checkpointer(run_dir / "checkpoints", cfg.ckpt)
+    start = 0
+    latest = checkpoints.latest_step() if cfg.resume else None
+    if latest is not None:
+        restored = checkpoints.restore(latest, {"model": nnx.state(lm), "optimizer": nnx.state(optimizer)})
+        nnx.update(lm, restored["model"])
+        nnx.update(optimizer, restored["optimizer"])
+        start = latest
+
+    batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh)))
+
+    def global_batch(split: str, step: int) -> dict[str, jax.Array]:
+        rows = data.local_rows(source, split=split, step=step, process_index=info.process_id,
+                               process_count=info.num_processes, global_batch=cfg.data.global_batch)
+        return {k: jax.make_array_from_process_local_data(batch_sharding, v) for k, v in rows.items()}
+
+    @nnx.jit
+    def train_step(m: model.Transformer, opt: nnx.Optimizer, tokens: jax.Array, mask: jax.Array) -> dict:
+        (_, metrics), grads = nnx.value_and_grad(model.loss_fn, has_aux=True)(m, tokens, mask)
+        opt.update(m, grads)
+        return metrics
+
+    @nnx.jit
+    def eval_step(m: model.Transformer, tokens: jax.Array, mask: jax.Array) -> dict:
+        return model.loss_fn(m, tokens, mask)[1]
+
+    def evaluate() -> dict[str, float]:
+        totals = {"loss": 0.0, "accuracy": 0.0, "tokens": 0.0}
+        for i in range(cfg.data.eval_batches):
+            batch = global_batch("eval", i)
+            metrics = jax.device_get(eval_step(lm, batch["tokens"], batch["mask"]))
+            weight = float(metrics["tokens"])
+            totals["loss"] += float(metrics["loss"]) * weight
+            totals["accuracy"] += float(metrics["accuracy"]) * weight
+            totals["tokens"] += weight
+        weight = max(totals["tokens"], 1.0)
+        return {"loss": totals["loss"] / weight, "accuracy": totals["accuracy"] / weight}
+
+    tokens_per_step = cfg.data.global_batch * cfg.model.seq_len
+    report = Reporter(run_dir, start_step=start, total_steps=cfg.steps, tokens_per_step=tokens_per_step)
+    if start:
+        report.message("resumed from step %d (%s)", start, run_dir / "checkpoints")
+    report.message("%s; %d parameters; mesh %s; rule %s", info.summary(), model.count_params(lm),
+                   dict(mesh.shape), cfg.rule)
+    state = lambda: {"model": nnx.state(lm), "optimizer": nnx.state(optimizer)}  # noqa: E731
+    began, last_saved, metrics, eval_metrics = time.perf_counter(), start, {}, {}
+    code = 0
+    with sharding.mesh_context(mesh), PreemptionGuard() as guard:
+        for step in range(start, cfg.steps):
+            batch = global_batch("train", step)
+            metrics = train_step(lm, optimizer, batch["tokens"], batch["mask"])
+            done = step + 1
+            if done % cfg.log_every == 0 or done == cfg.steps:
+                values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                report.train(done, values, float(schedule(step)))
+            if done % cfg.eval_every == 0 or done == cfg.steps:
+                eval_metrics = evaluate()
+                report.eval(done, eval_metrics)
+            if done % cfg.ckpt.every == 0 or done == cfg.steps:
+                checkpoints.save(done, state())
+                last_saved = done
+            if guard.should_stop():
+                if last_saved != done:
+                    checkpoints.save(done, state())
+                    last_saved = done
+                report.message("preempted: saved step %d; exiting with %d (requeue)", done, REQUEUE_EXIT_CODE)
+                code = REQUEUE_EXIT_CODE
+                break
+    checkpoints.wait()
+    checkpoints.close()
+    final = jax.device_get(metrics)
+    report.close({
+        "final_step": last_saved,
+        "completed": code == 0,
+        "train_loss": float(final["loss"]) if final else None,
+        "eval_loss": eval_metrics.get("loss"),
+        "eval_accuracy": eval_metrics.get("accuracy"),
+        "seconds": round(time.perf_counter() - began, 3),
+        "params_sha256": _digest(nnx.state(lm, nnx.Param)),
+    })
+    return code
+
+
+def _save_config(run_dir: Path, cfg: TrainConfig) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(to_json(cfg) + "\n")

@@ -1,0 +1,313 @@
+"""Tests for job.data: per-host rows, topology invariance, token files, tokenizer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from job import data
+from job.errors import ConfigError
+
+# --------------------------------------------------------------------------- helpers
+
+
+def global_batch(source, *, split="train", step=0, process_count=1, batch=8) -> data.Batch:
+    """The global batch as the concatenation of every process's local rows."""
+    parts = [data.local_rows(source, split=split, step=step, process_index=p, process_count=process_count,
+                             global_batch=batch) for p in range(process_count)]
+    for part in parts:
+        assert part["tokens"].shape == (batch // process_count, source.seq_len)
+    return {k: np.concatenate([part[k] for part in parts]) for k in ("tokens", "mask")}
+
+
+def write_tokens(path: Path, tokens: np.ndarray) -> Path:
+    if path.suffix == ".npy":
+        np.save(path, tokens)
+    else:
+        tokens.tofile(path)
+    return path
+
+
+@pytest.fixture
+def arange_file(tmp_path: Path) -> data.TokenFile:
+    """1000 tokens 0..999, eval_fraction 0.25: train = [0, 750), eval = [750, 1000)."""
+    path = write_tokens(tmp_path / "arange.npy", np.arange(1000, dtype=np.uint16))
+    return data.TokenFile(path, seq_len=16, seed=0, eval_fraction=0.25)
+
+
+SOURCES = ["reverse", "file"]
+
+
+def rebuild(source, seed: int) -> data.ReverseTask | data.TokenFile:
+    """A new source like `source`, with this seed."""
+    if isinstance(source, data.ReverseTask):
+        return data.ReverseTask(source.vocab_size, source.seq_len, seed=seed)
+    return data.TokenFile(source.path, seq_len=source.seq_len, seed=seed)
+
+
+@pytest.fixture(params=SOURCES)
+def source(request: pytest.FixtureRequest, tmp_path: Path) -> data.ReverseTask | data.TokenFile:
+    if request.param == "reverse":
+        return data.ReverseTask(vocab_size=16, seq_len=12, seed=3)
+    tokens = np.random.default_rng(0).integers(0, 500, size=5000).astype(np.uint16)
+    return data.TokenFile(write_tokens(tmp_path / "t.npy", tokens), seq_len=12, seed=3)
+
+
+# --------------------------------------------------------------------------- reverse task
+
+
+@pytest.mark.parametrize(("vocab", "seq_len"), [(4, 4), (10, 9), (16, 16), (50, 33)])
+def test_reverse_rows_structure(vocab: int, seq_len: int) -> None:
+    task = data.ReverseTask(vocab, seq_len, seed=1)
+    batch = global_batch(task, batch=32, step=2)
+    tokens, mask = batch["tokens"], batch["mask"]
+    k = (seq_len - 2) // 2
+    assert tokens.dtype == np.int32 and mask.dtype == np.float32
+    assert tokens.shape == mask.shape == (32, seq_len)
+    assert task.vocab_size == vocab
+    np.testing.assert_array_equal(tokens[:, 0], data.BOS)
+    np.testing.assert_array_equal(tokens[:, 1 + k], data.SEP)
+    first, reversed_part = tokens[:, 1:1 + k], tokens[:, 2 + k:2 + 2 * k]
+    np.testing.assert_array_equal(reversed_part, first[:, ::-1])
+    assert first.min() >= 3 and first.max() <= vocab - 1
+    np.testing.assert_array_equal(tokens[:, 2 + 2 * k:], data.PAD)
+    assert tokens.shape[1] - (2 + 2 * k) == seq_len % 2  # one PAD exactly when seq_len is odd
+    expected_mask = np.zeros(seq_len, np.float32)
+    expected_mask[2 + k:2 + 2 * k] = 1
+    np.testing.assert_array_equal(mask, np.broadcast_to(expected_mask, mask.shape))
+    if vocab == 4:
+        np.testing.assert_array_equal(first, 3)
+    else:  # symbols are spread over the range and rows differ
+        assert first.min() == 3 and first.max() == vocab - 1
+        assert len({row.tobytes() for row in tokens}) > 24
+
+
+@pytest.mark.parametrize(("vocab", "seq_len", "bad"), [(3, 8, 3), (16, 3, 3), (0, 8, 0)])
+def test_reverse_task_rejects_small(vocab: int, seq_len: int, bad: int) -> None:
+    with pytest.raises(ConfigError, match=rf"expected >= 4.*found {bad}\b"):
+        data.ReverseTask(vocab, seq_len, seed=0)
+
+
+# --------------------------------------------------------------------------- determinism
+
+
+@pytest.mark.parametrize("split", data.SPLITS)
+def test_same_global_batch_for_every_topology(source, split: str) -> None:
+    for step in (0, 1, 7):
+        one = global_batch(source, split=split, step=step, process_count=1)
+        for process_count in (2, 4):
+            other = global_batch(source, split=split, step=step, process_count=process_count)
+            np.testing.assert_array_equal(other["tokens"], one["tokens"])
+            np.testing.assert_array_equal(other["mask"], one["mask"])
+
+
+def test_steps_splits_and_seeds_differ(source) -> None:
+    base = global_batch(source, step=0)["tokens"]
+    assert not np.array_equal(global_batch(source, step=1)["tokens"], base)
+    assert not np.array_equal(global_batch(source, split="eval", step=0)["tokens"], base)
+    assert not np.array_equal(global_batch(rebuild(source, source.seed + 1), step=0)["tokens"], base)
+
+
+def test_same_seed_reproduces_and_resume_matches(source) -> None:
+    uninterrupted = [global_batch(source, step=s)["tokens"] for s in range(6)]
+    fresh = rebuild(source, source.seed)  # a restarted process
+    np.testing.assert_array_equal(global_batch(fresh, step=5)["tokens"], uninterrupted[5])  # resume at step 5
+    np.testing.assert_array_equal(global_batch(fresh, step=0)["tokens"], uninterrupted[0])
+
+
+def test_make_source_seed_from_config(tmp_path: Path) -> None:
+    a = data.make_source(data.DataConfig(seed=1), vocab_size=32, seq_len=16)
+    b = data.make_source(data.DataConfig(seed=1), vocab_size=32, seq_len=16)
+    c = data.make_source(data.DataConfig(seed=2), vocab_size=32, seq_len=16)
+    assert isinstance(a, data.ReverseTask) and a.vocab_size == 32 and a.seq_len == 16
+    np.testing.assert_array_equal(global_batch(a)["tokens"], global_batch(b)["tokens"])
+    assert not np.array_equal(global_batch(a)["tokens"], global_batch(c)["tokens"])
+
+
+# --------------------------------------------------------------------------- token files
+
+
+@pytest.mark.parametrize(("suffix", "dtype", "base"), [(".npy", "uint16", 0), (".npy", "uint32", 70_000),
+                                                       (".bin", "uint16", 0), (".bin", "uint32", 70_000)])
+def test_token_file_windows_lie_in_their_split(tmp_path: Path, suffix: str, dtype: str, base: int) -> None:
+    content = np.arange(base, base + 1000).astype(dtype)  # a window's first token gives its offset
+    path = write_tokens(tmp_path / f"tokens{suffix}", content)
+    source = data.TokenFile(path, seq_len=16, seed=0, dtype=dtype, eval_fraction=0.25)
+    assert source.vocab_size == base + 1000
+    for split, (lo, hi) in (("train", (0, 750)), ("eval", (750, 1000))):
+        offsets = []
+        for step in range(4):
+            batch = global_batch(source, split=split, step=step, process_count=2, batch=16)
+            np.testing.assert_array_equal(batch["mask"], 1.0)
+            for window in batch["tokens"]:
+                offset = int(window[0]) - base
+                np.testing.assert_array_equal(window, content[offset:offset + 16].astype(np.int32))
+                assert lo <= offset and offset + 16 <= hi, (split, offset)
+                offsets.append(offset)
+        assert len(set(offsets)) > 32  # offsets are drawn, not fixed
+        assert max(offsets) - min(offsets) > (hi - lo) // 2  # and spread over the split
+
+
+@pytest.mark.parametrize("where", [0, 63, 64, 999])
+def test_vocab_size_scans_in_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: int) -> None:
+    monkeypatch.setattr(data, "CHUNK_TOKENS", 64)  # 1000 tokens = 15 full chunks + 40
+    content = np.random.default_rng(1).integers(0, 50, size=1000).astype(np.uint16)
+    content[where] = 777
+    source = data.TokenFile(write_tokens(tmp_path / "t.bin", content), seq_len=8)
+    assert source.vocab_size == 778
+
+
+def _error(path: Path, **kwargs) -> str:
+    with pytest.raises(ConfigError) as info:
+        data.TokenFile(path, **{"seq_len": 16, **kwargs})
+    return str(info.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    message = _error(tmp_path / "nope.npy")
+    assert str(tmp_path / "nope.npy") in message
+    assert "python -m job tokenize INPUT.txt OUTPUT.npy" in message
+
+
+@pytest.mark.parametrize("array", [np.arange(100, dtype=np.float32), np.arange(100, dtype=np.int64),
+                                   np.zeros((10, 40), np.uint16)])
+def test_npy_of_wrong_dtype_or_shape(tmp_path: Path, array: np.ndarray) -> None:
+    path = write_tokens(tmp_path / "bad.npy", array)
+    message = _error(path)
+    assert str(path) in message and str(array.dtype) in message and "uint16 or uint32" in message
+
+
+def test_npy_that_is_not_an_array(tmp_path: Path) -> None:
+    path = tmp_path / "bad.npy"
+    path.write_bytes(b"not a numpy file at all")
+    assert str(path) in _error(path)
+
+
+def test_bin_size_not_a_multiple_of_dtype(tmp_path: Path) -> None:
+    path = tmp_path / "odd.bin"
+    path.write_bytes(bytes(4003))
+    message = _error(path, dtype="uint32")
+    assert str(path) in message and "4003 bytes" in message and "multiple of 4" in message
+
+
+def test_bin_with_unknown_dtype(tmp_path: Path) -> None:
+    path = write_tokens(tmp_path / "t.bin", np.arange(100, dtype=np.uint16))
+    assert "'int8'" in _error(path, dtype="int8")
+
+
+def test_unknown_extension(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.txt"
+    path.write_text("hello")
+    message = _error(path)
+    assert str(path) in message and "'.txt'" in message
+
+
+@pytest.mark.parametrize(("n", "fraction", "split", "length"), [
+    (100, 0.1, "eval", 10), (100, 0.9, "train", 10), (16, 0.5, "train", 8), (0, 0.1, "train", 0)])
+@pytest.mark.parametrize("suffix", [".npy", ".bin"])
+def test_split_shorter_than_a_window(tmp_path: Path, n: int, fraction: float, split: str, length: int,
+                                     suffix: str) -> None:
+    path = write_tokens(tmp_path / f"short{suffix}", np.arange(n, dtype=np.uint16))
+    message = _error(path, eval_fraction=fraction)
+    assert str(path) in message and f"the {split} split" in message
+    assert "seq_len + 1 = 17" in message and f"{length} tokens" in message
+
+
+def test_split_of_exactly_seq_len_plus_one_works(tmp_path: Path) -> None:
+    path = write_tokens(tmp_path / "t.npy", np.arange(34, dtype=np.uint16))
+    source = data.TokenFile(path, seq_len=16, eval_fraction=0.5)  # 17 + 17 tokens
+    eval_rows = global_batch(source, split="eval", batch=8)["tokens"]
+    assert set(eval_rows[:, 0].tolist()) <= {17, 18}
+
+
+# --------------------------------------------------------------------------- make_source, local_rows, config
+
+
+def test_make_source_checks_the_model_vocab(tmp_path: Path) -> None:
+    path = write_tokens(tmp_path / "t.npy", np.r_[np.zeros(200), 99].astype(np.uint16))
+    cfg = data.DataConfig(source=str(path))
+    with pytest.raises(ConfigError) as info:
+        data.make_source(cfg, vocab_size=50, seq_len=8)
+    message = str(info.value)
+    assert "100" in message and "50" in message and "--model.vocab_size 100" in message and str(path) in message
+    source = data.make_source(cfg, vocab_size=100, seq_len=8)
+    assert isinstance(source, data.TokenFile) and source.vocab_size == 100
+
+
+def test_make_source_missing_file_names_it(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="revrese"):
+        data.make_source(data.DataConfig(source="revrese"), vocab_size=32, seq_len=8)
+
+
+def test_local_rows_rejects_bad_arguments() -> None:
+    task = data.ReverseTask(16, 8, seed=0)
+    kwargs = {"split": "train", "step": 0, "process_index": 0, "process_count": 4, "global_batch": 6}
+    with pytest.raises(ConfigError, match=r"multiple of the process count 4.*found 6.*global_batch 8"):
+        data.local_rows(task, **kwargs)
+    for bad, pattern in [({"process_index": 4}, "found 4"), ({"process_count": 0}, "found 0"),
+                         ({"split": "test"}, "found 'test'"), ({"step": -1}, "found -1")]:
+        with pytest.raises(ConfigError, match=pattern):
+            data.local_rows(task, **{**kwargs, "global_batch": 8, **bad})
+
+
+@pytest.mark.parametrize(("field", "value"), [("global_batch", 0), ("eval_batches", -1), ("eval_fraction", 0.0),
+                                              ("eval_fraction", 1.0), ("seed", -1), ("dtype", "int32")])
+def test_data_config_rejects_bad_values(field: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=rf"data\.{field}.*found {value!r}"):
+        data.DataConfig(**{field: value})
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def test_tokenize_text_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(data, "CHUNK_TOKENS", 7)  # many chunks, split inside multi-byte characters
+    text = "héllo wörld ✓ 日本語 🚀\nzweite Zeile: ÄÖÜß\n" * 5
+    raw = text.encode("utf-8")
+    src, dst = tmp_path / "in.txt", tmp_path / "out.npy"
+    src.write_bytes(raw)
+    assert data.tokenize_text(src, dst) == len(raw)
+    tokens = np.load(dst)
+    assert tokens.dtype == np.uint16 and tokens.shape == (len(raw),)
+    assert tokens.astype(np.uint8).tobytes() == raw and tokens.max() > 127
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.npy"]  # no partial file left
+    source = data.make_source(data.DataConfig(source=str(dst)), vocab_size=256, seq_len=16)
+    assert source.vocab_size == tokens.max() + 1
+
+
+def test_tokenize_text_errors_and_empty_input(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="missing.txt"):
+        data.tokenize_text(tmp_path / "missing.txt", tmp_path / "out.npy")
+    (tmp_path / "empty.txt").write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"out\.bin.*Fix: use .*out\.npy"):
+        data.tokenize_text(tmp_path / "empty.txt", tmp_path / "out.bin")
+    assert data.tokenize_text(tmp_path / "empty.txt", tmp_path / "out.npy") == 0
+    assert np.load(tmp_path / "out.npy").shape == (0,)
+
+
+# --------------------------------------------------------------------------- jax
+
+
+def test_module_imports_without_jax() -> None:
+    code = "import sys, job.data; print(sorted(m for m in sys.modules if m.split('.')[0] == 'jax'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_global_batch_array_matches_local_rows() -> None:
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    devices = jax.devices()[::-1]  # any device order works on one process
+    mesh = jax.make_mesh((len(devices),), ("devices",), devices=devices)
+    sharding = NamedSharding(mesh, PartitionSpec("devices"))
+    task = data.ReverseTask(16, 10, seed=4)
+    arrays = data.global_batch_array(task, sharding, split="eval", step=3, global_batch=16)
+    expected = global_batch(task, split="eval", step=3, process_count=1, batch=16)
+    for key in ("tokens", "mask"):
+        assert arrays[key].shape == (16, 10) and arrays[key].sharding == sharding
+        np.testing.assert_array_equal(np.asarray(arrays[key]), expected[key])

@@ -1,0 +1,228 @@
+"""Tests for job.model, the example transformer, on 8 fake CPU devices (see tests/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+_FLAG = "--xla_force_host_platform_device_count=8"
+if "jax" not in sys.modules and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}".strip()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+import pytest  # noqa: E402
+from flax import nnx  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from job import sharding as sh  # noqa: E402
+from job.errors import ConfigError  # noqa: E402
+from job.model import ModelConfig, Transformer, count_params, loss_fn, validate  # noqa: E402
+
+# Compiled once per shape and reused: eager op-by-op dispatch would dominate the runtime.
+forward = nnx.jit(Transformer.__call__)
+jit_loss = nnx.jit(loss_fn)
+
+
+@pytest.fixture(scope="module")
+def mesh42() -> Mesh:
+    assert jax.device_count() == 8, "needs 8 devices: tests/conftest.py sets XLA_FLAGS"
+    return sh.make_mesh(model_axis=2)
+
+
+@pytest.fixture(scope="module")
+def model() -> Transformer:
+    return Transformer(ModelConfig(), rngs=nnx.Rngs(0))
+
+
+def tokens(shape: tuple[int, int], seed: int = 0) -> jax.Array:
+    return jax.random.randint(jax.random.key(seed), shape, 0, 32, dtype=jnp.int32)
+
+
+def shard(node: object, mesh: Mesh, rule: str) -> list[str]:
+    """shard_model, returning the messages of the UserWarnings it emitted."""
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        sh.shard_model(node, mesh, rule)
+    return [str(w.message) for w in rec if issubclass(w.category, UserWarning)]
+
+
+# --- forward pass --------------------------------------------------------------------------
+
+def test_output_shape_dtype_and_param_count(model: Transformer) -> None:
+    logits = forward(model, tokens((2, 32)))
+    assert logits.shape == (2, 32, 32) and logits.dtype == jnp.float32
+    assert bool(jnp.isfinite(logits).all())
+    assert forward(model, tokens((3, 5))).shape == (3, 5, 32)  # shorter than seq_len
+    # embed + positions + 2 x (2 norms + q/k/v/out + up/down) + final norm + head
+    assert count_params(model) == 32 * 64 + 32 * 64 + 2 * (2 * 64 + 4 * 64 * 64 + 2 * 64 * 256) + 64 + 64 * 32
+    assert count_params(model) == 104768
+    with pytest.raises(ConfigError, match="at most seq_len=32"):
+        forward(model, tokens((1, 33)))
+
+
+def test_causal(model: Transformer) -> None:
+    x = tokens((2, 16))
+    base = forward(model, x)
+    later = forward(model, x.at[:, 10].set((x[:, 10] + 1) % 32))
+    np.testing.assert_allclose(later[:, :10], base[:, :10], atol=1e-6)
+    assert float(jnp.abs(later[:, 10:] - base[:, 10:]).max()) > 1e-4
+    earlier = forward(model, x.at[:, 2].set((x[:, 2] + 1) % 32))
+    np.testing.assert_allclose(earlier[:, :2], base[:, :2], atol=1e-6)
+    assert bool((jnp.abs(earlier[:, 2:] - base[:, 2:]).max(axis=-1) > 1e-5).all())  # every later position
+
+
+def test_bfloat16_compute_float32_logits_and_params(model: Transformer) -> None:
+    m = Transformer(ModelConfig(dtype="bfloat16"), rngs=nnx.Rngs(0))
+    assert {p.dtype for p in jax.tree.leaves(nnx.state(m, nnx.Param))} == {jnp.dtype("float32")}
+    x = tokens((2, 17))
+    logits = forward(m, x[:, :-1])
+    assert logits.dtype == jnp.float32 and bool(jnp.isfinite(logits).all())
+    np.testing.assert_allclose(logits, forward(model, x[:, :-1]), atol=0.1)  # same params, less precision
+    loss, _ = jit_loss(m, x, jnp.ones((2, 17)))
+    np.testing.assert_allclose(loss, jit_loss(model, x, jnp.ones((2, 17)))[0], rtol=0.02)
+
+
+# --- loss ----------------------------------------------------------------------------------
+
+def test_loss_matches_hand_computation(model: Transformer) -> None:
+    x = tokens((2, 17), seed=2)
+    mask = jnp.asarray(np.random.default_rng(0).integers(0, 2, (2, 17)), jnp.float32).at[:, 1].set(1.0)
+    loss, metrics = jit_loss(model, x, mask)
+
+    logits = np.asarray(forward(model, x[:, :-1]), np.float64)
+    targets, w = np.asarray(x[:, 1:]), np.asarray(mask[:, 1:])
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    nll = -np.take_along_axis(logp, targets[..., None], -1)[..., 0]
+    assert float(metrics["tokens"]) == w.sum()
+    np.testing.assert_allclose(float(loss), (nll * w).sum() / w.sum(), rtol=1e-5)
+    assert float(metrics["loss"]) == float(loss)
+    acc = ((logits.argmax(-1) == targets) * w).sum() / w.sum()
+    np.testing.assert_allclose(float(metrics["accuracy"]), acc, rtol=1e-6)
+    assert 0.0 <= float(metrics["accuracy"]) <= 1.0
+
+
+def test_loss_of_perfect_prediction_is_near_zero() -> None:
+    """Head weights that copy the input token make "repeat the token" predicted perfectly."""
+    m = Transformer(ModelConfig(), rngs=nnx.Rngs(1))
+    # Blocks add nothing and positions are zero, so the final norm sees the one-hot token embedding.
+    for block in m.blocks:
+        block.attn.out.kernel[...] = jnp.zeros_like(block.attn.out.kernel[...])
+        block.mlp.down.kernel[...] = jnp.zeros_like(block.mlp.down.kernel[...])
+    m.embed.embedding[...] = jnp.eye(32, 64)
+    m.pos[...] = jnp.zeros_like(m.pos[...])
+    m.head.kernel[...] = 10.0 * jnp.eye(64, 32)
+    x = jnp.tile(tokens((2, 1)), (1, 17))  # each row repeats one token
+    loss, metrics = jit_loss(m, x, jnp.ones((2, 17)))
+    assert float(loss) < 1e-3 and float(metrics["accuracy"]) == 1.0 and float(metrics["tokens"]) == 32.0
+
+
+def test_zero_mask_gives_zero_loss_and_gradient(model: Transformer) -> None:
+    x, zeros = tokens((2, 17)), jnp.zeros((2, 17))
+    loss, metrics = jit_loss(model, x, zeros)
+    assert float(loss) == 0.0 and float(metrics["accuracy"]) == 0.0 and float(metrics["tokens"]) == 0.0
+    grads, _ = nnx.jit(nnx.grad(loss_fn, has_aux=True))(model, x, zeros)
+    assert all(bool((g == 0).all()) for g in jax.tree.leaves(grads))
+
+
+# --- sharding ------------------------------------------------------------------------------
+
+def test_every_param_is_annotated_with_its_rank(model: Transformer) -> None:
+    params = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    assert len(params) == 20
+    for path, var in params:
+        meta = var.get_metadata()
+        names = meta.get("out_sharding")
+        assert names is not None and len(names) == var.ndim, path
+        assert set(names) <= set(sh.LOGICAL_AXES) | {None}, path
+        assert meta["eager_sharding"] is False, path
+
+
+EXPECTED = {
+    "replicated": {"embed/embedding": P(), "blocks/0/mlp/up/kernel": P(), "head/kernel": P()},
+    "fsdp": {"embed/embedding": P(None, "data"), "pos": P(None, "data"),
+             "blocks/0/attn/q/kernel": P("data"), "blocks/0/attn/out/kernel": P(None, "data"),
+             "blocks/0/mlp/down/kernel": P(None, "data"), "norm/scale": P("data"),
+             "head/kernel": P("data")},
+    "tensor": {"embed/embedding": P("model"), "pos": P(), "blocks/1/attn/k/kernel": P(None, "model"),
+               "blocks/1/attn/out/kernel": P("model"), "blocks/1/mlp/up/kernel": P(None, "model"),
+               "blocks/1/mlp/down/kernel": P("model"), "norm/scale": P(), "head/kernel": P(None, "model")},
+}
+
+
+@pytest.mark.parametrize("rule", ["replicated", "fsdp", "tensor"])
+def test_shard_model_places_every_param_without_fallback(rule: str, mesh42: Mesh) -> None:
+    m = Transformer(ModelConfig(), rngs=nnx.Rngs(0))
+    msgs = shard(m, mesh42, rule)
+    assert not [msg for msg in msgs if "replicated instead" in msg or "fell back" in msg], msgs
+    assert len(msgs) == (rule != "replicated") and all("experimental" in msg for msg in msgs)
+    got = {k: s.spec for k, s in sh.sharding_of(m).items()}
+    assert {k: got[k] for k in EXPECTED[rule]} == EXPECTED[rule]
+    assert all(s.mesh == mesh42 for s in sh.sharding_of(m).values())
+    assert forward(m, tokens((4, 8))).shape == (4, 8, 32)
+
+
+def test_training_step_on_tensor_sharded_model_reduces_loss(mesh42: Mesh) -> None:
+    m = Transformer(ModelConfig(), rngs=nnx.Rngs(0))
+    opt = nnx.Optimizer(m, optax.adamw(3e-3), wrt=nnx.Param)
+    shard(m, mesh42, "tensor")
+    shard(opt, mesh42, "tensor")
+    batch = sh.shard_batch({"tokens": tokens((8, 33)), "mask": jnp.ones((8, 33))}, mesh42)
+
+    @nnx.jit
+    def step(m: Transformer, opt: nnx.Optimizer, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        grads, metrics = nnx.grad(loss_fn, has_aux=True)(m, batch["tokens"], batch["mask"])
+        opt.update(m, grads)
+        return metrics
+
+    losses = [float(step(m, opt, batch)["loss"]) for _ in range(20)]
+    assert 3.0 < losses[0] < 5.0, losses  # about ln(32) = 3.47 plus the spread of random logits
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert int(opt.step[...]) == 20
+    assert sh.sharding_of(m)["blocks/0/mlp/up/kernel"].spec == P(None, "model")  # still sharded
+
+
+# --- validate ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cfg, rule, model_axis", [
+    (ModelConfig(), "replicated", 1),
+    (ModelConfig(), "fsdp", 8),
+    (ModelConfig(), "tensor", 2),
+    (ModelConfig(), "tensor", 4),
+    (ModelConfig(heads=3, dim=48, mlp_dim=96), "tensor", 1),
+    (ModelConfig(vocab_size=256, dtype="bfloat16"), "tensor", 2),
+])
+def test_validate_accepts_good_configs(cfg: ModelConfig, rule: str, model_axis: int) -> None:
+    validate(cfg, rule=rule, model_axis=model_axis)
+
+
+@pytest.mark.parametrize("cfg, rule, model_axis, expected", [
+    (ModelConfig(dim=60, heads=8), "replicated", 1, ["model.heads", "found 8", "model.dim=60", "--model.heads"]),
+    (ModelConfig(layers=0), "replicated", 1, ["model.layers", "found 0", "positive", "--model.layers 2"]),
+    (ModelConfig(vocab_size=-1), "replicated", 1, ["model.vocab_size", "found -1", "--model.vocab-size 32"]),
+    (ModelConfig(mlp_dim=0), "fsdp", 1, ["model.mlp_dim", "found 0"]),
+    (ModelConfig(dtype="float16"), "replicated", 1, ["model.dtype", "'float16'", "bfloat16"]),
+    (ModelConfig(heads=2), "tensor", 4, ["model.heads", "found 2", "model_axis=4", "--model-axis 2",
+                                         "--model.heads 4 or 8"]),
+    (ModelConfig(heads=1), "tensor", 2, ["model.heads", "found 1", "model_axis=2", "--model-axis 1"]),
+    (ModelConfig(mlp_dim=255), "tensor", 2, ["model.mlp_dim", "found 255", "model_axis=2", "--model.mlp-dim 256"]),
+    (ModelConfig(vocab_size=257), "tensor", 2, ["model.vocab_size", "found 257", "--model.vocab-size 258"]),
+    (ModelConfig(), "zero3", 1, ["sharding rule", "'zero3'"]),
+    (ModelConfig(), "tensor", 0, ["model_axis", "found 0"]),
+])
+def test_validate_rejects_bad_configs(cfg: ModelConfig, rule: str, model_axis: int, expected: list[str]) -> None:
+    with pytest.raises(ConfigError) as e:
+        validate(cfg, rule=rule, model_axis=model_axis)
+    msg = str(e.value)
+    assert "Fix:" in msg
+    for part in expected:
+        assert part in msg, (part, msg)
+
+
+def test_transformer_validates_before_building() -> None:
+    with pytest.raises(ConfigError, match="model.heads"):
+        Transformer(ModelConfig(dim=60, heads=8), rngs=nnx.Rngs(0))
