@@ -190,6 +190,7 @@ def run(cfg: TrainConfig) -> int:
         "eval_loss": eval_metrics.get("loss"),
         "eval_accuracy": eval_metrics.get("accuracy"),
         "seconds": round(time.perf_counter() - began, 3),
+        "params_norm": float(optax.global_norm(nnx.state(lm, nnx.Param))),
         "params_sha256": _digest(nnx.state(lm, nnx.Param)),
     })
     return code

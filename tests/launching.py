@@ -53,3 +53,14 @@ def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float) -> l
             return lines
     proc.send_signal(signal.SIGKILL)
     raise AssertionError(f"no line with {needle!r} within {timeout} s; got:\n{''.join(lines)}")
+
+
+def rank_pids(launcher_pid: int) -> dict[int, int]:
+    """The launcher's children by rank (read from /proc: their JOB_LAUNCH_PROCESS_ID)."""
+    children = Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split()
+    pids = {}
+    for pid in map(int, children):
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        rank = next(int(v.split(b"=", 1)[1]) for v in environ if v.startswith(b"JOB_LAUNCH_PROCESS_ID="))
+        pids[rank] = pid
+    return pids
