@@ -1,0 +1,70 @@
+"""The one way this package runs external commands (sbatch, scontrol, gcloud, ...).
+
+Commands are argv lists, never shell strings. A dry run prints each command
+(shell-quoted, so it can be pasted) instead of running it. Tests substitute a
+`RecordingRunner` to check the exact argv.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Runner:
+    dry_run: bool = False  # print commands instead of running them
+
+    def which(self, program: str) -> str | None:
+        return shutil.which(program)
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        check: bool = True,
+        capture: bool = False,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        mutating: bool = True,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run `argv`. In a dry run, commands that change something are printed, not run;
+        read-only ones (``mutating=False``: status queries) still run."""
+        argv = [str(a) for a in argv]
+        if self.dry_run and mutating:
+            print(shlex.join(argv), file=sys.stdout, flush=True)
+            return subprocess.CompletedProcess(argv, 0, "", "")
+        log.debug("running %s", shlex.join(argv))
+        return subprocess.run(
+            argv, check=check, text=True, timeout=timeout, env=None if env is None else dict(env),
+            stdout=subprocess.PIPE if capture else None, stderr=subprocess.PIPE if capture else None,
+        )
+
+
+@dataclasses.dataclass
+class RecordingRunner(Runner):
+    """Records every argv; answers from `responses` (first matching argv prefix) or with success."""
+
+    calls: list[list[str]] = dataclasses.field(default_factory=list)
+    responses: dict[tuple[str, ...], tuple[int, str]] = dataclasses.field(default_factory=dict)
+    available: tuple[str, ...] = ()  # programs `which` finds
+
+    def which(self, program: str) -> str | None:
+        return f"/usr/bin/{program}" if program in self.available else None
+
+    def run(self, argv: Sequence[str], **kwargs: object) -> subprocess.CompletedProcess[str]:  # type: ignore[override]
+        argv = [str(a) for a in argv]
+        self.calls.append(argv)
+        for prefix, (code, out) in self.responses.items():
+            if tuple(argv[: len(prefix)]) == prefix:
+                if code and kwargs.get("check", True):
+                    raise subprocess.CalledProcessError(code, argv, out, "")
+                return subprocess.CompletedProcess(argv, code, out, "")
+        return subprocess.CompletedProcess(argv, 0, "", "")
