@@ -9,7 +9,11 @@ ARGS ?= train --run-dir runs/local
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run-local test-local test-unit lock clean
+NODES ?= 4
+SLURM_ENV := /var/tmp/jax-job-slurm/env.sh
+SLURM_ARGS := $(if $(filter command line,$(origin ARGS)),$(ARGS),train --run-dir runs/slurm)
+
+.PHONY: help venv run-local test-local test-unit lock clean slurm-up slurm-down submit-slurm
 
 help: ## list every target
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -30,6 +34,18 @@ test-local: $(BIN)/.installed ## the whole test suite: unit and real multi-proce
 
 test-unit: $(BIN)/.installed ## only the fast single-process tests
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+slurm-up: ## start a real Slurm cluster on this machine (NODES=4 slurmd, slurmctld, munge; root)
+	bash slurm/local-cluster.sh up $(NODES)
+
+slurm-down: ## stop the local Slurm cluster and remove its folder
+	bash slurm/local-cluster.sh down
+
+submit-slurm: $(BIN)/.installed ## submit the job: NODES=4 [PARTITION TIME GPUS_PER_NODE CPUS_PER_TASK ACCOUNT QOS IMAGE VIA=sbatch WAIT=1 ARGS=...]
+	@if [ -f $(SLURM_ENV) ]; then . $(SLURM_ENV); fi; \
+	$(BIN)/python -m deploy.slurm --nodes '$(NODES)' --partition '$(PARTITION)' --time '$(TIME)' \
+		--gpus-per-node '$(GPUS_PER_NODE)' --cpus-per-task '$(CPUS_PER_TASK)' --account '$(ACCOUNT)' \
+		--qos '$(QOS)' --image '$(IMAGE)' --via '$(VIA)' $(if $(filter 1,$(WAIT)),--wait) -- $(SLURM_ARGS)
 
 lock: ## re-resolve requirements.lock from pyproject.toml (needs uv)
 	uv pip compile pyproject.toml --extra test --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements.lock

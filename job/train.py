@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,8 @@ import job
 from job.config import TrainConfig, differences, to_dict, to_json
 from job.errors import ConfigError
 from job.preemption import REQUEUE_EXIT_CODE, PreemptionGuard
+
+log = logging.getLogger("job.train")
 
 
 def validate(cfg: TrainConfig) -> None:
@@ -75,6 +80,8 @@ def run(cfg: TrainConfig) -> int:
     """Train to cfg.steps (resuming if possible). Returns 0, or REQUEUE_EXIT_CODE when preempted."""
     validate(cfg)
     info = job.initialize()
+    log.info("process %d of %d (%s) on %s", info.process_id, info.num_processes, info.kind,
+             os.environ.get("SLURMD_NODENAME") or socket.gethostname())
 
     import jax
     import optax

@@ -1,0 +1,220 @@
+"""Cloud TPU pods through gcloud: create or reuse a slice, run the job on every worker, resume after preemption.
+
+    python -m deploy.tpu pod --name my-pod --zone us-central2-b --accelerator v4-32 \\
+        --args 'train --run-dir gs://my-bucket/run1 --steps 1000'
+
+Commands (`make tpu-<command>` runs each):
+
+    pod     create or reuse the slice, wait until READY, ship the code (or pull --image), set up
+            every worker, free the TPU, run `python -m job ARGS` on all workers, stream worker 0,
+            keep every worker's log, and exit with the job's status. A preempted slice (or a job
+            that exits 75) is recreated and the job resumed, up to --retries times.
+    create  create or reuse the slice and wait until it is READY
+    run     ship, set up and run the job on a READY slice (no retries)
+    logs    copy every worker's log to LOCAL_DIR/NAME/logs/ and print worker 0's end
+    stop    stop the job: SIGTERM (it saves a checkpoint), SIGKILL after --stop-grace seconds
+    delete  delete the slice (and its queued resource)
+    status  print the slice's state
+
+Every gcloud call goes through `deploy.runner.Runner` as an argv list;
+`--dry-run 1` prints the ones that change something instead of running them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from deploy import tpu_job
+from deploy.runner import Runner
+from deploy.tpu_config import DEFAULT_SHIP, TpuConfig
+from deploy.tpu_gcloud import GCLOUD, INSTALL_HINT
+from deploy.tpu_slice import Slice, TpuError
+from job.errors import ConfigError
+from job.preemption import REQUEUE_EXIT_CODE
+
+log = logging.getLogger("deploy.tpu")
+
+COMMANDS = ("pod", "create", "run", "logs", "stop", "delete", "status")
+TAIL_LINES = 40  # `logs` prints this many lines of worker 0's log
+
+
+def require_gcloud(runner: Runner) -> None:
+    if runner.which(GCLOUD) is None:
+        raise ConfigError("gcloud", expected="the Google Cloud CLI on PATH", found="no `gcloud` on PATH",
+                          fix=INSTALL_HINT)
+
+
+def pod(cfg: TpuConfig, runner: Runner) -> int:
+    """Create or reuse, run, and recreate-and-resume after preemption; the job's final exit status."""
+    slice_ = Slice(cfg, runner)
+    tpu_job.clear_stop(cfg)
+    retry = 0
+    while True:
+        slice_.ensure_ready()
+        code = tpu_job.run_job(cfg, runner)
+        if code == 0 or cfg.dry_run:
+            tpu_job.fetch_logs(cfg, runner)
+            return code
+        if tpu_job.stop_requested(cfg):
+            log.info("the job was stopped by `tpu-stop` (exit code %d): not restarting it", code)
+            return code
+        status = slice_.status()
+        if status.ready:
+            tpu_job.fetch_logs(cfg, runner)
+        if not (status.broken or status.absent or code == REQUEUE_EXIT_CODE):
+            log.error("the job failed with exit code %d on a %s slice: a failure, not a preemption; "
+                      "worker logs: %s", code, status.describe(), cfg.slice_dir / "logs")
+            return code
+        if retry >= cfg.retries:
+            log.error("preempted (slice %s, exit code %d) and all %d retries used: giving up; "
+                      "`make tpu-pod` again resumes from the last checkpoint", status.describe(), code, cfg.retries)
+            return code
+        retry += 1
+        log.warning("preempted (slice %s, job exit code %d): retry %d of %d, resuming from the last checkpoint",
+                    status.describe(), code, retry, cfg.retries)
+
+
+def status(cfg: TpuConfig, runner: Runner) -> int:
+    st = Slice(cfg, runner).status()
+    where = f"in {cfg.zone}" + (f" (project {cfg.project})" if cfg.project else "")
+    accel = st.accelerator or cfg.accelerator
+    workers = cfg.workers if accel == cfg.accelerator else "?"
+    print(f"{cfg.name}: {st.describe()}, {accel}, {workers} workers, {where}", flush=True)
+    return 0
+
+
+def logs(cfg: TpuConfig, runner: Runner) -> int:
+    fetched = tpu_job.fetch_logs(cfg, runner)
+    for path in fetched:
+        print(f"{path}", flush=True)
+    first = cfg.slice_dir / "logs" / "worker-0.log"
+    if first in fetched:
+        lines = first.read_text(errors="replace").splitlines()[-TAIL_LINES:]
+        print(f"--- last {len(lines)} lines of worker 0 ---", *lines, sep="\n", flush=True)
+    return 0 if len(fetched) == cfg.workers or cfg.dry_run else 1
+
+
+def dispatch(command: str, cfg: TpuConfig, runner: Runner) -> int:
+    require_gcloud(runner)
+    if command == "pod":
+        return pod(cfg, runner)
+    if command == "create":
+        Slice(cfg, runner).ensure_ready()
+        return 0
+    if command == "run":
+        if not cfg.dry_run and not (st := Slice(cfg, runner).status()).ready:
+            raise TpuError(f"slice {cfg.name} is {st.describe()}, not READY; fix: `make tpu-create` "
+                           "(or `make tpu-pod`) first")
+        code = tpu_job.run_job(cfg, runner)
+        tpu_job.fetch_logs(cfg, runner)
+        return code
+    if command == "logs":
+        return logs(cfg, runner)
+    if command == "stop":
+        return tpu_job.stop_job(cfg, runner)
+    if command == "delete":
+        Slice(cfg, runner).delete()
+        return 0
+    return status(cfg, runner)
+
+
+# ---------------------------------------------------------------------- command line
+def _flag(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise argparse.ArgumentTypeError(f"expected 1 or 0 (or true/false), found {text!r}")
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, found {text!r}")
+    return value
+
+
+def _words(text: str) -> tuple[str, ...]:
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(
+            f"expected shell-style words (quotes balanced), found {text!r} ({e}). Fix: close the quote") from e
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m deploy.tpu", description=__doc__.split("\n")[0],
+                                epilog="job arguments go after --args '...' or after `--`",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", choices=COMMANDS)
+    p.add_argument("--name", default="", help="TPU_NAME: the slice's name")
+    p.add_argument("--zone", default="", help="ZONE, e.g. us-central2-b")
+    p.add_argument("--accelerator", default="v4-8", help="ACCELERATOR type, e.g. v4-32 (default v4-8)")
+    p.add_argument("--runtime", default="", help="RUNTIME: TPU software version (default: per generation)")
+    p.add_argument("--project", default="", help="PROJECT (default: gcloud's configured project)")
+    p.add_argument("--spot", type=_flag, nargs="?", const=True, default=False, help="SPOT=1: Spot capacity")
+    p.add_argument("--queued", type=_flag, nargs="?", const=True, default=False,
+                   help="QUEUED=1: create through queued resources")
+    p.add_argument("--image", default="", help="IMAGE to pull and run instead of shipping the code")
+    p.add_argument("--retries", type=_count, default=3, help="RETRIES after preemption (default 3)")
+    p.add_argument("--dry-run", type=_flag, nargs="?", const=True, default=False,
+                   help="DRY_RUN=1: print gcloud commands that change something")
+    p.add_argument("--args", type=_words, default=None, help="ARGS of `python -m job`, one shell-style string")
+    p.add_argument("--remote-dir", default="jax-cluster-job", help="folder under each worker's home")
+    p.add_argument("--local-dir", default="runs/tpu", help="local folder for logs (LOCAL_DIR/NAME)")
+    p.add_argument("--source-dir", default=".", help="the checkout to ship (default: .)")
+    p.add_argument("--ship", nargs="+", default=list(DEFAULT_SHIP), help="paths to ship")
+    p.add_argument("--setup", default=None, help="shell lines run on every worker before the job")
+    p.add_argument("--poll-seconds", type=float, default=10.0, help="between state queries")
+    p.add_argument("--ready-timeout", type=float, default=3600.0, help="seconds to wait for READY")
+    p.add_argument("--stop-grace", type=_count, default=60, help="seconds between SIGTERM and SIGKILL")
+    return p
+
+
+def parse_args(argv: Sequence[str]) -> tuple[str, TpuConfig]:
+    argv = list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = _parser().parse_args(argv[:cut])
+    tail = tuple(argv[cut + 1:])
+    if args.args is not None and tail:
+        raise ConfigError("job arguments", expected="either --args '...' or words after `--`",
+                          found=(" ".join(args.args), " ".join(tail)), fix="give them one way only")
+    cfg = TpuConfig(
+        name=args.name, zone=args.zone, accelerator=args.accelerator, runtime=args.runtime or None,
+        project=args.project or None, spot=args.spot, queued=args.queued, image=args.image or None,
+        job_args=args.args if args.args is not None else tail, retries=args.retries, dry_run=args.dry_run,
+        remote_dir=args.remote_dir, local_dir=args.local_dir, source_dir=args.source_dir, ship=tuple(args.ship),
+        setup=args.setup, poll_s=args.poll_seconds, ready_timeout_s=args.ready_timeout,
+        stop_grace_s=args.stop_grace,
+    )
+    return args.command, cfg
+
+
+def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="[tpu] %(message)s")
+    try:
+        command, cfg = parse_args(sys.argv[1:] if argv is None else argv)
+        return dispatch(command, cfg, runner or Runner(dry_run=cfg.dry_run))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except (TpuError, subprocess.CalledProcessError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: the job may still be running on the workers; `make tpu-stop` stops it",
+              file=sys.stderr, flush=True)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""What `make tpu-pod` needs to know, checked before any gcloud call.
+
+    cfg = TpuConfig(name="my-pod", zone="us-central2-b", accelerator="v4-32",
+                    job_args=("train", "--run-dir", "gs://my-bucket/run1"))
+
+Every bad value is a `job.errors.ConfigError` naming the make variable (and
+the `python -m deploy.tpu` flag), what was expected, and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from pathlib import Path
+
+from deploy.tpu_accelerators import Accelerator, parse_accelerator
+from job.errors import ConfigError
+
+log = logging.getLogger("deploy.tpu")
+
+# What is copied to every worker (paths under source_dir). Put your own packages here.
+DEFAULT_SHIP = ("job", "deploy", "pyproject.toml", "requirements.lock", "README.md")
+
+_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")  # GCE resource names
+_ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")  # us-central2-b, europe-west4-a
+_PROJECT = re.compile(r"^([a-z][-a-z0-9.]*:)?[a-z][-a-z0-9]{4,28}[a-z0-9]$")  # my-proj, example.com:my-proj
+_TOKEN = re.compile(r"^[^\s'\"`$;|&<>\\]+$")  # runtime versions, image references: one plain word
+_DIR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # one path component
+_RUN_DIR_FLAGS = ("--run-dir", "--run_dir")
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuConfig:
+    name: str  # the slice (TPU node) name; also the queued resource's id
+    zone: str  # where the slice lives, e.g. us-central2-b
+    accelerator: str = "v4-8"  # accelerator type: v4-32 = 32 TensorCores = 4 worker hosts
+    runtime: str | None = None  # TPU software version; None = the generation's default
+    project: str | None = None  # GCP project; None = gcloud's configured project
+    spot: bool = False  # Spot capacity: cheaper, preemptible at any time (then recreated)
+    queued: bool = False  # create through `queued-resources create` (waits for capacity)
+    image: str | None = None  # container image to run on every worker; None ships the code instead
+    job_args: tuple[str, ...] = ()  # arguments of `python -m job` on every worker, verbatim
+    retries: int = 3  # how many times a preempted run is recreated and resumed
+    dry_run: bool = False  # print gcloud commands that change something instead of running them
+    remote_dir: str = "jax-cluster-job"  # code and logs on each worker, under its home directory
+    local_dir: str = "runs/tpu"  # worker logs and the code archive land in LOCAL_DIR/NAME
+    source_dir: str = "."  # the checkout whose `ship` paths are copied to the workers
+    ship: tuple[str, ...] = DEFAULT_SHIP  # paths under source_dir copied to every worker
+    setup: str | None = None  # shell lines run on every worker before the job; None = install deps
+    poll_s: float = 10.0  # seconds between state queries while waiting for the slice
+    ready_timeout_s: float = 3600.0  # how long to wait for READY (queued capacity can take long)
+    stop_grace_s: int = 60  # tpu-stop: seconds between SIGTERM (the job saves) and SIGKILL
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    @property
+    def accel(self) -> Accelerator:
+        return parse_accelerator(self.accelerator)
+
+    @property
+    def workers(self) -> int:
+        return self.accel.hosts
+
+    @property
+    def runtime_version(self) -> str:
+        return self.runtime or self.accel.default_runtime
+
+    @property
+    def slice_dir(self) -> Path:
+        """Local folder of this slice: worker logs, the code archive, the stop marker."""
+        return Path(self.local_dir) / self.name
+
+
+def run_dir_of(job_args: tuple[str, ...]) -> str | None:
+    """The job's --run-dir (last one wins, as in the job's own parser), or None."""
+    found = None
+    for i, arg in enumerate(job_args):
+        if arg in _RUN_DIR_FLAGS and i + 1 < len(job_args):
+            found = job_args[i + 1]
+        elif arg.startswith(tuple(f"{flag}=" for flag in _RUN_DIR_FLAGS)):
+            found = arg.split("=", 1)[1]
+    return found
+
+
+def _check(ok: bool, what: str, expected: str, found: object, fix: str) -> None:
+    if not ok:
+        raise ConfigError(what, expected=expected, found=found, fix=fix)
+
+
+def validate(cfg: TpuConfig) -> None:
+    """Every check that needs no network; raises ConfigError on the first bad value."""
+    _check(bool(_NAME.match(cfg.name or "")), "TPU_NAME (--name)",
+           "a slice name: lowercase letters, digits and hyphens, starting with a letter, at most 63",
+           cfg.name, "make tpu-pod TPU_NAME=my-pod ZONE=us-central2-b ...")
+    _check(bool(_ZONE.match(cfg.zone or "")), "ZONE (--zone)", "a Cloud TPU zone such as us-central2-b",
+           cfg.zone, "make tpu-pod ZONE=us-central2-b ... (see `gcloud compute tpus locations list`)")
+    accel = parse_accelerator(cfg.accelerator)
+    if cfg.runtime is not None:
+        _check(bool(_TOKEN.match(cfg.runtime)), "RUNTIME (--runtime)",
+               "a TPU software version such as tpu-ubuntu2204-base", cfg.runtime,
+               f"leave RUNTIME empty for the {accel.generation.name} default ({accel.default_runtime})")
+    if cfg.project is not None:
+        _check(bool(_PROJECT.match(cfg.project)), "PROJECT (--project)", "a GCP project id such as my-project",
+               cfg.project, "leave PROJECT empty to use gcloud's configured project")
+    if cfg.image is not None:
+        _check(bool(_TOKEN.match(cfg.image)), "IMAGE (--image)",
+               "a container image reference such as us-docker.pkg.dev/my-proj/repo/job:tag", cfg.image,
+               "leave IMAGE empty to ship the code instead")
+    _check(cfg.retries >= 0, "RETRIES (--retries)", "an integer >= 0", cfg.retries, "RETRIES=3")
+    _check(bool(_DIR.match(cfg.remote_dir)), "--remote-dir", "one folder name under the workers' home",
+           cfg.remote_dir, "use a plain name such as jax-cluster-job")
+    _check(cfg.poll_s > 0 and cfg.ready_timeout_s > 0 and cfg.stop_grace_s >= 0, "--poll-seconds / "
+           "--ready-timeout / --stop-grace", "positive numbers", (cfg.poll_s, cfg.ready_timeout_s,
+           cfg.stop_grace_s), "pass positive values")
+    if cfg.image is None:
+        missing = [p for p in cfg.ship if not (Path(cfg.source_dir) / p).exists()]
+        _check(bool(cfg.ship) and not missing, "--ship", f"paths that exist under {cfg.source_dir}",
+               missing or "nothing", "run from the checkout's root, or pass existing paths to --ship")
+    _check_run_dir(cfg, accel)
+
+
+def _check_run_dir(cfg: TpuConfig, accel: Accelerator) -> None:
+    run_dir = run_dir_of(cfg.job_args)
+    shared = run_dir is not None and (run_dir.startswith("gs://") or run_dir.startswith("/"))
+    if accel.hosts > 1 and not shared:
+        raise ConfigError(
+            "ARGS --run-dir", expected=f"a location every one of the {accel.hosts} workers of "
+            f"{cfg.accelerator} shares (gs://BUCKET/DIR, or an absolute path on a shared mount)",
+            found=run_dir if run_dir is not None else "none (the job's default runs/example on each worker's disk)",
+            fix="make tpu-pod ARGS='train --run-dir gs://my-bucket/run1 ...'",
+        )
+    if (cfg.spot or cfg.queued) and not shared:
+        log.warning("the run dir %s is on the workers' disks: a recreated slice starts from scratch; "
+                    "use --run-dir gs://BUCKET/DIR to resume after preemption", run_dir or "runs/example")

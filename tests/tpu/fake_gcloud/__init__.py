@@ -1,0 +1,22 @@
+"""A strict gcloud simulator for the Cloud TPU tests: put `tests/tpu/fake_gcloud` first on PATH.
+
+    PATH=tests/tpu/fake_gcloud:$PATH FAKE_GCLOUD_STATE=/tmp/cloud gcloud compute tpus tpu-vm create ...
+
+It accepts only the command forms and flags in `grammar.py` (those of the
+real CLI) and refuses anything else with exit code 2; keeps TPU nodes and
+queued resources in the state folder (CREATING, READY, PREEMPTED, deleted);
+and runs `tpu-vm ssh --worker=all --command=...` as one local process per
+worker that `job.initialize` sees as a TPU pod's worker (see `ssh.py`).
+Variables: FAKE_GCLOUD_STATE (required), FAKE_GCLOUD_PYTHON (the interpreter
+that runs it and the workers' python3), FAKE_GCLOUD_CREATE_SECONDS,
+FAKE_GCLOUD_QUEUE_SECONDS, FAKE_GCLOUD_PREEMPT_GRACE_SECONDS,
+FAKE_GCLOUD_DEVICES_PER_WORKER.
+"""
+
+from pathlib import Path
+
+from tests.tpu.fake_gcloud.state import calls, kill_leftovers, node, preempt, schedule_preemption
+
+BIN_DIR = Path(__file__).resolve().parent  # holds the `gcloud` executable
+
+__all__ = ["BIN_DIR", "calls", "kill_leftovers", "node", "preempt", "schedule_preemption"]

@@ -1,0 +1,55 @@
+"""`gcloud ...` for the simulator (the `gcloud` shell shim runs `python -m tests.tpu.fake_gcloud`)."""
+
+from __future__ import annotations
+
+import sys
+
+from tests.tpu.fake_gcloud import commands, ssh
+from tests.tpu.fake_gcloud.commands import CloudError
+from tests.tpu.fake_gcloud.grammar import USAGE_EXIT, Parsed, UsageError, parse
+from tests.tpu.fake_gcloud.state import Cloud
+
+HANDLERS = {
+    ("tpu-vm", "create"): commands.node_create,
+    ("tpu-vm", "describe"): commands.node_describe,
+    ("tpu-vm", "list"): commands.node_list,
+    ("tpu-vm", "delete"): commands.node_delete,
+    ("queued-resources", "create"): commands.queued_create,
+    ("queued-resources", "describe"): commands.queued_describe,
+    ("queued-resources", "list"): commands.queued_list,
+    ("queued-resources", "delete"): commands.queued_delete,
+}
+
+
+def _on_workers(cloud: Cloud, parsed: Parsed) -> int:
+    """ssh and scp: the node must exist and be READY."""
+    name = parsed.positionals[0] if parsed.form.path[-1] == "ssh" else next(
+        (p.split(":", 1)[0] for p in parsed.positionals if ":" in p), "")
+    if not name:
+        raise CloudError(parsed, "scp: one side must be remote (NAME:PATH)")
+    record = commands._node_or_fail(cloud, parsed, name)
+    if record["state"] != "READY":
+        raise CloudError(parsed, f"FAILED_PRECONDITION: node {name} is {record['state']}, not READY")
+    workers = ssh.select_workers(parsed, record)
+    if parsed.form.path[-1] == "ssh":
+        return ssh.ssh(cloud, parsed, workers, record)
+    return commands.scp(cloud, parsed, workers, record)
+
+
+def main(argv: list[str]) -> int:
+    cloud = Cloud.from_env()
+    cloud.record_call(argv)
+    try:
+        parsed = parse(argv)
+        handler = HANDLERS.get(parsed.form.path[-2:])
+        return handler(cloud, parsed) if handler else _on_workers(cloud, parsed)
+    except UsageError as e:
+        print(e, file=sys.stderr, flush=True)
+        return USAGE_EXIT
+    except CloudError as e:
+        print(e, file=sys.stderr, flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,189 @@
+"""The command forms and flags the simulator accepts: a subset of the real gcloud's (gcloud 528).
+
+Anything else is refused the way the real CLI refuses it: a message on
+stderr starting with ``ERROR: (gcloud.GROUP.COMMAND)`` and exit code 2.
+Flags take ``--flag=value`` or ``--flag value``; boolean flags take no value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+USAGE_EXIT = 2
+
+
+class UsageError(Exception):
+    """Bad command line: exit 2, like the real CLI's argument errors."""
+
+    def __init__(self, where: tuple[str, ...], message: str) -> None:
+        super().__init__(f"ERROR: (gcloud{''.join('.' + w for w in where)}) {message}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    name: str  # without the leading dashes
+    takes_value: bool = True  # False: a boolean switch
+    required: bool = False
+    pattern: str | None = None  # a regex the value must match
+    repeat: bool = False  # may be given several times
+
+
+@dataclasses.dataclass(frozen=True)
+class Form:
+    path: tuple[str, ...]  # e.g. ("compute", "tpus", "tpu-vm", "create")
+    positionals: tuple[str, ...]  # names; a trailing "..." makes the one before it variadic (1 or more)
+    flags: tuple[Flag, ...] = ()
+    exclusive: tuple[tuple[str, ...], ...] = ()  # at most one of each group
+
+
+@dataclasses.dataclass
+class Parsed:
+    form: Form
+    positionals: list[str]
+    flags: dict[str, object]  # name -> value (True for switches; a list for repeatable flags)
+
+    def get(self, name: str, default: object = None) -> object:
+        return self.flags.get(name, default)
+
+
+ZONE = Flag("zone", required=True, pattern=r"[a-z]+-[a-z]+[0-9]+-[a-z]")
+GLOBAL = (
+    Flag("project", pattern=r"([a-z][-a-z0-9.]*:)?[a-z][-a-z0-9]{4,28}[a-z0-9]"),
+    Flag("quiet", takes_value=False),
+    Flag("format"),
+    Flag("verbosity", pattern="debug|info|warning|error|critical|none"),
+    Flag("account"),
+    Flag("log-http", takes_value=False),
+)
+_SSH_COMMON = (
+    ZONE, Flag("worker", pattern=r"all|[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*"), Flag("internal-ip", takes_value=False),
+    Flag("strict-host-key-checking", pattern="yes|no|ask"), Flag("ssh-key-file"),
+)
+_DURATION = r"[0-9]+[smhd]"
+_TPU_VM = ("compute", "tpus", "tpu-vm")
+_QUEUED = ("compute", "tpus", "queued-resources")
+FORMS = (
+    Form((*_TPU_VM, "create"), ("NAME",), (
+        ZONE, Flag("accelerator-type", required=True), Flag("version", required=True),
+        Flag("spot", takes_value=False), Flag("preemptible", takes_value=False), Flag("reserved", takes_value=False),
+        Flag("description"), Flag("labels"), Flag("network"), Flag("subnetwork"), Flag("tags"), Flag("metadata"),
+        Flag("service-account"), Flag("scopes"), Flag("internal-ips", takes_value=False),
+        Flag("async", takes_value=False),
+    ), exclusive=(("spot", "preemptible", "reserved"),)),
+    Form((*_TPU_VM, "describe"), ("NAME",), (ZONE,)),
+    Form((*_TPU_VM, "delete"), ("NAME",), (ZONE, Flag("async", takes_value=False))),
+    Form((*_TPU_VM, "list"), (), (ZONE,)),
+    Form((*_TPU_VM, "ssh"), ("NAME",), (*_SSH_COMMON, Flag("command"), Flag("ssh-flag", repeat=True))),
+    Form((*_TPU_VM, "scp"), ("SRC", "...", "DEST"), (
+        *_SSH_COMMON, Flag("recurse", takes_value=False), Flag("compress", takes_value=False),
+        Flag("scp-flag", repeat=True),
+    )),
+    Form((*_QUEUED, "create"), ("QUEUED_RESOURCE",), (
+        ZONE, Flag("node-id", required=True), Flag("accelerator-type", required=True),
+        Flag("runtime-version", required=True), Flag("spot", takes_value=False),
+        Flag("guaranteed", takes_value=False), Flag("reserved", takes_value=False),
+        Flag("best-effort", takes_value=False), Flag("valid-until-duration", pattern=_DURATION),
+        Flag("valid-after-duration", pattern=_DURATION), Flag("network"), Flag("subnetwork"),
+        Flag("async", takes_value=False),
+    ), exclusive=(("spot", "guaranteed", "reserved", "best-effort"),)),
+    Form((*_QUEUED, "describe"), ("QUEUED_RESOURCE",), (ZONE,)),
+    Form((*_QUEUED, "delete"), ("QUEUED_RESOURCE",), (
+        ZONE, Flag("force", takes_value=False), Flag("async", takes_value=False))),
+    Form((*_QUEUED, "list"), (), (ZONE,)),
+)
+# Real commands this simulator does not model: refused with a message that says so.
+NOT_SIMULATED = {
+    _TPU_VM: ("start", "stop", "update", "attach-disk", "detach-disk", "simulate-maintenance-event",
+              "get-guest-attributes", "versions", "accelerator-types", "service-identity"),
+    _QUEUED: ("reset",),
+}
+
+
+def _groups() -> dict[tuple[str, ...], set[str]]:
+    """Every group path -> its child names (command groups and commands)."""
+    children: dict[tuple[str, ...], set[str]] = {}
+    for path in [f.path for f in FORMS] + [(*g, c) for g, cs in NOT_SIMULATED.items() for c in cs]:
+        for i in range(len(path)):
+            children.setdefault(path[:i], set()).add(path[i])
+    return children
+
+
+def parse(argv: list[str]) -> Parsed:
+    """argv after "gcloud" -> Parsed; UsageError for anything the simulator does not accept."""
+    children = _groups()
+    path: tuple[str, ...] = ()
+    rest = list(argv)
+    while path in children and rest and not rest[0].startswith("-"):
+        word = rest.pop(0)
+        if word not in children[path]:
+            raise UsageError(path, f"Invalid choice: '{word}'. Valid choices: {', '.join(sorted(children[path]))}.")
+        path = (*path, word)
+    if path in children:
+        raise UsageError(path, f"Command name argument expected (one of {', '.join(sorted(children[path]))}).")
+    form = next((f for f in FORMS if f.path == path), None)
+    if form is None:
+        raise UsageError(path, "this command exists in gcloud but the simulator does not model it")
+    return _parse_args(form, rest)
+
+
+def _parse_args(form: Form, rest: list[str]) -> Parsed:
+    known = {f.name: f for f in (*form.flags, *GLOBAL)}
+    flags: dict[str, object] = {}
+    positionals: list[str] = []
+    unknown: list[str] = []
+    i = 0
+    while i < len(rest):
+        word = rest[i]
+        i += 1
+        if word == "-q":
+            word = "--quiet"
+        if not word.startswith("--") or word == "--":
+            if word == "--":
+                unknown += rest[i - 1:]
+                break
+            positionals.append(word)
+            continue
+        name, has_value, value = word[2:].partition("=")
+        flag = known.get(name)
+        if flag is None:
+            unknown.append(word)
+            continue
+        if not flag.takes_value:
+            if has_value:
+                raise UsageError(form.path, f"argument --{name}: ignored explicit argument '{value}'")
+            flags[name] = True
+            continue
+        if not has_value:
+            if i >= len(rest):
+                raise UsageError(form.path, f"argument --{name}: expected one argument")
+            value = rest[i]
+            i += 1
+        if flag.pattern and not re.fullmatch(flag.pattern, value):
+            raise UsageError(form.path, f"argument --{name}: Bad value [{value}]")
+        if flag.repeat:
+            flags.setdefault(name, []).append(value)  # type: ignore[union-attr]
+        elif name in flags:
+            raise UsageError(form.path, f"argument --{name}: given more than once")
+        else:
+            flags[name] = value
+    if unknown:
+        raise UsageError(form.path, f"unrecognized arguments: {' '.join(unknown)}")
+    _check_positionals(form, positionals)
+    for flag in form.flags:
+        if flag.required and flag.name not in flags:
+            raise UsageError(form.path, f"argument --{flag.name}: Must be specified.")
+    for group in form.exclusive:
+        given = [g for g in group if g in flags]
+        if len(given) > 1:
+            raise UsageError(form.path, "argument " + " ".join(f"--{g}" for g in given)
+                             + ": At most one of these can be specified.")
+    return Parsed(form, positionals, flags)
+
+
+def _check_positionals(form: Form, positionals: list[str]) -> None:
+    required = [n for n in form.positionals if n != "..."]
+    if len(positionals) < len(required):
+        raise UsageError(form.path, f"argument {' '.join(required[len(positionals):])}: Must be specified.")
+    if "..." not in form.positionals and len(positionals) > len(required):
+        raise UsageError(form.path, f"unrecognized arguments: {' '.join(positionals[len(required):])}")
