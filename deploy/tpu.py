@@ -93,7 +93,7 @@ def logs(cfg: TpuConfig, runner: Runner) -> int:
     for path in fetched:
         print(f"{path}", flush=True)
     first = cfg.slice_dir / "logs" / "worker-0.log"
-    if first in fetched:
+    if first in fetched and first.exists():
         lines = first.read_text(errors="replace").splitlines()[-TAIL_LINES:]
         print(f"--- last {len(lines)} lines of worker 0 ---", *lines, sep="\n", flush=True)
     return 0 if len(fetched) == cfg.workers or cfg.dry_run else 1

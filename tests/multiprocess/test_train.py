@@ -20,6 +20,8 @@ pytestmark = pytest.mark.multiprocess
 
 JOB = [sys.executable, "-m", "job", "train"]
 REQUEUE = 75
+# A smaller model where learning is not the point: compile time dominates these tests.
+SMALL = ("--model.layers", "1", "--model.dim", "32", "--model.mlp-dim", "64")
 
 
 def train(n: int, devices: int, run_dir: Path, *flags: str, expect: int = 0) -> subprocess.CompletedProcess[str]:
@@ -49,7 +51,7 @@ def test_synthetic_task_converges(tmp_path: Path) -> None:
 
 
 def test_same_losses_on_every_topology_and_bitwise_reruns(tmp_path: Path) -> None:
-    flags = ("--steps", "6", "--log-every", "1", "--eval-every", "6")
+    flags = ("--steps", "6", "--log-every", "1", "--eval-every", "6", *SMALL)
     runs = {}
     for n, devices in [(1, 4), (4, 1), (2, 2)]:
         train(n, devices, tmp_path / f"{n}x{devices}", *flags)
@@ -78,7 +80,7 @@ def _preempt(run_dir: Path, n: int, devices: int, sig: signal.Signals, rank: int
 
 
 def test_exact_resume_after_sigterm_to_one_nonzero_rank(tmp_path: Path) -> None:
-    flags = ("--steps", "40", "--ckpt.every", "10", "--eval-every", "40")
+    flags = ("--steps", "40", "--ckpt.every", "10", "--eval-every", "40", *SMALL)
     train(2, 2, tmp_path / "straight", *flags, "--log-every", "40")
     code, output = _preempt(tmp_path / "preempted", 2, 2, signal.SIGTERM, 1, 5, *flags)
     assert code == REQUEUE, output
@@ -97,7 +99,7 @@ def test_exact_resume_after_sigterm_to_one_nonzero_rank(tmp_path: Path) -> None:
 
 
 def test_sigusr1_to_one_rank_saves_everywhere_and_exits_with_requeue_code(tmp_path: Path) -> None:
-    code, output = _preempt(tmp_path, 4, 1, signal.SIGUSR1, 2, 3, "--steps", "200", "--ckpt.every", "100")
+    code, output = _preempt(tmp_path, 4, 1, signal.SIGUSR1, 2, 3, "--steps", "200", "--ckpt.every", "100", *SMALL)
     assert code == REQUEUE, output
     stopped = summary(tmp_path)["final_step"]
     assert 3 <= stopped < 200
@@ -108,12 +110,12 @@ def test_sigusr1_to_one_rank_saves_everywhere_and_exits_with_requeue_code(tmp_pa
 
 
 def test_an_interrupted_save_is_never_restored(tmp_path: Path) -> None:
-    train(1, 2, tmp_path, "--steps", "8", "--ckpt.every", "4", "--eval-every", "8")
+    train(1, 2, tmp_path, "--steps", "8", "--ckpt.every", "4", "--eval-every", "8", *SMALL)
     checkpoints = tmp_path / "checkpoints"
     # what a save killed half-way leaves: orbax's temporary folder for a later step
     shutil.copytree(checkpoints / "8", checkpoints / "12.orbax-checkpoint-tmp")
     (checkpoints / "12.orbax-checkpoint-tmp" / "commit_success.txt").unlink(missing_ok=True)
-    proc = train(1, 2, tmp_path, "--steps", "12", "--ckpt.every", "4", "--eval-every", "12")
+    proc = train(1, 2, tmp_path, "--steps", "12", "--ckpt.every", "4", "--eval-every", "12", *SMALL)
     assert "resumed from step 8" in proc.stderr
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["split"] == "train"] == [8, 10, 12]  # resumed after step 8
@@ -149,6 +151,6 @@ def test_token_file_trains_from_a_tokenized_text(tmp_path: Path) -> None:
     made = run([sys.executable, "-m", "job", "tokenize", str(tmp_path / "text.txt"), str(tmp_path / "tok.npy")])
     assert made.returncode == 0 and "byte-level tokens" in made.stdout, made.stderr
     train(2, 1, tmp_path / "run", "--data.source", str(tmp_path / "tok.npy"), "--model.vocab-size", "256",
-          "--steps", "30", "--eval-every", "30", "--log-every", "10")
+          "--steps", "30", "--eval-every", "30", "--log-every", "10", *SMALL)
     losses = train_losses(tmp_path / "run")
     assert losses[30] < losses[10]
