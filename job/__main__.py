@@ -23,7 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     if command == "train" or command.startswith("--"):
         from job import config, train
 
-        return train.run(config.parse(rest if command == "train" else args))
+        code = train.run(config.parse(rest if command == "train" else args))
+        _shutdown()
+        return code
     if command == "demo":
         from job.demo import DemoConfig, run
 
@@ -37,6 +39,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"usage:\n{USAGE}\nexpected one of the commands above, found {' '.join(args)!r}", file=sys.stderr)
     return 2
+
+
+def _shutdown() -> None:
+    """A clean end: leave the distributed runtime together (its shutdown barrier)."""
+    import jax
+
+    if jax.distributed.is_initialized():
+        jax.distributed.shutdown()
 
 
 if __name__ == "__main__":

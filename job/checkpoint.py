@@ -10,6 +10,7 @@ topology.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from job.config import CheckpointConfig
+from job.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +34,12 @@ def abstract(tree: Any) -> Any:
 class Checkpointer:
     def __init__(self, directory: str | Path, cfg: CheckpointConfig) -> None:
         self.directory = Path(directory).absolute()
-        options = ocp.CheckpointManagerOptions(
+        self.options = ocp.CheckpointManagerOptions(
             max_to_keep=cfg.keep,
             enable_async_checkpointing=cfg.async_save,
             create=True,
         )
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        self.manager = ocp.CheckpointManager(self.directory, options=self.options)
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -52,6 +54,36 @@ class Checkpointer:
     def restore(self, step: int, like: Any) -> Any:
         """The saved state, placed like `like` (which may come from another topology)."""
         return self.manager.restore(step, args=ocp.args.StandardRestore(abstract(like)))
+
+    def restore_newest(self, like: Any) -> tuple[int, Any]:
+        """The newest checkpoint that reads back; an unreadable one is reported and skipped."""
+        steps = sorted(self.all_steps(), reverse=True)
+        for step in steps:
+            try:
+                return step, self.restore(step, like)
+            except Exception as exc:  # noqa: BLE001 - any read failure means: try the previous one
+                log.warning("checkpoint step %d in %s is unreadable (%s: %s); trying an older one",
+                            step, self.directory, type(exc).__name__, str(exc).splitlines()[0][:200])
+                self._quarantine(step)
+                # a failed read can leave the manager unusable: start a fresh one
+                self.manager = ocp.CheckpointManager(self.directory, options=self.options)
+        raise ConfigError(
+            "checkpoints", expected="at least one readable checkpoint", found=f"steps {steps} all unreadable",
+            fix=f"move {self.directory} aside to start afresh, or pass --no-resume",
+        )
+
+    def _quarantine(self, step: int) -> None:
+        """Move an unreadable step aside (kept for inspection, never listed again)."""
+        import jax
+        from jax.experimental import multihost_utils
+
+        source = self.directory / str(step)
+        if jax.process_index() == 0 and source.exists():
+            target = source.with_name(f"{step}.unreadable-{int(time.time())}")
+            source.rename(target)
+            log.warning("moved the unreadable checkpoint to %s", target)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"checkpoint quarantine {step}")
 
     def wait(self) -> None:
         self.manager.wait_until_finished()

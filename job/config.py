@@ -44,6 +44,7 @@ class TrainConfig:
     rule: str = "replicated"  # sharding rule: replicated, fsdp or tensor
     model_axis: int = 1  # devices per tensor-parallel group (the mesh's "model" axis)
     resume: bool = True  # continue from the newest complete checkpoint in run_dir
+    watchdog_s: float = 600.0  # no step within this many seconds: dump every stack, exit 86 (0 = off)
     model: ModelConfig = ModelConfig()
     optim: OptimConfig = OptimConfig()
     data: DataConfig = DataConfig()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import socket
 import sys
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -101,6 +102,22 @@ def _validate(info: ClusterInfo) -> None:
         )
 
 
+def check_coordinator_port(address: str) -> None:
+    """On process 0: the coordinator's port must be free, or jax crashes (or segfaults) while
+    every other process waits for its init timeout."""
+    port = int(address.rsplit(":", 1)[1])
+    with socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", port))
+        except OSError as exc:
+            raise ConfigError(
+                "coordinator port", expected=f"port {port} free on this host (process 0)",
+                found=f"in use ({exc.strerror})",
+                fix="stop whatever holds it, or set JOB_COORDINATOR_PORT (or the launcher's --port) to a free port",
+            ) from None
+
+
 def _exit_on_uncaught(previous):  # noqa: ANN001, ANN202
     """An uncaught exception ends this process at once.
 
@@ -167,6 +184,8 @@ def initialize(
     log.debug("joining %s (timeouts %s)", info.summary(), timeouts)
     if exit_on_uncaught:
         sys.excepthook = _exit_on_uncaught(sys.excepthook)
+    if info.is_coordinator and info.coordinator_address:
+        check_coordinator_port(info.coordinator_address)
     jax.distributed.initialize(
         coordinator_address=info.coordinator_address,
         num_processes=info.num_processes,

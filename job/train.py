@@ -9,6 +9,7 @@ protocol stay as they are.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -22,6 +23,7 @@ import job
 from job.config import TrainConfig, differences, to_dict, to_json
 from job.errors import ConfigError
 from job.preemption import REQUEUE_EXIT_CODE, PreemptionGuard
+from job.watchdog import Watchdog
 
 log = logging.getLogger("job.train")
 
@@ -121,12 +123,10 @@ def run(cfg: TrainConfig) -> int:
 
     checkpoints = Checkpointer(run_dir / "checkpoints", cfg.ckpt)
     start = 0
-    latest = checkpoints.latest_step() if cfg.resume else None
-    if latest is not None:
-        restored = checkpoints.restore(latest, {"model": nnx.state(lm), "optimizer": nnx.state(optimizer)})
+    if cfg.resume and checkpoints.all_steps():
+        start, restored = checkpoints.restore_newest({"model": nnx.state(lm), "optimizer": nnx.state(optimizer)})
         nnx.update(lm, restored["model"])
         nnx.update(optimizer, restored["optimizer"])
-        start = latest
 
     batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh)))
 
@@ -166,7 +166,8 @@ def run(cfg: TrainConfig) -> int:
     state = lambda: {"model": nnx.state(lm), "optimizer": nnx.state(optimizer)}  # noqa: E731
     began, last_saved, metrics, eval_metrics = time.perf_counter(), start, {}, {}
     code = 0
-    with sharding.mesh_context(mesh), PreemptionGuard() as guard:
+    with contextlib.ExitStack() as stack, sharding.mesh_context(mesh), PreemptionGuard() as guard:
+        dog = None
         for step in range(start, cfg.steps):
             batch = global_batch("train", step)
             metrics = train_step(lm, optimizer, batch["tokens"], batch["mask"])
@@ -187,6 +188,10 @@ def run(cfg: TrainConfig) -> int:
                 report.message("preempted: saved step %d; exiting with %d (requeue)", done, REQUEUE_EXIT_CODE)
                 code = REQUEUE_EXIT_CODE
                 break
+            if dog is not None:
+                dog.kick()
+            elif cfg.watchdog_s > 0:  # armed after the first step: compilation may take long
+                dog = stack.enter_context(Watchdog(cfg.watchdog_s))
     checkpoints.wait()
     checkpoints.close()
     final = jax.device_get(metrics)

@@ -107,3 +107,19 @@ def test_sigterm_is_forwarded_to_every_rank_and_their_code_returned(tmp_path: Pa
     assert proc.returncode == 42, explain(proc, out, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"term{r}" for r in range(4)]
     assert all((tmp_path / f"term{r}").read_text() == str(int(signal.SIGTERM)) for r in range(4))
+
+
+def test_coordinator_port_in_use_is_one_clear_error(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as holder:
+        holder.bind(("", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        started = time.monotonic()
+        proc = run(launcher_argv(2, scenario("hold.py", "hold"), extra=("--port", str(port))), timeout=120)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 1, explain(proc, proc.stdout, proc.stderr)
+    assert f"coordinator port: expected port {port} free on this host (process 0), found 'in use" in proc.stderr
+    assert "rank 0 exited with code 1" in proc.stderr
+    assert elapsed < 30

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -154,3 +155,32 @@ def test_token_file_trains_from_a_tokenized_text(tmp_path: Path) -> None:
           "--steps", "30", "--eval-every", "30", "--log-every", "10", *SMALL)
     losses = train_losses(tmp_path / "run")
     assert losses[30] < losses[10]
+
+
+def test_a_corrupted_latest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path) -> None:
+    train(1, 2, tmp_path, "--steps", "8", "--ckpt.every", "4", "--eval-every", "8", *SMALL)
+    for path in (tmp_path / "checkpoints" / "8").rglob("*"):
+        if path.is_file() and path.stat().st_size > 0 and "METADATA" not in path.name:
+            path.write_bytes(b"\0garbage" * 4)
+    proc = train(1, 2, tmp_path, "--steps", "12", "--ckpt.every", "4", "--eval-every", "12", *SMALL)
+    assert "checkpoint step 8 in" in proc.stderr and "is unreadable" in proc.stderr
+    assert "resumed from step 4" in proc.stderr
+    assert summary(tmp_path)["final_step"] == 12
+
+
+def test_a_hung_rank_trips_the_watchdog_on_the_others(tmp_path: Path) -> None:
+    argv = launcher_argv(2, [*JOB, "--run-dir", str(tmp_path), "--log-every", "1", "--steps", "100000",
+                             "--watchdog-s", "3", *SMALL], devices=1)
+    proc = subprocess.Popen(argv, env=child_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    lines = wait_for_line(proc, "step 3/", timeout=180)
+    pids = rank_pids(proc.pid)
+    stopped = time.monotonic()
+    os.kill(pids[1], signal.SIGSTOP)
+    out, _ = proc.communicate(timeout=120)
+    elapsed = time.monotonic() - stopped
+    print(f"SIGSTOP of rank 1: launcher exited {proc.returncode} after {elapsed:.1f} s")
+    output = "".join(lines) + out
+    assert proc.returncode == 86, output
+    assert "[rank 0] watchdog: no training step completed for" in output
+    assert elapsed < 30
