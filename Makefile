@@ -47,6 +47,52 @@ submit-slurm: $(BIN)/.installed ## submit the job: NODES=4 [PARTITION TIME GPUS_
 		--gpus-per-node '$(GPUS_PER_NODE)' --cpus-per-task '$(CPUS_PER_TASK)' --account '$(ACCOUNT)' \
 		--qos '$(QOS)' --image '$(IMAGE)' --via '$(VIA)' $(if $(filter 1,$(WAIT)),--wait) -- $(SLURM_ARGS)
 
+# ------------------------------------------------------------------ Cloud TPU pods (deploy/tpu.py)
+# make tpu-pod TPU_NAME=my-pod ZONE=us-central2-b ACCELERATOR=v4-32 ARGS='train --run-dir gs://BUCKET/run1'
+TPU_NAME ?=
+ZONE ?=
+ACCELERATOR ?= v4-8
+RUNTIME ?=
+PROJECT ?=
+SPOT ?= 0
+QUEUED ?= 0
+IMAGE ?=
+RETRIES ?= 3
+DRY_RUN ?= 0
+TPU_LOCAL_DIR ?= runs/tpu
+# Each value reaches deploy.tpu as one word, exactly as given: $(value) skips make's own expansion
+# and the single quotes (inner ones escaped) skip the shell's, so ARGS='--name "a b; $(id)"' is not run.
+tpu_quote = '$(subst ','\'',$(value $(1)))'
+TPU_FLAGS = --name=$(call tpu_quote,TPU_NAME) --zone=$(call tpu_quote,ZONE) \
+	--accelerator=$(call tpu_quote,ACCELERATOR) --runtime=$(call tpu_quote,RUNTIME) \
+	--project=$(call tpu_quote,PROJECT) --spot=$(call tpu_quote,SPOT) --queued=$(call tpu_quote,QUEUED) \
+	--image=$(call tpu_quote,IMAGE) --retries=$(call tpu_quote,RETRIES) --dry-run=$(call tpu_quote,DRY_RUN) \
+	--local-dir=$(call tpu_quote,TPU_LOCAL_DIR) --args=$(call tpu_quote,ARGS)
+TPU_CLI = $(BIN)/python -m deploy.tpu
+
+.PHONY: tpu-pod tpu-create tpu-run tpu-logs tpu-stop tpu-delete tpu-status
+
+tpu-pod: $(BIN)/.installed ## Cloud TPU: create/reuse TPU_NAME (ZONE, ACCELERATOR, SPOT=1), run ARGS on all workers, resume after preemption (RETRIES)
+	$(TPU_CLI) pod $(TPU_FLAGS)
+
+tpu-create: $(BIN)/.installed ## Cloud TPU: create the slice (or reuse a READY one) and wait until READY
+	$(TPU_CLI) create $(TPU_FLAGS)
+
+tpu-run: $(BIN)/.installed ## Cloud TPU: ship the code (or pull IMAGE), set up and run ARGS on every worker of a READY slice
+	$(TPU_CLI) run $(TPU_FLAGS)
+
+tpu-logs: $(BIN)/.installed ## Cloud TPU: copy every worker's log to TPU_LOCAL_DIR/TPU_NAME/logs, print worker 0's end
+	$(TPU_CLI) logs $(TPU_FLAGS)
+
+tpu-stop: $(BIN)/.installed ## Cloud TPU: stop the job (SIGTERM: it saves a checkpoint; SIGKILL after 60 s)
+	$(TPU_CLI) stop $(TPU_FLAGS)
+
+tpu-delete: $(BIN)/.installed ## Cloud TPU: delete the slice (and its queued resource with QUEUED=1)
+	$(TPU_CLI) delete $(TPU_FLAGS)
+
+tpu-status: $(BIN)/.installed ## Cloud TPU: print the slice's state (READY, PREEMPTED, NOT_FOUND, ...)
+	$(TPU_CLI) status $(TPU_FLAGS)
+
 lock: ## re-resolve requirements.lock from pyproject.toml (needs uv)
 	uv pip compile pyproject.toml --extra test --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements.lock
 

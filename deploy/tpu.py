@@ -23,6 +23,7 @@ Every gcloud call goes through `deploy.runner.Runner` as an argv list;
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import shlex
 import subprocess
@@ -31,7 +32,7 @@ from collections.abc import Sequence
 
 from deploy import tpu_job
 from deploy.runner import Runner
-from deploy.tpu_config import DEFAULT_SHIP, TpuConfig
+from deploy.tpu_config import DEFAULT_SHIP, TpuConfig, validate_job
 from deploy.tpu_gcloud import GCLOUD, INSTALL_HINT
 from deploy.tpu_slice import Slice, TpuError
 from job.errors import ConfigError
@@ -39,8 +40,8 @@ from job.preemption import REQUEUE_EXIT_CODE
 
 log = logging.getLogger("deploy.tpu")
 
-COMMANDS = ("pod", "create", "run", "logs", "stop", "delete", "status")
 TAIL_LINES = 40  # `logs` prints this many lines of worker 0's log
+SSH_LOST = 255  # what gcloud's ssh returns when the connection drops
 
 
 def require_gcloud(runner: Runner) -> None:
@@ -67,8 +68,13 @@ def pod(cfg: TpuConfig, runner: Runner) -> int:
         if status.ready:
             tpu_job.fetch_logs(cfg, runner)
         if not (status.broken or status.absent or code == REQUEUE_EXIT_CODE):
-            log.error("the job failed with exit code %d on a %s slice: a failure, not a preemption; "
-                      "worker logs: %s", code, status.describe(), cfg.slice_dir / "logs")
+            if code == SSH_LOST:
+                log.error("the connection to %s was lost (exit code %d) but the slice is %s: the job may still "
+                          "be running; `make tpu-logs` shows it, `make tpu-stop` stops it", cfg.name, code,
+                          status.describe())
+            else:
+                log.error("the job failed with exit code %d on a %s slice: a failure, not a preemption; "
+                          "worker logs: %s", code, status.describe(), cfg.slice_dir / "logs")
             return code
         if retry >= cfg.retries:
             log.error("preempted (slice %s, exit code %d) and all %d retries used: giving up; "
@@ -77,6 +83,17 @@ def pod(cfg: TpuConfig, runner: Runner) -> int:
         retry += 1
         log.warning("preempted (slice %s, job exit code %d): retry %d of %d, resuming from the last checkpoint",
                     status.describe(), code, retry, cfg.retries)
+
+
+def _as_found(cfg: TpuConfig, runner: Runner) -> TpuConfig:
+    """cfg with the existing slice's accelerator type (so every worker counts even without ACCELERATOR)."""
+    found = Slice(cfg, runner).status().accelerator
+    if not found or found == cfg.accelerator:
+        return cfg
+    try:
+        return dataclasses.replace(cfg, accelerator=found)
+    except ConfigError:  # a type this launcher does not know: keep the requested one
+        return cfg
 
 
 def status(cfg: TpuConfig, runner: Runner) -> int:
@@ -89,6 +106,7 @@ def status(cfg: TpuConfig, runner: Runner) -> int:
 
 
 def logs(cfg: TpuConfig, runner: Runner) -> int:
+    cfg = _as_found(cfg, runner)
     fetched = tpu_job.fetch_logs(cfg, runner)
     for path in fetched:
         print(f"{path}", flush=True)
@@ -99,28 +117,47 @@ def logs(cfg: TpuConfig, runner: Runner) -> int:
     return 0 if len(fetched) == cfg.workers or cfg.dry_run else 1
 
 
-def dispatch(command: str, cfg: TpuConfig, runner: Runner) -> int:
-    require_gcloud(runner)
-    if command == "pod":
-        return pod(cfg, runner)
-    if command == "create":
-        Slice(cfg, runner).ensure_ready()
-        return 0
-    if command == "run":
-        if not cfg.dry_run and not (st := Slice(cfg, runner).status()).ready:
+def run(cfg: TpuConfig, runner: Runner) -> int:
+    """`tpu-run`: the job, once, on a READY slice of the requested type."""
+    slice_ = Slice(cfg, runner)
+    st = slice_.status()
+    if not st.ready:
+        if not cfg.dry_run:
             raise TpuError(f"slice {cfg.name} is {st.describe()}, not READY; fix: `make tpu-create` "
                            "(or `make tpu-pod`) first")
-        code = tpu_job.run_job(cfg, runner)
-        tpu_job.fetch_logs(cfg, runner)
-        return code
-    if command == "logs":
-        return logs(cfg, runner)
-    if command == "stop":
-        return tpu_job.stop_job(cfg, runner)
-    if command == "delete":
-        Slice(cfg, runner).delete()
-        return 0
-    return status(cfg, runner)
+        log.warning("dry run: slice %s is %s; a real run would stop here", cfg.name, st.describe())
+    else:
+        slice_.check_type(st)
+    code = tpu_job.run_job(cfg, runner)
+    tpu_job.fetch_logs(cfg, runner)
+    return code
+
+
+def create(cfg: TpuConfig, runner: Runner) -> int:
+    Slice(cfg, runner).ensure_ready()
+    return 0
+
+
+def stop(cfg: TpuConfig, runner: Runner) -> int:
+    return tpu_job.stop_job(_as_found(cfg, runner), runner)
+
+
+def delete(cfg: TpuConfig, runner: Runner) -> int:
+    Slice(cfg, runner).delete()
+    return 0
+
+
+HANDLERS = {"pod": pod, "create": create, "run": run, "logs": logs, "stop": stop, "delete": delete,
+            "status": status}
+COMMANDS = tuple(HANDLERS)
+
+
+def dispatch(command: str, cfg: TpuConfig, runner: Runner) -> int:
+    """Check everything that needs no network, then run one command; its exit status."""
+    if command in ("pod", "run"):
+        validate_job(cfg)
+    require_gcloud(runner)
+    return HANDLERS[command](cfg, runner)
 
 
 # ---------------------------------------------------------------------- command line

@@ -6,12 +6,12 @@
 An accelerator type is ``GENERATION-SIZE``. What SIZE counts depends on the
 generation, which is why this is a table and not one formula:
 
-| generation  | SIZE counts                  | per host             | hosts                        | examples            |
-|-------------|------------------------------|----------------------|------------------------------|---------------------|
-| v2, v3      | TensorCores                  | 8 cores (4 chips)    | SIZE / 8                     | v3-8 = 1, v3-32 = 4 |
-| v4, v5p     | TensorCores (2 per chip)     | 8 cores (4 chips)    | SIZE / 8                     | v4-8 = 1, v4-32 = 4 |
-| v5litepod   | chips (v5e, 1 core per chip) | 8 chips if SIZE <= 8, else 4 | 1 if SIZE <= 8, else SIZE / 4 | v5litepod-8 = 1, v5litepod-16 = 4 |
-| v6e         | chips (1 core per chip)      | 8 chips if SIZE <= 8, else 4 | 1 if SIZE <= 8, else SIZE / 4 | v6e-8 = 1, v6e-32 = 8 |
+| generation | SIZE counts                | hosts                         | examples                          |
+|------------|----------------------------|-------------------------------|-----------------------------------|
+| v2, v3     | TensorCores (8 per host)   | SIZE / 8                      | v3-8 = 1, v3-32 = 4               |
+| v4, v5p    | TensorCores (2 per chip)   | SIZE / 8 (4 chips per host)   | v4-8 = 1, v4-32 = 4, v5p-16 = 2   |
+| v5litepod  | chips (v5e)                | 1 if SIZE <= 8, else SIZE / 4 | v5litepod-8 = 1, v5litepod-16 = 4 |
+| v6e        | chips                      | 1 if SIZE <= 8, else SIZE / 4 | v6e-8 = 1, v6e-32 = 8             |
 
 The gcloud simulator in tests/tpu uses this same table, so a ``v4-32`` slice
 runs the job as 4 simulated workers. An unknown generation is an error that

@@ -114,14 +114,21 @@ def validate(cfg: TpuConfig) -> None:
     _check(cfg.poll_s > 0 and cfg.ready_timeout_s > 0 and cfg.stop_grace_s >= 0, "--poll-seconds / "
            "--ready-timeout / --stop-grace", "positive numbers", (cfg.poll_s, cfg.ready_timeout_s,
            cfg.stop_grace_s), "pass positive values")
+
+
+def validate_job(cfg: TpuConfig) -> None:
+    """The extra checks of the commands that run the job (pod, run)."""
     if cfg.image is None:
         missing = [p for p in cfg.ship if not (Path(cfg.source_dir) / p).exists()]
         _check(bool(cfg.ship) and not missing, "--ship", f"paths that exist under {cfg.source_dir}",
                missing or "nothing", "run from the checkout's root, or pass existing paths to --ship")
-    _check_run_dir(cfg, accel)
+    trains = not cfg.job_args or cfg.job_args[0] == "train" or cfg.job_args[0].startswith("--")
+    if trains:  # `python -m job demo`, `tokenize`, ...: no run dir
+        _check_run_dir(cfg, cfg.accel)
 
 
 def _check_run_dir(cfg: TpuConfig, accel: Accelerator) -> None:
+    """The training job's checkpoints must outlive a worker: on shared storage for a multi-host slice."""
     run_dir = run_dir_of(cfg.job_args)
     shared = run_dir is not None and (run_dir.startswith("gs://") or run_dir.startswith("/"))
     if accel.hosts > 1 and not shared:

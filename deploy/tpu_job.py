@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import logging
+import shlex
 import tarfile
 from pathlib import Path
 
@@ -64,10 +65,11 @@ def prepare_workers(cfg: TpuConfig, runner: Runner) -> None:
 def run_job(cfg: TpuConfig, runner: Runner) -> int:
     """Prepare the workers, run `python -m job ARGS` on all of them; the job's exit status."""
     prepare_workers(cfg, runner)
-    log.info("running `python -m job %s` on %d workers; streaming worker 0 (all logs: %s)",
-             " ".join(cfg.job_args), cfg.workers, cfg.slice_dir / "logs")
+    log.info("running `python -m job %s` on %d worker(s); streaming worker 0 (every log: %s)",
+             shlex.join(cfg.job_args), cfg.workers, cfg.slice_dir / "logs")
     code = runner.run(gcloud.ssh_all(cfg, remote.run_script(cfg)), check=False).returncode
-    log.info("the job ended with exit code %d", code)
+    if not cfg.dry_run:
+        log.info("the job ended with exit code %d", code)
     return code
 
 
@@ -84,8 +86,9 @@ def fetch_logs(cfg: TpuConfig, runner: Runner) -> list[Path]:
         if proc.returncode == 0:
             fetched.append(local)
         else:
-            log.warning("could not fetch worker %d's log (exit code %d): %s", worker, proc.returncode,
-                        (proc.stderr or "").strip().splitlines()[-1:] or "")
+            why = (proc.stderr or "").strip().splitlines()
+            log.warning("could not fetch worker %d's log (exit code %d)%s", worker, proc.returncode,
+                        f": {why[-1]}" if why else "")
     return fetched
 
 

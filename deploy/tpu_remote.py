@@ -22,12 +22,14 @@ from deploy.tpu_config import TpuConfig
 LOG = "logs/job.log"
 PID = "logs/job.pid"
 
-# Install the locked dependencies unless the VM's python3 already has them (3.11 + jax + ...):
-# a venv made by uv (which brings its own Python 3.11; TPU VM images ship 3.10) plus libtpu.
+# Install the locked dependencies unless the VM's python3 already has them (3.11 + jax + ...; found, not
+# imported, which would cost seconds per worker): a venv made by uv (which brings its own Python 3.11;
+# TPU VM images ship 3.10), with libtpu.
 DEFAULT_SETUP = """\
-if python3 -c 'import sys, jax, flax, optax, orbax.checkpoint, tyro; sys.exit(sys.version_info[:2] != (3, 11))' \
->/dev/null 2>&1; then
-  echo "python3 already has the job's dependencies"
+if python3 -c 'import sys, importlib.util as u; sys.exit(sys.version_info[:2] != (3, 11) or not all(
+    u.find_spec(m) for m in ("jax", "flax", "optax", "orbax.checkpoint", "tyro", "portpicker")))' >/dev/null 2>&1
+then
+  :  # python3 already has the job's dependencies
 else
   [ -x .venv/bin/python ] || { python3 -m pip install --quiet --user uv && python3 -m uv venv --python 3.11 .venv; }
   python3 -m uv pip install --quiet --python .venv/bin/python -r requirements.lock -e '.[tpu]'
@@ -88,7 +90,8 @@ def run_script(cfg: TpuConfig) -> str:
     else:
         lines.append("py=python3; if [ -x .venv/bin/python ]; then py=.venv/bin/python; fi")
     lines += [
-        f"{job_command(cfg)} >{LOG} 2>&1 </dev/null &",
+        f": >{LOG}",  # exists before tail opens it (the background job opens it in its own time)
+        f"{job_command(cfg)} >>{LOG} 2>&1 </dev/null &",
         "pid=$!",
         f'echo "$pid" >{PID}',
         "trap 'kill -TERM \"$pid\" 2>/dev/null' TERM INT HUP",

@@ -97,7 +97,7 @@ class Slice:
         """Make the slice READY: "reused", "created" or "waited" (it was already being created)."""
         status = self.status()
         if status.ready:
-            self._check_type(status)
+            self.check_type(status)
             log.info("reusing slice %s (%s, READY)", self.cfg.name, status.accelerator)
             return "reused"
         if status.broken:
@@ -105,7 +105,7 @@ class Slice:
             self._delete(status)
         elif status.state in NODE_PENDING or status.queued in QUEUED_PENDING:
             log.info("slice %s is %s: waiting until it is READY", self.cfg.name, status.describe())
-            self._check_type(status)
+            self.check_type(status)
             self.wait_ready()
             return "waited"
         elif not status.absent:
@@ -115,7 +115,8 @@ class Slice:
         self.wait_ready()
         return "created"
 
-    def _check_type(self, status: SliceStatus) -> None:
+    def check_type(self, status: SliceStatus) -> None:
+        """The existing slice must have the requested accelerator type."""
         if status.accelerator and status.accelerator != self.cfg.accelerator:
             raise ConfigError(
                 "ACCELERATOR (--accelerator)", expected=f"{status.accelerator}, the type of the existing "

@@ -6,7 +6,7 @@ import sys
 
 from tests.tpu.fake_gcloud import commands, ssh
 from tests.tpu.fake_gcloud.commands import CloudError
-from tests.tpu.fake_gcloud.grammar import USAGE_EXIT, Parsed, UsageError, parse
+from tests.tpu.fake_gcloud.grammar import Parsed, UsageError, parse
 from tests.tpu.fake_gcloud.state import Cloud
 
 HANDLERS = {
@@ -26,7 +26,9 @@ def _on_workers(cloud: Cloud, parsed: Parsed) -> int:
     name = parsed.positionals[0] if parsed.form.path[-1] == "ssh" else next(
         (p.split(":", 1)[0] for p in parsed.positionals if ":" in p), "")
     if not name:
-        raise CloudError(parsed, "scp: one side must be remote (NAME:PATH)")
+        *sources, dest = parsed.positionals
+        raise CloudError(parsed, f"Source(s) must be remote when destination is local.  Got sources: "
+                         f"[{', '.join(sources)}], destination: {dest}")
     record = commands._node_or_fail(cloud, parsed, name)
     if record["state"] != "READY":
         raise CloudError(parsed, f"FAILED_PRECONDITION: node {name} is {record['state']}, not READY")
@@ -36,16 +38,25 @@ def _on_workers(cloud: Cloud, parsed: Parsed) -> int:
     return commands.scp(cloud, parsed, workers, record)
 
 
+def _require_zone(parsed: Parsed) -> None:
+    """The simulator has no configured default zone, so a command without --zone fails like gcloud's."""
+    if parsed.get("zone") is None:
+        resource = "queued_resource" if parsed.form.path[2] == "queued-resources" else "tpu"
+        raise CloudError(parsed, f"Error parsing [{resource}].\nThe [{resource}] resource is not properly "
+                         "specified.\nFailed to find attribute [zone]. Fix: pass --zone=ZONE")
+
+
 def main(argv: list[str]) -> int:
     cloud = Cloud.from_env()
     cloud.record_call(argv)
     try:
         parsed = parse(argv)
+        _require_zone(parsed)
         handler = HANDLERS.get(parsed.form.path[-2:])
         return handler(cloud, parsed) if handler else _on_workers(cloud, parsed)
     except UsageError as e:
         print(e, file=sys.stderr, flush=True)
-        return USAGE_EXIT
+        return e.code
     except CloudError as e:
         print(e, file=sys.stderr, flush=True)
         return 1

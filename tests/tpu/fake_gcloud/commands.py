@@ -89,7 +89,7 @@ def _workers_of(parsed: Parsed, accelerator: str) -> int:
 def node_create(cloud: Cloud, parsed: Parsed) -> int:
     project, zone = where(parsed)
     name = parsed.positionals[0]
-    accelerator = str(parsed.get("accelerator-type"))
+    accelerator = str(parsed.get("accelerator-type", "v2-8"))  # gcloud's default type
     workers = _workers_of(parsed, accelerator)
     with cloud.lock():
         cloud.refresh(project, zone)
@@ -244,7 +244,8 @@ def scp(cloud: Cloud, parsed: Parsed, workers: list[int], record: dict[str, Any]
                 _copy(parsed, Path(source), target)
         return 0
     if len(sources) != 1 or not sources[0].startswith(f"{name}:"):
-        raise CloudError(parsed, f"scp: exactly one side must be remote ({name}:PATH)")
+        raise CloudError(parsed, f"Source(s) must be remote when destination is local.  Got sources: "
+                         f"[{', '.join(sources)}], destination: {dest}")
     for worker in workers:
         _copy(parsed, _remote_path(parsed, cloud.home(project, zone, name, worker), sources[0].split(":", 1)[1]),
               Path(dest))

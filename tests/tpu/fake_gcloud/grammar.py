@@ -1,8 +1,11 @@
 """The command forms and flags the simulator accepts: a subset of the real gcloud's (gcloud 528).
 
 Anything else is refused the way the real CLI refuses it: a message on
-stderr starting with ``ERROR: (gcloud.GROUP.COMMAND)`` and exit code 2.
-Flags take ``--flag=value`` or ``--flag value``; boolean flags take no value.
+stderr starting with ``ERROR: (gcloud.GROUP.COMMAND)`` and exit code 2 for
+argument errors (1 for values the real CLI checks after parsing, such as a
+duration). Flags take ``--flag=value`` or ``--flag value``; boolean flags
+take no value. The forms, the required flags and the exit codes were checked
+against gcloud 528's own parser (tests/tpu/test_fake_gcloud.py lists them).
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ USAGE_EXIT = 2
 
 
 class UsageError(Exception):
-    """Bad command line: exit 2, like the real CLI's argument errors."""
+    """Bad command line: exit 2 (or `code`), like the real CLI's argument errors."""
 
-    def __init__(self, where: tuple[str, ...], message: str) -> None:
+    def __init__(self, where: tuple[str, ...], message: str, code: int = USAGE_EXIT) -> None:
         super().__init__(f"ERROR: (gcloud{''.join('.' + w for w in where)}) {message}")
+        self.code = code
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +31,8 @@ class Flag:
     required: bool = False
     pattern: str | None = None  # a regex the value must match
     repeat: bool = False  # may be given several times
+    missing: str | None = None  # the real CLI's message when a required flag is absent
+    bad_value_exit: int = USAGE_EXIT  # exit code for a value that does not match `pattern`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +40,6 @@ class Form:
     path: tuple[str, ...]  # e.g. ("compute", "tpus", "tpu-vm", "create")
     positionals: tuple[str, ...]  # names; a trailing "..." makes the one before it variadic (1 or more)
     flags: tuple[Flag, ...] = ()
-    exclusive: tuple[tuple[str, ...], ...] = ()  # at most one of each group
 
 
 @dataclasses.dataclass
@@ -47,7 +52,7 @@ class Parsed:
         return self.flags.get(name, default)
 
 
-ZONE = Flag("zone", required=True, pattern=r"[a-z]+-[a-z]+[0-9]+-[a-z]")
+ZONE = Flag("zone")  # no default zone is configured: a missing one is an error after parsing (exit 1)
 GLOBAL = (
     Flag("project", pattern=r"([a-z][-a-z0-9.]*:)?[a-z][-a-z0-9]{4,28}[a-z0-9]"),
     Flag("quiet", takes_value=False),
@@ -57,7 +62,7 @@ GLOBAL = (
     Flag("log-http", takes_value=False),
 )
 _SSH_COMMON = (
-    ZONE, Flag("worker", pattern=r"all|[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*"), Flag("internal-ip", takes_value=False),
+    ZONE, Flag("worker"), Flag("internal-ip", takes_value=False),  # --worker is checked against the node
     Flag("strict-host-key-checking", pattern="yes|no|ask"), Flag("ssh-key-file"),
 )
 _DURATION = r"[0-9]+[smhd]"
@@ -65,12 +70,12 @@ _TPU_VM = ("compute", "tpus", "tpu-vm")
 _QUEUED = ("compute", "tpus", "queued-resources")
 FORMS = (
     Form((*_TPU_VM, "create"), ("NAME",), (
-        ZONE, Flag("accelerator-type", required=True), Flag("version", required=True),
+        ZONE, Flag("accelerator-type"), Flag("version", required=True),  # the type defaults to v2-8
         Flag("spot", takes_value=False), Flag("preemptible", takes_value=False), Flag("reserved", takes_value=False),
         Flag("description"), Flag("labels"), Flag("network"), Flag("subnetwork"), Flag("tags"), Flag("metadata"),
         Flag("service-account"), Flag("scopes"), Flag("internal-ips", takes_value=False),
         Flag("async", takes_value=False),
-    ), exclusive=(("spot", "preemptible", "reserved"),)),
+    )),
     Form((*_TPU_VM, "describe"), ("NAME",), (ZONE,)),
     Form((*_TPU_VM, "delete"), ("NAME",), (ZONE, Flag("async", takes_value=False))),
     Form((*_TPU_VM, "list"), (), (ZONE,)),
@@ -80,13 +85,16 @@ FORMS = (
         Flag("scp-flag", repeat=True),
     )),
     Form((*_QUEUED, "create"), ("QUEUED_RESOURCE",), (
-        ZONE, Flag("node-id", required=True), Flag("accelerator-type", required=True),
+        ZONE, Flag("node-id", required=True, missing="Exactly one of (--node-id | [--node-count : --node-prefix]) "
+                   "must be specified."),
+        Flag("accelerator-type", required=True, missing="Exactly one of (--accelerator-type | --topology --type) "
+             "must be specified."),
         Flag("runtime-version", required=True), Flag("spot", takes_value=False),
         Flag("guaranteed", takes_value=False), Flag("reserved", takes_value=False),
-        Flag("best-effort", takes_value=False), Flag("valid-until-duration", pattern=_DURATION),
-        Flag("valid-after-duration", pattern=_DURATION), Flag("network"), Flag("subnetwork"),
+        Flag("valid-until-duration", pattern=_DURATION, bad_value_exit=1),
+        Flag("valid-after-duration", pattern=_DURATION, bad_value_exit=1), Flag("network"), Flag("subnetwork"),
         Flag("async", takes_value=False),
-    ), exclusive=(("spot", "guaranteed", "reserved", "best-effort"),)),
+    )),
     Form((*_QUEUED, "describe"), ("QUEUED_RESOURCE",), (ZONE,)),
     Form((*_QUEUED, "delete"), ("QUEUED_RESOURCE",), (
         ZONE, Flag("force", takes_value=False), Flag("async", takes_value=False))),
@@ -160,6 +168,8 @@ def _parse_args(form: Form, rest: list[str]) -> Parsed:
             value = rest[i]
             i += 1
         if flag.pattern and not re.fullmatch(flag.pattern, value):
+            if flag.bad_value_exit != USAGE_EXIT:
+                raise UsageError((), f"Bad value [{value}] for --{name}", code=flag.bad_value_exit)
             raise UsageError(form.path, f"argument --{name}: Bad value [{value}]")
         if flag.repeat:
             flags.setdefault(name, []).append(value)  # type: ignore[union-attr]
@@ -172,12 +182,7 @@ def _parse_args(form: Form, rest: list[str]) -> Parsed:
     _check_positionals(form, positionals)
     for flag in form.flags:
         if flag.required and flag.name not in flags:
-            raise UsageError(form.path, f"argument --{flag.name}: Must be specified.")
-    for group in form.exclusive:
-        given = [g for g in group if g in flags]
-        if len(given) > 1:
-            raise UsageError(form.path, "argument " + " ".join(f"--{g}" for g in given)
-                             + ": At most one of these can be specified.")
+            raise UsageError(form.path, flag.missing or f"argument --{flag.name}: Must be specified.")
     return Parsed(form, positionals, flags)
 
 

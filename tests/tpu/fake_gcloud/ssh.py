@@ -16,9 +16,11 @@ worker order, or 0.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -43,6 +45,8 @@ def select_workers(parsed: Parsed, record: dict[str, Any]) -> list[int]:
     count = record["workers"]
     if spec == "all":
         return list(range(count))
+    if not re.fullmatch(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*", spec):
+        raise CloudError(parsed, f"Invalid value for [--worker]: {spec!r}; expected all, N, N,M,... or N-M")
     chosen: list[int] = []
     for part in spec.split(","):
         first, _, last = part.partition("-")
@@ -64,6 +68,8 @@ def _vm_bin(cloud: Cloud) -> Path:
         "python": f'#!/bin/sh\nexec {json.dumps(sys.executable)} "$@"\n',
         # the host's devices are not the VM's: never kill what holds them here
         "fuser": '#!/bin/sh\necho "fuser $*" >>"$HOME/.fuser-calls"\nexit 1\n',
+        # no privileges to gain on a simulated VM; and the host's sudo would reset PATH to the host's fuser
+        "sudo": '#!/bin/sh\n[ "$1" = -n ] && shift\nexec "$@"\n',
     }
     for name, text in programs.items():
         path = folder / name
@@ -100,10 +106,8 @@ def _pump(pipe: IO[bytes], out: IO[bytes], lock: threading.Lock) -> None:
 def _signal_all(procs: list[subprocess.Popen[bytes]], sig: int) -> None:
     for proc in procs:
         if proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
 
 
 def _wait_all(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> None:

@@ -1,0 +1,18 @@
+"""Fixtures of the Cloud TPU tier: a fresh simulated cloud per test (never skipped: it needs no engine)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.tpu import fake_gcloud
+from tests.tpu.harness import Cloud
+
+
+@pytest.fixture
+def cloud(tmp_path: Path) -> Iterator[Cloud]:
+    simulated = Cloud(state=tmp_path / "cloud", local=tmp_path / "local")
+    yield simulated
+    fake_gcloud.kill_leftovers(simulated.state)

@@ -1,0 +1,66 @@
+"""An in-process stand-in for gcloud: records every argv and answers from a tiny state machine.
+
+Used by the golden-file and pod-loop tests, which check the exact commands
+without starting processes. (The end-to-end tests use the real simulator.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from collections.abc import Sequence
+
+from deploy.runner import Runner
+
+
+@dataclasses.dataclass
+class SimRunner(Runner):
+    node: str | None = None  # the node's state; None = no node
+    accelerator: str = "v4-32"  # the node's accelerator type
+    queued: str | None = None  # the queued resource's state; None = none
+    job_outcomes: list[tuple[int, str | None]] = dataclasses.field(default_factory=list)
+    # ^ per run-ssh call: (exit code, the node's state afterwards, or None to leave it); default (0, None)
+    calls: list[list[str]] = dataclasses.field(default_factory=list)
+    has_gcloud: bool = True
+
+    def which(self, program: str) -> str | None:
+        return f"/usr/bin/{program}" if self.has_gcloud else None
+
+    def run(self, argv: Sequence[str], *, check: bool = True, capture: bool = False, timeout: float | None = None,
+            env: object = None, mutating: bool = True) -> subprocess.CompletedProcess[str]:
+        argv = [str(a) for a in argv]
+        self.calls.append(argv)
+        if self.dry_run and mutating:
+            return subprocess.CompletedProcess(argv, 0, "", "")
+        code, out, err = self._answer(argv)
+        if code and check:
+            raise subprocess.CalledProcessError(code, argv, out, err)
+        return subprocess.CompletedProcess(argv, code, out, err)
+
+    def _answer(self, argv: list[str]) -> tuple[int, str, str]:
+        group, verb = argv[3], argv[4]
+        if group == "tpu-vm" and verb == "describe":
+            if self.node is None:
+                return 1, "", "ERROR: (gcloud.compute.tpus.tpu-vm.describe) NOT_FOUND: node"
+            return 0, f"{self.node}\t{self.accelerator}\n", ""
+        if group == "queued-resources" and verb == "describe":
+            if self.queued is None:
+                return 1, "", "ERROR: (gcloud.compute.tpus.queued-resources.describe) NOT_FOUND: qr"
+            return 0, f"{self.queued}\n", ""
+        if verb == "create":
+            if group == "queued-resources":
+                self.queued = "ACTIVE"
+            self.node = "READY"
+            self.accelerator = next(a.split("=", 1)[1] for a in argv if a.startswith("--accelerator-type="))
+        elif verb == "delete":
+            self.node = None
+            if group == "queued-resources":
+                self.queued = None
+        elif verb == "ssh" and any(a.startswith("--command=") and 'exit "$code"' in a for a in argv):  # run script
+            code, state = self.job_outcomes.pop(0) if self.job_outcomes else (0, None)
+            if state is not None:
+                self.node = state
+                if self.queued is not None and state == "PREEMPTED":
+                    self.queued = "SUSPENDED"
+            return code, "", ""
+        return 0, "", ""

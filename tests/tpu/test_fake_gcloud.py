@@ -1,0 +1,173 @@
+"""The gcloud simulator itself: strict about forms and flags, stateful, and a faithful set of workers."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.tpu import fake_gcloud
+from tests.tpu.harness import ZONE, Cloud, explain
+
+TPU_VM = ("compute", "tpus", "tpu-vm")
+QR = ("compute", "tpus", "queued-resources")
+Z = f"--zone={ZONE}"
+
+
+def create(cloud: Cloud, name: str = "pod-1", accelerator: str = "v4-32", *extra: str) -> None:
+    proc = cloud.gcloud(*TPU_VM, "create", name, Z, f"--accelerator-type={accelerator}",
+                        "--version=tpu-ubuntu2204-base", *extra)
+    assert proc.returncode == 0, explain(proc)
+
+
+def state(cloud: Cloud, name: str = "pod-1") -> str:
+    proc = cloud.gcloud(*TPU_VM, "describe", name, Z, "--format=value(state)")
+    return proc.stdout.strip() if proc.returncode == 0 else "NOT_FOUND"
+
+
+# Each row was checked against the real gcloud 528's parser: the same exit code and the same kind of message
+# (`start` excepted: real, but not simulated).
+@pytest.mark.parametrize(("argv", "code", "says"), [
+    (("compute", "tpus", "tpu-vm", "frobnicate", "x", Z), 2, "Invalid choice: 'frobnicate'"),
+    (("compute", "tpu", "tpu-vm"), 2, "Invalid choice: 'tpu'"),
+    ((*TPU_VM,), 2, "Command name argument expected"),
+    ((*TPU_VM, "create", "p", Z, "--version=v", "--bogus"), 2, "unrecognized arguments: --bogus"),
+    ((*TPU_VM, "create", "p", Z, "--accelerator-type=v4-8"), 2, "argument --version: Must be specified"),
+    ((*TPU_VM, "create", "p", Z, "--runtime-version=v"), 2, "unrecognized arguments: --runtime-version=v"),
+    ((*TPU_VM, "create", "p", "q", Z, "--version=v"), 2, "unrecognized arguments: q"),
+    ((*TPU_VM, "create", "p", Z, "--version=v", "--spot=yes"), 2,
+     "argument --spot: ignored explicit argument 'yes'"),
+    ((*TPU_VM, "create", "p", "--accelerator-type=v4-8", "--version=v"), 1, "Error parsing [tpu]"),
+    ((*QR, "create", "q", Z, "--node-id=q", "--accelerator-type=v4-8", "--version=v"), 2,
+     "unrecognized arguments: --version=v"),
+    ((*QR, "create", "q", Z, "--accelerator-type=v4-8", "--runtime-version=v"), 2,
+     "Exactly one of (--node-id | [--node-count : --node-prefix]) must be specified."),
+    ((*QR, "create", "q", Z, "--node-id=q", "--runtime-version=v"), 2,
+     "Exactly one of (--accelerator-type | --topology --type) must be specified."),
+    ((*QR, "create", "q", Z, "--node-id=q", "--accelerator-type=v4-8", "--runtime-version=v", "--best-effort"), 2,
+     "unrecognized arguments: --best-effort"),
+    ((*QR, "create", "q", Z, "--node-id=q", "--accelerator-type=v4-8", "--runtime-version=v",
+      "--valid-until-duration=six hours"), 1, "Bad value"),
+    ((*TPU_VM, "describe", Z), 2, "Must be specified"),
+    ((*TPU_VM, "delete", "p", Z, "--", "-x"), 2, "unrecognized arguments: -- -x"),
+    ((*TPU_VM, "scp", "a", "b", Z), 1, "Source(s) must be remote when destination is local"),
+    ((*TPU_VM, "start", "p", Z), 2, "does not model"),  # real, but not simulated
+])
+def test_unknown_forms_and_flags_are_refused_like_the_real_cli(cloud: Cloud, argv: tuple[str, ...], code: int,
+                                                               says: str) -> None:
+    proc = cloud.gcloud(*argv)
+    assert proc.returncode == code, explain(proc)
+    assert proc.stderr.startswith("ERROR: (gcloud") and says in proc.stderr, proc.stderr
+    assert cloud.calls() == [list(argv)]  # every call is recorded, refused ones too
+
+
+def test_node_lifecycle_and_api_errors(cloud: Cloud) -> None:
+    assert state(cloud) == "NOT_FOUND"
+    create(cloud, "pod-1", "v4-32", "--spot", "--project=my-project")
+    assert state(cloud) == "NOT_FOUND"  # another project
+    proc = cloud.gcloud(*TPU_VM, "describe", "pod-1", Z, "--project=my-project", "--format=json")
+    view = json.loads(proc.stdout)
+    assert (view["state"], view["acceleratorType"], view["schedulingConfig"]["spot"]) == ("READY", "v4-32", True)
+    assert len(view["networkEndpoints"]) == 4
+    again = cloud.gcloud(*TPU_VM, "create", "pod-1", Z, "--version=v", "--project=my-project")
+    assert again.returncode == 1 and "ALREADY_EXISTS" in again.stderr
+    bad = cloud.gcloud(*TPU_VM, "create", "pod-2", Z, "--accelerator-type=v4-12", "--version=v")
+    assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr
+    assert fake_gcloud.preempt(cloud.state, "pod-1", ZONE, project="my-project")
+    assert fake_gcloud.node(cloud.state, "pod-1", ZONE, project="my-project")["state"] == "PREEMPTED"
+    ssh = cloud.gcloud(*TPU_VM, "ssh", "pod-1", Z, "--project=my-project", "--command=true")
+    assert ssh.returncode == 1 and "not READY" in ssh.stderr
+    assert cloud.gcloud(*TPU_VM, "delete", "pod-1", Z, "--quiet", "--project=my-project").returncode == 0
+    missing = cloud.gcloud(*TPU_VM, "delete", "pod-1", Z, "--quiet", "--project=my-project")
+    assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
+
+
+def test_creation_takes_time_when_asked(cloud: Cloud, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_GCLOUD_CREATE_SECONDS", "1.5")
+    create(cloud, "pod-1", "v4-8", "--async")
+    assert state(cloud) == "CREATING"
+    time.sleep(1.6)
+    assert state(cloud) == "READY"
+
+
+def test_queued_resource_waits_for_capacity_then_suspends_when_preempted(cloud: Cloud,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_GCLOUD_QUEUE_SECONDS", "1")
+    proc = cloud.gcloud(*QR, "create", "q1", Z, "--node-id=q1", "--accelerator-type=v5litepod-16",
+                        "--runtime-version=v2-alpha-tpuv5-lite", "--spot", "--valid-until-duration=6h")
+    assert proc.returncode == 0, explain(proc)
+
+    def qr_state() -> str:
+        return cloud.gcloud(*QR, "describe", "q1", Z, "--format=value(state.state)").stdout.strip()
+
+    assert (qr_state(), state(cloud, "q1")) == ("ACCEPTED", "NOT_FOUND")
+    time.sleep(1.1)
+    assert (qr_state(), state(cloud, "q1")) == ("ACTIVE", "READY")
+    assert fake_gcloud.preempt(cloud.state, "q1", ZONE)
+    assert (qr_state(), state(cloud, "q1")) == ("SUSPENDED", "PREEMPTED")
+    refused = cloud.gcloud(*QR, "delete", "q1", Z, "--quiet")
+    assert refused.returncode == 1 and "--force" in refused.stderr
+    assert cloud.gcloud(*QR, "delete", "q1", Z, "--quiet", "--force").returncode == 0
+    assert (state(cloud, "q1"), cloud.gcloud(*QR, "list", Z, "--format=json").stdout.strip()) == ("NOT_FOUND", "[]")
+
+
+def test_ssh_runs_one_tpu_worker_per_host_each_in_its_own_home(cloud: Cloud) -> None:
+    create(cloud)
+    script = ('echo "$TPU_WORKER_ID|$TPU_WORKER_HOSTNAMES|$JOB_COORDINATOR_PORT|$JAX_PLATFORMS|$XLA_FLAGS|$HOME|$PWD|'
+              '$(command -v python3)|$(python3 -c "import importlib.util as u; print(bool(u.find_spec(\'jax\')))")"')
+    first = cloud.gcloud(*TPU_VM, "ssh", "pod-1", Z, "--worker=all", f"--command={script}")
+    assert first.returncode == 0, explain(first)
+    rows = sorted(line.split("|") for line in first.stdout.splitlines())
+    assert [r[0] for r in rows] == ["0", "1", "2", "3"]
+    assert {r[1] for r in rows} == {"127.0.0.1,127.0.0.1,127.0.0.1,127.0.0.1"}
+    assert len({r[2] for r in rows}) == 1 and {r[3] for r in rows} == {"cpu"}
+    assert {r[4] for r in rows} == {"--xla_force_host_platform_device_count=1"}
+    assert len({r[5] for r in rows}) == 4 and all(r[5] == r[6] for r in rows)
+    assert all(r[7].startswith(str(cloud.state)) and r[8] == "True" for r in rows)  # the VM's python has jax
+    second = cloud.gcloud(*TPU_VM, "ssh", "pod-1", Z, "--worker=all", f"--command={script}")
+    assert second.stdout.split("|")[2] != rows[0][2]  # a fresh coordinator port per session
+
+
+def test_ssh_worker_selection_and_exit_status(cloud: Cloud) -> None:
+    create(cloud)
+    script = "--command=echo $TPU_WORKER_ID; exit $TPU_WORKER_ID"
+    some = cloud.gcloud(*TPU_VM, "ssh", "pod-1", Z, "--worker=1,3", script)
+    assert (some.returncode, sorted(some.stdout.split())) == (1, ["1", "3"])
+    assert cloud.gcloud(*TPU_VM, "ssh", "pod-1", Z, "--worker=0-2", "--command=exit 0").returncode == 0
+    out_of_range = cloud.gcloud(*TPU_VM, "ssh", "pod-1", Z, "--worker=4", "--command=true")
+    assert out_of_range.returncode == 1 and "workers 0-3" in out_of_range.stderr
+    malformed = cloud.gcloud(*TPU_VM, "ssh", "pod-1", Z, "--worker=first", "--command=true")
+    assert malformed.returncode == 1 and "Invalid value for [--worker]" in malformed.stderr
+    interactive = cloud.gcloud(*TPU_VM, "ssh", "pod-1", Z)
+    assert interactive.returncode == 1 and "--command" in interactive.stderr
+
+
+def test_preemption_terms_the_workers_and_drops_the_connection(cloud: Cloud) -> None:
+    create(cloud, "pod-1", "v4-16")
+    fake_gcloud.schedule_preemption(cloud.state, "pod-1", ZONE, after_s=1.0)
+    script = "trap 'echo saved >term-$TPU_WORKER_ID; exit 75' TERM; while :; do sleep 0.05; done"
+    proc = cloud.gcloud(*TPU_VM, "ssh", "pod-1", Z, "--worker=all", f"--command={script}")
+    assert proc.returncode == 255 and "closed by remote host" in proc.stderr, explain(proc)
+    assert state(cloud) == "PREEMPTED"
+    homes = cloud.state / "homes" / "fake-project" / ZONE / "pod-1"
+    assert sorted(p.name for p in homes.glob("worker-*/term-*")) == ["term-0", "term-1"]
+    assert fake_gcloud.kill_leftovers(cloud.state) == []
+
+
+def test_scp_uploads_to_every_worker_and_downloads_from_one(cloud: Cloud, tmp_path: Path) -> None:
+    create(cloud, "pod-1", "v4-16")
+    (tmp_path / "code.tar.gz").write_text("archive")
+    up = cloud.gcloud(*TPU_VM, "scp", str(tmp_path / "code.tar.gz"), "pod-1:code.tar.gz", Z, "--worker=all")
+    assert up.returncode == 0, explain(up)
+    homes = cloud.state / "homes" / "fake-project" / ZONE / "pod-1"
+    assert [(h / "code.tar.gz").read_text() for h in sorted(homes.iterdir())] == ["archive", "archive"]
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    refused = cloud.gcloud(*TPU_VM, "scp", str(folder), "pod-1:~/", Z, "--worker=0")
+    assert refused.returncode == 1 and "--recurse" in refused.stderr
+    down = cloud.gcloud(*TPU_VM, "scp", "pod-1:~/code.tar.gz", str(tmp_path / "back"), Z, "--worker=1")
+    assert down.returncode == 0 and (tmp_path / "back").read_text() == "archive"
+    outside = cloud.gcloud(*TPU_VM, "scp", "pod-1:/etc/passwd", str(tmp_path / "x"), Z, "--worker=0")
+    assert outside.returncode == 1 and "home" in outside.stderr

@@ -1,0 +1,88 @@
+"""The exact gcloud argv of every TPU command, checked against golden files in tests/tpu/golden/.
+
+Each golden file is the JSON list of the argv lists one command runs, in
+order, against an in-process stand-in for gcloud. After an intended change,
+regenerate them with JOB_UPDATE_GOLDEN=1 and review the diff.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from deploy import tpu
+from deploy.tpu_config import TpuConfig
+from tests.tpu.harness import ROOT
+from tests.tpu.sim_runner import SimRunner
+
+GOLDEN = Path(__file__).with_name("golden")
+UPDATE = os.environ.get("JOB_UPDATE_GOLDEN") == "1"
+HOSTILE = ("train", "--run-dir", "gs://bucket/run 1", "--name", "a b; touch /tmp/pwned $(id)", "it's \"x\"")
+BASE = TpuConfig(name="pod-1", zone="us-central2-b", accelerator="v4-32", source_dir=str(ROOT),
+                 job_args=("train", "--run-dir", "gs://bucket/run1", "--steps", "100"))
+
+
+def check_golden(name: str, calls: list[list[str]]) -> None:
+    path = GOLDEN / f"{name}.json"
+    text = json.dumps(calls, indent=1) + "\n"
+    if UPDATE:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}; create it with JOB_UPDATE_GOLDEN=1 and review it"
+    assert calls == json.loads(path.read_text()), f"argv differs from {path}; got:\n{text}"
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the code archive and logs land in ./runs/tpu/NAME, a fixed relative path
+
+
+def run(command: str, cfg: TpuConfig, runner: SimRunner) -> int:
+    runner.dry_run = cfg.dry_run
+    return tpu.dispatch(command, cfg, runner)
+
+
+CASES = {
+    # name: (command, config changes, runner state)
+    "create_on_demand": ("create", {}, {}),
+    "create_spot": ("create", {"spot": True, "project": "my-project"}, {}),
+    "create_queued": ("create", {"queued": True, "spot": True}, {}),
+    "create_reuses_ready_slice": ("create", {}, {"node": "READY"}),
+    "create_recreates_preempted_slice": ("create", {"spot": True}, {"node": "PREEMPTED"}),
+    "run": ("run", {"job_args": HOSTILE}, {"node": "READY"}),
+    "run_image": ("run", {"image": "us-docker.pkg.dev/p/r/job:1", "accelerator": "v4-8"},
+                  {"node": "READY", "accelerator": "v4-8"}),
+    "logs": ("logs", {}, {"node": "READY"}),
+    "stop": ("stop", {}, {"node": "READY"}),
+    "status": ("status", {}, {"node": "READY"}),
+    "delete": ("delete", {}, {"node": "READY"}),
+    "delete_queued": ("delete", {"queued": True}, {"node": "READY", "queued": "ACTIVE"}),
+    "delete_absent": ("delete", {}, {}),
+    "pod_dry_run": ("pod", {"dry_run": True, "accelerator": "v4-16"}, {}),
+    "pod_preempted_then_resumed": ("pod", {"spot": True}, {"job_outcomes": [(255, "PREEMPTED"), (0, None)]}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_gcloud_argv_matches_golden_file(name: str) -> None:
+    command, changes, state = CASES[name]
+    cfg = dataclasses.replace(BASE, **changes)
+    runner = SimRunner(**state)
+    assert run(command, cfg, runner) == 0
+    check_golden(name, runner.calls)
+
+
+def test_user_arguments_travel_as_one_quoted_argv_element() -> None:
+    cfg = dataclasses.replace(BASE, job_args=HOSTILE)
+    runner = SimRunner(node="READY")
+    run("run", cfg, runner)
+    ssh_run = [c for c in runner.calls if c[4] == "ssh"][1]
+    assert sum(a.startswith("--command=") for a in ssh_run) == 1
+    script = next(a for a in ssh_run if a.startswith("--command="))
+    assert "'a b; touch /tmp/pwned $(id)'" in script
+    assert "'gs://bucket/run 1'" in script
+    assert """'it'"'"'s "x"'""" in script

@@ -1,0 +1,133 @@
+"""`make tpu-*` end to end against the gcloud simulator: the real training job on simulated TPU workers."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tests.tpu import fake_gcloud
+from tests.tpu.harness import SMALL, ZONE, Cloud, explain
+
+REQUEUE = 75
+
+
+def train_args(run_dir: Path, steps: int) -> str:
+    return (f"train --run-dir {shlex.quote(str(run_dir))} --steps {steps} --ckpt.every 5 --log-every 5 "
+            f"--eval-every {steps} {SMALL}")
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.mark.slow
+def test_pod_trains_on_four_workers_then_reuses_the_slice(cloud: Cloud, tmp_path: Path) -> None:
+    # The run folder's name has spaces, quotes, `$()` and `;`: the job must get it verbatim.
+    run_dir = tmp_path / "run 1; $(touch pwned) 'q'"
+    slice_ = {"TPU_NAME": "pod-a", "ZONE": ZONE, "ACCELERATOR": "v4-32", "ARGS": train_args(run_dir, 10)}
+    first = cloud.make("tpu-pod", **slice_)
+    assert first.returncode == 0, explain(first)
+    assert summary(run_dir)["completed"] is True and summary(run_dir)["final_step"] == 10
+    assert "tpu cluster: process 0 of 4" in first.stdout and "step 10/10" in first.stdout  # worker 0 streams
+    logs = cloud.local / "pod-a" / "logs"
+    assert sorted(p.name for p in logs.iterdir()) == [f"worker-{i}.log" for i in range(4)]
+    for i in range(1, 4):
+        text = (logs / f"worker-{i}.log").read_text()
+        assert f"process {i} of 4" in text or f"Rank {i} " in text, text
+    assert not list(tmp_path.rglob("pwned"))
+    assert cloud.verbs().count("tpu-vm create") == 1
+
+    second = cloud.make("tpu-pod", **slice_)
+    assert second.returncode == 0, explain(second)
+    assert "reusing slice pod-a" in second.stderr and "resumed from step 10" in second.stdout
+    assert cloud.verbs().count("tpu-vm create") == 1
+
+    status = cloud.make("tpu-status", **slice_)
+    assert "pod-a: READY, v4-32, 4 workers" in status.stdout, explain(status)
+    logs_out = cloud.make("tpu-logs", **slice_)
+    assert logs_out.returncode == 0 and "last" in logs_out.stdout and "resumed from step 10" in logs_out.stdout
+    assert cloud.make("tpu-delete", **slice_).returncode == 0
+    assert "pod-a: NOT_FOUND" in cloud.make("tpu-status", **slice_).stdout
+    again = cloud.make("tpu-delete", **slice_)
+    assert again.returncode == 0 and "nothing to delete" in again.stderr
+
+
+@pytest.mark.slow
+def test_preempted_spot_slice_is_recreated_and_the_run_resumes(cloud: Cloud, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    fake_gcloud.schedule_preemption(cloud.state, "pod-b", ZONE, when_exists=run_dir / "checkpoints" / "5")
+    proc = cloud.make("tpu-pod", TPU_NAME="pod-b", ZONE=ZONE, ACCELERATOR="v4-16", SPOT="1", RETRIES="2",
+                      ARGS=train_args(run_dir, 50))
+    assert proc.returncode == 0, explain(proc)
+    assert re.search(r"preempted \(slice PREEMPTED, job exit code 255\): retry 1 of 2", proc.stderr), proc.stderr
+    resumed = re.search(r"resumed from step (\d+)", proc.stdout)
+    assert resumed and 5 <= int(resumed.group(1)) < 50, explain(proc)
+    assert summary(run_dir)["completed"] is True and summary(run_dir)["final_step"] == 50
+    assert cloud.verbs().count("tpu-vm create") == 2 and cloud.verbs().count("tpu-vm delete") == 1
+    assert all("--spot" in c for c in cloud.calls() if c[3] == "create")
+
+
+@pytest.mark.slow
+def test_hostile_args_reach_the_job_verbatim_and_create_no_file(cloud: Cloud) -> None:
+    pwned = Path("/tmp/pwned")
+    before = pwned.stat().st_mtime_ns if pwned.exists() else None
+    hostile = "a b; touch /tmp/pwned $(id)"
+    proc = cloud.make("tpu-pod", TPU_NAME="pod-c", ZONE=ZONE, ACCELERATOR="v4-8", ARGS=f'--name "{hostile}"')
+    assert proc.returncode != 0 and "exit code 2" in proc.stderr, explain(proc)  # the job refuses --name
+    log = (cloud.local / "pod-c" / "logs" / "worker-0.log").read_text()
+    assert f"Unrecognized options: --name, {hostile}" in log, log  # one argument, exactly as given
+    assert "uid=" not in log and "uid=" not in proc.stdout
+    assert (pwned.stat().st_mtime_ns if pwned.exists() else None) == before
+    assert "not a preemption" in proc.stderr and cloud.verbs().count("tpu-vm ssh") == 2  # no retry
+
+
+def test_dry_run_prints_every_change_and_only_queries(cloud: Cloud) -> None:
+    proc = cloud.make("tpu-pod", TPU_NAME="pod-d", ZONE=ZONE, ACCELERATOR="v4-32", SPOT="1", DRY_RUN="1",
+                      ARGS="train --run-dir gs://bucket/run")
+    assert proc.returncode == 0, explain(proc)
+    printed = [shlex.split(line) for line in re.findall(r"^gcloud .*?(?=^gcloud |\Z)", proc.stdout, re.M | re.S)]
+    assert [" ".join(c[3:5]) for c in printed] == [
+        "tpu-vm create", "tpu-vm scp", "tpu-vm ssh", "tpu-vm ssh", *["tpu-vm scp"] * 4]
+    assert all(c[2:4] == ["tpu-vm", "describe"] for c in cloud.calls())
+    assert fake_gcloud.node(cloud.state, "pod-d", ZONE) is None
+
+
+def test_queued_create_waits_until_ready_then_status_and_delete(cloud: Cloud) -> None:
+    env = cloud.env(FAKE_GCLOUD_QUEUE_SECONDS="1")
+    slice_ = {"TPU_NAME": "pod-e", "ZONE": ZONE, "ACCELERATOR": "v5litepod-16", "QUEUED": "1", "SPOT": "1",
+              "ARGS": "train --run-dir gs://bucket/run"}
+    proc = cloud.cli("create", "--name=pod-e", f"--zone={ZONE}", "--accelerator=v5litepod-16", "--queued",
+                     "--spot", "--poll-seconds=0.2", "--args=train --run-dir gs://bucket/run", env=env)
+    assert proc.returncode == 0, explain(proc)
+    assert fake_gcloud.node(cloud.state, "pod-e", ZONE)["state"] == "READY"
+    assert "queued-resources create" in " ".join(cloud.verbs())
+    status = cloud.make("tpu-status", **slice_)
+    assert "pod-e: READY (queued resource ACTIVE), v5litepod-16, 4 workers" in status.stdout, explain(status)
+    assert cloud.make("tpu-delete", **slice_).returncode == 0
+    assert cloud.calls()[-1][2:4] == ["queued-resources", "delete"] and "--force" in cloud.calls()[-1]
+
+
+@pytest.mark.parametrize(("variables", "says"), [
+    ({"ZONE": ZONE}, "TPU_NAME"),
+    ({"TPU_NAME": "pod-f"}, "ZONE"),
+    ({"TPU_NAME": "pod-f", "ZONE": ZONE, "ACCELERATOR": "v4_32"}, "ACCELERATOR"),
+    ({"TPU_NAME": "pod-f", "ZONE": ZONE, "ACCELERATOR": "v4-"}, "ACCELERATOR"),
+    ({"TPU_NAME": "pod-f", "ZONE": ZONE, "ACCELERATOR": "v4-32", "ARGS": "train --run-dir runs/x"}, "ARGS --run-dir"),
+])
+def test_bad_input_is_one_clear_error_before_any_gcloud_call(cloud: Cloud, variables: dict, says: str) -> None:
+    proc = cloud.make("tpu-pod", **variables)
+    assert proc.returncode != 0
+    assert re.search(rf"^error: {re.escape(says)}.*expected .*Fix: ", proc.stderr, re.M), proc.stderr
+    assert cloud.calls() == []
+
+
+def test_missing_gcloud_says_how_to_install_it(cloud: Cloud) -> None:
+    proc = cloud.make("tpu-pod", TPU_NAME="pod-g", ZONE=ZONE, env=cloud.env(with_gcloud=False))
+    assert proc.returncode != 0
+    assert "error: gcloud: expected the Google Cloud CLI on PATH" in proc.stderr
+    assert "https://cloud.google.com/sdk/docs/install" in proc.stderr
+    assert cloud.calls() == []

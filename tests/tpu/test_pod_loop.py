@@ -1,0 +1,106 @@
+"""The pod loop's decisions, in process: when to recreate, rerun, give up, or stop."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from deploy import tpu, tpu_job
+from deploy.tpu_config import TpuConfig
+from deploy.tpu_slice import Slice, TpuError
+from job.errors import ConfigError
+from tests.tpu.harness import ROOT
+from tests.tpu.sim_runner import SimRunner
+
+REQUEUE = 75
+
+
+@pytest.fixture
+def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> TpuConfig:
+    monkeypatch.chdir(tmp_path)
+    return TpuConfig(name="pod-1", zone="us-central2-b", accelerator="v4-32", spot=True, retries=2,
+                     source_dir=str(ROOT), job_args=("train", "--run-dir", "gs://b/r"))
+
+
+def verbs(runner: SimRunner) -> list[str]:
+    return [c[4] for c in runner.calls if c[4] in ("create", "delete")]
+
+
+def test_requeue_exit_on_a_ready_slice_reruns_without_recreating(cfg: TpuConfig) -> None:
+    runner = SimRunner(job_outcomes=[(REQUEUE, None), (0, None)])
+    assert tpu.pod(cfg, runner) == 0
+    assert verbs(runner) == ["create"]
+    assert sum(c[4] == "ssh" for c in runner.calls) == 4  # setup + run, twice
+
+
+def test_preempted_slice_is_recreated_each_time_up_to_the_retry_limit(cfg: TpuConfig) -> None:
+    runner = SimRunner(job_outcomes=[(255, "PREEMPTED")] * 5)
+    assert tpu.pod(cfg, runner) == 255
+    assert verbs(runner) == ["create", "delete", "create", "delete", "create"]  # 1 run + 2 retries
+
+
+def test_a_failing_job_is_not_retried(cfg: TpuConfig) -> None:
+    runner = SimRunner(job_outcomes=[(1, None)])
+    assert tpu.pod(cfg, runner) == 1
+    assert verbs(runner) == ["create"]
+    assert [c[4] for c in runner.calls][-4:] == ["scp"] * 4  # every worker's log is kept
+
+
+def test_a_job_stopped_by_tpu_stop_is_not_restarted(cfg: TpuConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = SimRunner(node="READY", job_outcomes=[(REQUEUE, None), (0, None)])
+    original = tpu_job.run_job
+
+    def run_then_stop(c: TpuConfig, r: SimRunner) -> int:
+        code = original(c, r)
+        tpu_job.stop_job(c, r)  # as if `make tpu-stop` had run meanwhile
+        return code
+
+    monkeypatch.setattr(tpu_job, "run_job", run_then_stop)
+    assert tpu.pod(cfg, runner) == REQUEUE
+    assert sum(c[4] == "ssh" for c in runner.calls) == 3  # setup, run, stop: no second run
+
+
+def test_an_existing_slice_of_another_type_is_not_reused(cfg: TpuConfig) -> None:
+    runner = SimRunner(node="READY", accelerator="v4-8")
+    with pytest.raises(ConfigError, match=r"ACCELERATOR.*v4-8"):
+        Slice(cfg, runner).ensure_ready()
+    assert verbs(runner) == []
+
+
+def test_a_creating_slice_is_waited_for(cfg: TpuConfig) -> None:
+    states = iter(["CREATING", "READY"])
+    runner = SimRunner(node="CREATING")
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        runner.node = next(states)
+
+    assert Slice(cfg, runner, sleep=sleep).ensure_ready() == "waited"
+    assert verbs(runner) == [] and sleeps == [cfg.poll_s] * 2
+
+
+def test_waiting_gives_up_after_the_timeout(cfg: TpuConfig) -> None:
+    clock = iter(range(0, 10**6, 1000))
+    runner = SimRunner(node="CREATING")
+    with pytest.raises(TpuError, match="still CREATING"):
+        Slice(cfg, runner, sleep=lambda s: None, clock=lambda: float(next(clock))).wait_ready()
+
+
+def test_run_on_a_missing_slice_says_to_create_it(cfg: TpuConfig, capsys: pytest.CaptureFixture[str]) -> None:
+    runner = SimRunner()
+    assert tpu.main(["run", "--name=pod-1", "--zone=us-central2-b", "--accelerator=v4-8", f"--source-dir={ROOT}"],
+                    runner=runner) == 1
+    assert "NOT_FOUND, not READY" in capsys.readouterr().err
+    assert [c[4] for c in runner.calls] == ["describe"]
+
+
+def test_a_suspended_queued_resource_is_deleted_with_its_node_and_queued_again(cfg: TpuConfig) -> None:
+    queued = dataclasses.replace(cfg, queued=True)
+    runner = SimRunner(job_outcomes=[(255, "PREEMPTED"), (0, None)])
+    assert tpu.pod(queued, runner) == 0
+    changes = [(c[3], c[4], "--force" in c) for c in runner.calls if c[4] in ("create", "delete")]
+    assert changes == [("queued-resources", "create", False), ("queued-resources", "delete", True),
+                       ("queued-resources", "create", False)]
