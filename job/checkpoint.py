@@ -19,6 +19,7 @@ import orbax.checkpoint as ocp
 
 from job.config import CheckpointConfig
 from job.errors import ConfigError
+from job.multihost import barrier
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +50,12 @@ class Checkpointer:
 
     def save(self, step: int, state: Any) -> None:
         """Start saving `state` as `step` (collective; returns before the write ends when async)."""
+        barrier(f"checkpoint save {step}")
         self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
 
     def restore(self, step: int, like: Any) -> Any:
         """The saved state, placed like `like` (which may come from another topology)."""
+        barrier(f"checkpoint restore {step}")
         return self.manager.restore(step, args=ocp.args.StandardRestore(abstract(like)))
 
     def restore_newest(self, like: Any) -> tuple[int, Any]:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
+import re
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 from unittest.mock import patch
@@ -26,10 +28,16 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from job.errors import JobError
+
 DATA_PARALLELISM_AXIS_NAME = "devices"
 _ORBAX_SYNC = "orbax.checkpoint._src.multihost.multihost.should_skip_process_sync"
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class BarrierTimeout(JobError, TimeoutError):
+    """A named barrier timed out; the message names the processes that never arrived."""
 
 
 @functools.cache
@@ -80,6 +88,7 @@ def sync_string(value: str | None) -> str:
     Process 0 passes the value; the others pass None (what they pass is
     ignored). Any length and any Unicode: the UTF-8 bytes travel, not characters.
     """
+    barrier("sync_string")
     is_source = jax.process_index() == 0
     data = value.encode("utf-8") if is_source and value is not None else b""
     size = len(data) if (is_source and value is not None) else -1
@@ -111,6 +120,40 @@ def single_host_jax_and_orbax() -> Iterator[None]:
         patch(_ORBAX_SYNC, return_value=True),
     ):
         yield
+
+
+def _barrier_timeout_s() -> float:
+    return float(os.environ.get("JOB_BARRIER_TIMEOUT", "300"))
+
+
+def barrier(name: str, timeout_s: float | None = None) -> None:
+    """Wait until every process reaches the barrier `name`. Collective.
+
+    Raises BarrierTimeout naming the processes that did not arrive within
+    `timeout_s` (default JOB_BARRIER_TIMEOUT, 300 s): a dead or hung peer
+    becomes an error here instead of a silent hang in the next collective.
+    """
+    if jax.process_count() == 1:
+        return
+    timeout_s = _barrier_timeout_s() if timeout_s is None else timeout_s
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is None:
+        multihost_utils.sync_global_devices(name)
+        return
+    try:
+        client.wait_at_barrier(name, int(timeout_s * 1000))
+    except Exception as exc:
+        text = str(exc)
+        if "DEADLINE_EXCEEDED" not in text and "timed out" not in text:
+            raise
+        missing = re.findall(r"^\s*(\d+)\s*$", text.partition("timed out task names:")[2], re.MULTILINE)
+        raise BarrierTimeout(
+            f"barrier {name!r}: expected all {jax.process_count()} processes within {timeout_s:g} s, "
+            f"found process(es) {', '.join(missing) or 'unknown'} missing (this is process "
+            f"{jax.process_index()}). Fix: read those processes' logs: they died, hung, or took another path"
+        ) from None
 
 
 # ---------------------------------------------------------------- pytree checks
@@ -206,6 +249,7 @@ def assert_pytrees_match_across_hosts(tree: Any) -> None:
     """
     if jax.process_count() == 1:
         return
+    barrier("assert_pytrees_match_across_hosts")
     me = jax.process_index()
     mine = _signature(tree)
     theirs = json.loads(sync_string(json.dumps(mine) if me == 0 else None))

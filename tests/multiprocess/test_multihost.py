@@ -112,3 +112,14 @@ def test_single_host_jax_and_orbax_inside_a_4_process_run(ranks: dict[int, dict]
         }
         assert seen["inside_ckpt_roundtrip"] == [rank, rank + 1, rank + 2, rank + 3]
         assert seen["after"] == {"process_index": rank, "process_count": 4, "devices_are_local": False}
+
+
+def test_a_barrier_that_times_out_names_the_missing_process(ranks: dict[int, dict]) -> None:
+    for rank, seen in ranks.items():
+        if rank == 1:
+            assert seen["barrier_timeout"] is None
+        else:
+            assert seen["barrier_timeout"] == (
+                f"barrier 'lonely': expected all 4 processes within 1.5 s, found process(es) 1 missing "
+                f"(this is process {rank}). Fix: read those processes' logs: they died, hung, or took another path"
+            )

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 
 import job
 
@@ -79,6 +80,19 @@ if rank == 3:
     shape_diff["only_on_3"] = np.zeros(1)
 out["match_structure_diff"] = error_of(multihost.assert_pytrees_match_across_hosts, shape_diff)
 out["local_match_error"] = error_of(multihost.assert_pytrees_match, {"a": np.ones(2)}, {"a": np.zeros(2)})
+
+# --- named barriers
+multihost.barrier("everyone")
+if rank == 1:
+    time.sleep(4)  # never reaches the next barrier in time
+    out["barrier_timeout"] = None
+else:
+    try:
+        multihost.barrier("lonely", timeout_s=1.5)
+        out["barrier_timeout"] = None
+    except multihost.BarrierTimeout as exc:
+        out["barrier_timeout"] = str(exc)
+multihost.barrier("together again")
 
 # --- single_host_jax_and_orbax
 import orbax.checkpoint as ocp  # noqa: E402
