@@ -16,7 +16,7 @@ SLURM_ARGS := $(if $(filter command line,$(origin ARGS)),$(ARGS),train --run-dir
 .PHONY: help venv run-local test-local test-unit lock clean slurm-up slurm-down submit-slurm
 
 help: ## list every target
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(BIN)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,7 @@ venv: $(BIN)/.installed ## create .venv from the lock file (the other targets do
 run-local: $(BIN)/.installed ## the example job on NPROC (4) local CPU processes x DEVICES (2); ARGS=... passes arguments
 	JAX_PLATFORMS=cpu $(BIN)/python -m job.launch -n $(NPROC) --devices-per-process $(DEVICES) -- $(BIN)/python -m job $(ARGS)
 
-test-local: $(BIN)/.installed ## the whole test suite: unit and real multi-process JAX tests
+test-local: $(BIN)/.installed ## the whole test suite: unit, multi-process, Slurm, TPU-simulator and container tiers
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-unit: $(BIN)/.installed ## only the fast single-process tests
@@ -93,8 +93,24 @@ tpu-delete: $(BIN)/.installed ## Cloud TPU: delete the slice (and its queued res
 tpu-status: $(BIN)/.installed ## Cloud TPU: print the slice's state (READY, PREEMPTED, NOT_FOUND, ...)
 	$(TPU_CLI) status $(TPU_FLAGS)
 
-lock: ## re-resolve requirements.lock from pyproject.toml (needs uv)
+# ---- containers (docker/) ----
+FLAVOR ?= cpu
+# not `IMAGE ?=`: IMAGE given to submit-slurm / tpu-* must stay empty by default
+DOCKER_IMAGE = $(or $(IMAGE),jax-cluster-job:$(FLAVOR))
+DOCKER_ARGS := $(if $(filter command line,$(origin ARGS)),$(ARGS),train --run-dir runs/docker)
+
+.PHONY: docker-build docker-run-local
+
+docker-build: ## build the image: FLAVOR=cpu|cuda|tpu [IMAGE=jax-cluster-job:FLAVOR BASE=...]; docker, else podman
+	bash docker/build.sh '$(FLAVOR)' '$(DOCKER_IMAGE)' $(if $(BASE),'--build-arg=BASE=$(BASE)')
+
+docker-run-local: docker-build $(BIN)/.installed ## the example job as NPROC (4) containers x DEVICES (2), host network, one cluster; IMAGE=... ARGS=...
+	$(BIN)/python docker/run_local.py -n $(NPROC) --devices-per-process $(DEVICES) --image '$(DOCKER_IMAGE)' -- $(DOCKER_ARGS)
+
+lock: ## re-resolve requirements.lock and docker/requirements-{cuda,tpu}.lock from pyproject.toml (needs uv)
 	uv pip compile pyproject.toml --extra test --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements.lock
+	uv pip compile pyproject.toml --extra cuda --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o docker/requirements-cuda.lock
+	uv pip compile pyproject.toml --extra tpu --python-version 3.11 --python-platform x86_64-manylinux_2_31 -o docker/requirements-tpu.lock
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache build *.egg-info

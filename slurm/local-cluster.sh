@@ -89,7 +89,7 @@ ENV
 add_hosts() {
     local nodes=$1 i
     for ((i = 1; i <= nodes; i++)); do
-        grep -qE "^127\.0\.1\.$i[[:space:]]+node$i\$" /etc/hosts || echo "127.0.1.$i node$i" >>/etc/hosts
+        grep -qE "^127\.0\.1\.${i}[[:space:]]+node${i}\$" /etc/hosts || echo "127.0.1.$i node$i" >>/etc/hosts
     done
 }
 
@@ -105,8 +105,9 @@ wait_idle() {
 
 up() {
     local nodes=${1:-4} i
-    [[ $nodes =~ ^[0-9]+$ ]] && ((nodes >= 1 && nodes <= MAX_NODES)) ||
+    if ! [[ $nodes =~ ^[0-9]+$ ]] || ((nodes < 1 || nodes > MAX_NODES)); then
         die "expected NODES between 1 and $MAX_NODES, found '$nodes'. Fix: make slurm-up NODES=4"
+    fi
     need_tools
     if pid_alive "$DIR/run/slurmctld.pid" && [[ -f $DIR/nodes && $(cat "$DIR/nodes") == "$nodes" ]]; then
         echo "local Slurm cluster already up with $nodes nodes ($DIR)"

