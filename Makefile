@@ -7,13 +7,14 @@ NPROC ?= 4
 DEVICES ?= 2
 ARGS ?= train --run-dir runs/local
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 .DEFAULT_GOAL := help
 NODES ?= 4
 SLURM_ENV := /var/tmp/jax-job-slurm/env.sh
 SLURM_ARGS := $(if $(filter command line,$(origin ARGS)),$(ARGS),train --run-dir runs/slurm)
 
-.PHONY: help venv run-local test-local test-unit lock clean slurm-up slurm-down submit-slurm
+.PHONY: help venv run-local test-local test-unit bench lock clean slurm-up slurm-down submit-slurm
 
 help: ## list every target
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -34,6 +35,9 @@ test-local: $(BIN)/.installed ## the whole test suite: unit, multi-process, Slur
 
 test-unit: $(BIN)/.installed ## only the fast single-process tests
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+bench: $(BIN)/.installed ## benchmarks vs hand-written JAX (~5-10 min on 2 cores): bench/RESULTS.md + launch plot; BENCH_ARGS=--quick
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 slurm-up: ## start a real Slurm cluster on this machine (NODES=4 slurmd, slurmctld, munge; root)
 	bash slurm/local-cluster.sh up $(NODES)
@@ -108,7 +112,7 @@ docker-run-local: docker-build $(BIN)/.installed ## the example job as NPROC (4)
 	$(BIN)/python docker/run_local.py -n $(NPROC) --devices-per-process $(DEVICES) --image '$(DOCKER_IMAGE)' -- $(DOCKER_ARGS)
 
 lock: ## re-resolve requirements.lock and docker/requirements-{cuda,tpu}.lock from pyproject.toml (needs uv)
-	uv pip compile pyproject.toml --extra test --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements.lock
+	uv pip compile pyproject.toml --extra test --extra bench --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements.lock
 	uv pip compile pyproject.toml --extra cuda --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o docker/requirements-cuda.lock
 	uv pip compile pyproject.toml --extra tpu --python-version 3.11 --python-platform x86_64-manylinux_2_31 -o docker/requirements-tpu.lock
 

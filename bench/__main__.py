@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import time
 import traceback
@@ -48,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     sections: list[Section] = []
     failed = []
+    load = []
     for name in names:
+        load.append(os.getloadavg()[0])
         module = importlib.import_module(f"bench.{name}")
         print(f"==> {module.TITLE}", file=sys.stderr, flush=True)
         start = time.perf_counter()
@@ -63,8 +66,11 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(section)
         print(section.markdown(), flush=True)
     total = time.perf_counter() - began
+    load.append(os.getloadavg()[0])
     command = "python -m bench" + (" " + " ".join(sys.argv[1:] if argv is None else argv)).rstrip()
     plot = None
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
     scaling = next((s for s in sections if s.name == "scaling" and s.data.get("points")), None)
     if out is not None and scaling is not None:
         target = out.parent / PLOT
@@ -73,9 +79,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {target}", file=sys.stderr)
         else:
             print("matplotlib is not installed: no plot (pip install '.[bench]')", file=sys.stderr)
-    text = page(sections, total_s=total, command=command.strip(), plot=plot)
+    text = page(sections, total_s=total, command=command.strip(), plot=plot, load=load)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
         print(f"wrote {out}", file=sys.stderr)
     else:

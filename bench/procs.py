@@ -92,9 +92,13 @@ def launch_template(n: int, child: list[str], *, timeout_s: float = 300) -> Clus
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        proc.terminate()
+        proc.terminate()  # the launcher forwards it to every rank
         out, err = proc.communicate()
         raise BenchError(f"job.launch -n {n} ran past {timeout_s} s:\n{_tail(out + err)}") from None
+    except BaseException:
+        proc.terminate()
+        proc.wait()
+        raise
     ended = time.time()
     ranks = sorted(records(out), key=lambda r: r["rank"])
     if proc.returncode != 0 or len(ranks) != n:
@@ -106,6 +110,8 @@ def launch_template(n: int, child: list[str], *, timeout_s: float = 300) -> Clus
 def launch_bare(n: int, child: list[str], *, timeout_s: float = 300) -> ClusterRun:
     """The baseline launcher: a plain Popen loop and a portpicker port, nothing else.
 
+    Children get their own sessions like job.launch's (see below), so both are scheduled alike.
+
     Rank i runs ``python -m CHILD... 127.0.0.1:PORT N i``.
     """
     import portpicker
@@ -115,20 +121,26 @@ def launch_bare(n: int, child: list[str], *, timeout_s: float = 300) -> ClusterR
     with tempfile.TemporaryDirectory(prefix="bench-bare-") as tmp:
         outs = [open(Path(tmp) / f"{i}.out", "w+") for i in range(n)]  # noqa: SIM115
         started = time.time()
+        # Each child in its own session, as job.launch starts them: with the kernel's autogroup
+        # scheduling, processes of one session share one CPU share against everything else running.
         procs = [subprocess.Popen([sys.executable, "-m", *child, f"127.0.0.1:{port}", str(n), str(i)],
-                                  cwd=ROOT, env=env, stdout=outs[i], stderr=subprocess.STDOUT)
+                                  cwd=ROOT, env=env, stdout=outs[i], stderr=subprocess.STDOUT,
+                                  start_new_session=True)
                  for i in range(n)]
         deadline = time.monotonic() + timeout_s
         failed = None
-        while any(p.poll() is None for p in procs):
-            failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
-            if failed is not None or time.monotonic() > deadline:
-                for p in procs:
+        try:
+            while any(p.poll() is None for p in procs):
+                failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+                if failed is not None or time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+        finally:  # a failure, the deadline or Ctrl-C: the others would wait in init for minutes
+            for p in procs:
+                if p.poll() is None:
                     p.kill()
-                break
-            time.sleep(0.01)
-        for p in procs:
-            p.wait()
+            for p in procs:
+                p.wait()
         ended = time.time()
         texts = []
         for f in outs:

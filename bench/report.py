@@ -86,8 +86,9 @@ def versions() -> str:
     return ", ".join(found)
 
 
-def page(sections: list[Section], *, total_s: float, command: str, plot: str | None) -> str:
-    """The whole RESULTS.md."""
+def page(sections: list[Section], *, total_s: float, command: str, plot: str | None,
+         load: list[float] | None = None) -> str:
+    """The whole RESULTS.md; `load`: the 1-minute load average at each benchmark's start, and the end."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     head = [
         "# Benchmark results",
@@ -96,6 +97,12 @@ def page(sections: list[Section], *, total_s: float, command: str, plot: str | N
         f"- machine: {machine()}",
         f"- versions: {versions()}",
         f"- command: `{command}` ({total_s / 60:.1f} min)",
+    ]
+    if load:
+        head.append(f"- load average (1 min) at each benchmark's start, and at the end: "
+                    f"{', '.join(f'{x:.1f}' for x in load)} on {os.cpu_count()} cores "
+                    "(above the core count, other work was sharing the machine)")
+    head += [
         "",
         "Every figure is a ratio against a baseline measured in the same run: the median of",
         "several repetitions, template and baseline repetitions interleaved (A B A B ...).",

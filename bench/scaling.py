@@ -32,7 +32,7 @@ NAME = "scaling"
 TITLE = "2. Launch and init scaling: job.launch + job.initialize vs bare jax.distributed"
 
 # process count -> repetitions (each repetition = one template and one bare launch)
-FULL = {1: 5, 2: 5, 4: 4, 8: 3, 16: 2, 32: 2}
+FULL = {1: 4, 2: 4, 4: 3, 8: 3, 16: 2, 32: 1}
 QUICK = {1: 1, 2: 1, 4: 1}
 CHILD = ["bench.scaling", "child"]
 

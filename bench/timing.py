@@ -27,6 +27,19 @@ def ratio(values: Sequence[float], baseline: Sequence[float]) -> float:
     return median(values) / base if base else float("nan")
 
 
+def pair_ratios(values: Sequence[float], baseline: Sequence[float]) -> list[float]:
+    """value_i / baseline_i for each interleaved pair of repetitions."""
+    return [a / b for a, b in zip(values, baseline) if b]
+
+
+def quartiles(values: Sequence[float]) -> tuple[float, float]:
+    """(25th, 75th) percentile; both NaN for fewer than 2 values."""
+    if len(values) < 2:
+        return float("nan"), float("nan")
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[2]
+
+
 def timed(fn: Callable[[], object]) -> float:
     """Seconds one call of `fn` takes (wall clock)."""
     start = time.perf_counter()
@@ -72,6 +85,13 @@ def fmt_s(seconds: float) -> str:
 def fmt_x(value: float) -> str:
     """A ratio such as 1.02x."""
     return "n/a" if value != value else f"{value:.2f}x"
+
+
+def fmt_ratio(values: Sequence[float], baseline: Sequence[float]) -> str:
+    """Ratio of medians, with the interquartile range of the pairwise ratios: "1.02x (1.00-1.05)"."""
+    lo, hi = quartiles(pair_ratios(values, baseline))
+    spread = "" if lo != lo else f" ({lo:.2f}-{hi:.2f})"
+    return fmt_x(ratio(values, baseline)) + spread
 
 
 def fmt_pct(value: float) -> str:
