@@ -29,7 +29,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from job.launch import LaunchConfig, child_environments
+from job.launch import LaunchConfig, child_environments, positive_int
 from job.procgroup import ProcessGroup
 
 log = logging.getLogger("job.launch")
@@ -157,24 +157,17 @@ def launch(run: ContainerRun) -> int:
         remove_containers(run.engine, token)
 
 
-def _positive_int(text: str) -> int:
-    value = int(text) if text.isdigit() else 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, found {text!r}")
-    return value
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python docker/run_local.py",
         description="Run the job's image as N containers (host network) that form one JAX cluster.",
         epilog="example: python docker/run_local.py -n 2 --image jax-cluster-job:cpu -- train --steps 50",
     )
-    p.add_argument("-n", "--nproc", type=_positive_int, required=True, help="number of containers")
+    p.add_argument("-n", "--nproc", type=positive_int, required=True, help="number of containers")
     p.add_argument("--image", required=True, help="the image to run (make docker-build)")
     p.add_argument("--engine", choices=("docker", "podman"), default=None,
                    help="container engine (default: docker/engine.sh's choice)")
-    p.add_argument("--devices-per-process", type=_positive_int, default=None,
+    p.add_argument("--devices-per-process", type=positive_int, default=None,
                    help="CPU devices each container sees (sets XLA_FLAGS)")
     p.add_argument("--runs", type=Path, default=Path("runs"),
                    help=f"host folder shared by every container as {WORKDIR}/runs (default: runs)")

@@ -39,7 +39,7 @@ class LaunchConfig:
     prefix: bool = True  # prefix each output line with [rank N]
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -50,7 +50,7 @@ def _positive_int(text: str) -> int:
 
 
 def _port(text: str) -> int:
-    value = _positive_int(text)
+    value = positive_int(text)
     if value > 65535:
         raise argparse.ArgumentTypeError(f"expected a TCP port 1..65535, found {text!r}")
     return value
@@ -62,8 +62,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Run COMMAND as N local processes that form one JAX cluster.",
         epilog="example: python -m job.launch -n 4 --devices-per-process 2 -- python -m job",
     )
-    p.add_argument("-n", "--nproc", type=_positive_int, required=True, help="number of processes")
-    p.add_argument("--devices-per-process", type=_positive_int, default=None,
+    p.add_argument("-n", "--nproc", type=positive_int, required=True, help="number of processes")
+    p.add_argument("--devices-per-process", type=positive_int, default=None,
                    help="CPU devices each process sees (sets XLA_FLAGS)")
     p.add_argument("--host", default="127.0.0.1", help="coordinator address (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=None, help="coordinator port (default: a free one)")
