@@ -111,11 +111,11 @@ def worker(argv: list[str]) -> None:
         return
     import jax.numpy as jnp
     import numpy as np
-    import optax
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from bench.step import _optimizer
+    from bench.step import _optimizer, handwritten_step
+    from job.train import train_step_fn
     from job import model, sharding
 
     cfg = model.ModelConfig(**(TINY if args.tiny else GPT2_SMALL))
@@ -129,11 +129,6 @@ def worker(argv: list[str]) -> None:
                             NamedSharding(mesh, PartitionSpec("data")))
     mask = jnp.ones(tokens.shape, jnp.float32, device=tokens.sharding)
 
-    def train_step(m, opt, t, k):  # noqa: ANN001, ANN202 - train.py's body
-        (_, metrics), grads = nnx.value_and_grad(model.loss_fn, has_aux=True)(m, t, k)
-        opt.update(m, grads)
-        return metrics
-
     def build(impl: str | None):  # noqa: ANN202
         """Both steps, compiled once with attention `impl`; raises if it does not compile."""
         _use_attention(impl)
@@ -141,21 +136,13 @@ def worker(argv: list[str]) -> None:
         opt = nnx.Optimizer(lm, tx, wrt=nnx.Param)
         sharding.shard_model(lm, mesh)
         sharding.shard_model(opt, mesh)
-        jitted = nnx.jit(train_step)
+        jitted = nnx.jit(train_step_fn)  # a fresh jit per attention implementation
         with sharding.mesh_context(mesh):
             jax.block_until_ready(jitted(lm, opt, tokens, mask))
         graphdef, params = nnx.split(model.Transformer(cfg, rngs=nnx.Rngs(0)))
         state = {"p": params, "s": tx.init(params)}
 
-        def loss(p, t, k):  # noqa: ANN001, ANN202
-            return model.loss_fn(nnx.merge(graphdef, p), t, k)
-
-        @functools.partial(jax.jit, donate_argnums=(0, 1))
-        def step(p, s, t, k):  # noqa: ANN001, ANN202
-            (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(p, t, k)
-            updates, s = tx.update(grads, s, p)
-            return optax.apply_updates(p, updates), s, metrics
-
+        step = handwritten_step(graphdef, tx)
         state["p"], state["s"], metrics = step(state["p"], state["s"], tokens, mask)
         jax.block_until_ready(metrics)
         return lm, opt, jitted, step, state

@@ -53,10 +53,29 @@ def _optimizer(steps: int):  # noqa: ANN202 - optax types
                        optax.adamw(schedule, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay))
 
 
+def handwritten_step(graphdef, tx):  # noqa: ANN001, ANN201 - nnx graphdef, optax transform
+    """The baseline: a plain `jax.jit` data-parallel step over pure pytrees (params, opt state donated)."""
+    import jax
+    import optax
+    from flax import nnx
+
+    from job import model
+
+    def loss(p, tokens, mask):  # noqa: ANN001, ANN202
+        return model.loss_fn(nnx.merge(graphdef, p), tokens, mask)
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def step(p, s, tokens, mask):  # noqa: ANN001, ANN202
+        (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(p, tokens, mask)
+        updates, s = tx.update(grads, s, p)
+        return optax.apply_updates(p, updates), s, metrics
+
+    return step
+
+
 def measure(size: str, reps: int) -> dict:
     import jax
     import numpy as np
-    import optax
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
@@ -70,13 +89,8 @@ def measure(size: str, reps: int) -> dict:
                                     global_batch=global_batch) for s in range(4)]
     tx = _optimizer(1000)
 
-    # ---- template: exactly train.py's path
-    def train_step(m, opt, tokens, mask):  # noqa: ANN001, ANN202 - train.py's body
-        (_, metrics), grads = nnx.value_and_grad(model.loss_fn, has_aux=True)(m, tokens, mask)
-        opt.update(m, grads)
-        return metrics
-
-    jitted = nnx.jit(train_step)
+    # ---- template: exactly train.py's step
+    from job.train import train_step as jitted
 
     def template_state():  # noqa: ANN202
         lm = model.Transformer(cfg, rngs=nnx.Rngs(0))
@@ -120,14 +134,7 @@ def measure(size: str, reps: int) -> dict:
     split = NamedSharding(mesh, PartitionSpec("data"))
     batches_b = [{k: jax.device_put(v, split) for k, v in b.items()} for b in host_batches]
 
-    def loss(p, tokens, mask):  # noqa: ANN001, ANN202
-        return model.loss_fn(nnx.merge(graphdef, p), tokens, mask)
-
-    @functools.partial(jax.jit, donate_argnums=(0, 1))
-    def step(p, s, tokens, mask):  # noqa: ANN001, ANN202
-        (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(p, tokens, mask)
-        updates, s = tx.update(grads, s, p)
-        return optax.apply_updates(p, updates), s, metrics
+    step = handwritten_step(graphdef, tx)
 
     state = {"params": params, "opt": opt_state}
 

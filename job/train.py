@@ -19,7 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jax
+from flax import nnx
+
 import job
+from job import model
 from job.config import TrainConfig, differences, to_dict, to_json
 from job.errors import ConfigError
 from job.preemption import REQUEUE_EXIT_CODE, PreemptionGuard
@@ -28,10 +32,23 @@ from job.watchdog import Watchdog
 log = logging.getLogger("job.train")
 
 
+def train_step_fn(m: model.Transformer, opt: nnx.Optimizer, tokens: jax.Array, mask: jax.Array) -> dict:
+    """One optimizer step over the global batch; returns the batch's metrics. `train_step` is its jit."""
+    (_, metrics), grads = nnx.value_and_grad(model.loss_fn, has_aux=True)(m, tokens, mask)
+    opt.update(m, grads)
+    return metrics
+
+
+train_step = nnx.jit(train_step_fn)
+
+
+@nnx.jit
+def eval_step(m: model.Transformer, tokens: jax.Array, mask: jax.Array) -> dict:
+    return model.loss_fn(m, tokens, mask)[1]
+
+
 def validate(cfg: TrainConfig) -> None:
     """Checks that need no devices: run before anything starts."""
-    from job import model
-
     model.validate(cfg.model, rule=cfg.rule, model_axis=cfg.model_axis)
     for name in ("steps", "log_every", "eval_every", "model_axis"):
         if getattr(cfg, name) < 1:
@@ -44,7 +61,6 @@ def validate(cfg: TrainConfig) -> None:
 
 def _agree_on_config(cfg: TrainConfig) -> None:
     """Every process must run the same config and code version as process 0."""
-    import jax
     import numpy as np
     from jax.experimental import multihost_utils
 
@@ -66,7 +82,6 @@ def _agree_on_config(cfg: TrainConfig) -> None:
 
 def _digest(tree: Any) -> str:
     """sha256 of every leaf's full value (gathered across processes), in path order."""
-    import jax
     import numpy as np
     from jax.experimental import multihost_utils
 
@@ -85,12 +100,10 @@ def run(cfg: TrainConfig) -> int:
     log.info("process %d of %d (%s) on %s", info.process_id, info.num_processes, info.kind,
              os.environ.get("SLURMD_NODENAME") or socket.gethostname())
 
-    import jax
     import optax
-    from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from job import data, model, sharding
+    from job import data, sharding
     from job.checkpoint import Checkpointer
     from job.multihost import only_specific_processes
     from job.report import Reporter
@@ -134,16 +147,6 @@ def run(cfg: TrainConfig) -> int:
         rows = data.local_rows(source, split=split, step=step, process_index=info.process_id,
                                process_count=info.num_processes, global_batch=cfg.data.global_batch)
         return {k: jax.make_array_from_process_local_data(batch_sharding, v) for k, v in rows.items()}
-
-    @nnx.jit
-    def train_step(m: model.Transformer, opt: nnx.Optimizer, tokens: jax.Array, mask: jax.Array) -> dict:
-        (_, metrics), grads = nnx.value_and_grad(model.loss_fn, has_aux=True)(m, tokens, mask)
-        opt.update(m, grads)
-        return metrics
-
-    @nnx.jit
-    def eval_step(m: model.Transformer, tokens: jax.Array, mask: jax.Array) -> dict:
-        return model.loss_fn(m, tokens, mask)[1]
 
     def evaluate() -> dict[str, float]:
         totals = {"loss": 0.0, "accuracy": 0.0, "tokens": 0.0}

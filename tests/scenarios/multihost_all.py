@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-import tempfile
 import time
 
 import job
