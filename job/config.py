@@ -59,25 +59,6 @@ def to_json(cfg: TrainConfig) -> str:
     return json.dumps(to_dict(cfg), indent=2, sort_keys=True)
 
 
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"model": {"dim": 64}}`` -> ``{"model.dim": 64}``."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{name}."))
-        else:
-            flat[name] = value
-    return flat
-
-
-def differences(mine: dict[str, Any], reference: dict[str, Any]) -> list[str]:
-    """Fields whose values differ, as ``name: mine != reference`` lines."""
-    a, b = flatten(mine), flatten(reference)
-    return [f"{k}: {a.get(k)!r} here, {b.get(k)!r} on process 0" for k in sorted(a.keys() | b.keys())
-            if a.get(k) != b.get(k)]
-
-
 def parse(args: list[str]) -> TrainConfig:
     """Command-line flags -> TrainConfig; an unknown flag exits with usage (code 2)."""
     import tyro

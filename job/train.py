@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import socket
@@ -24,7 +23,7 @@ from flax import nnx
 
 import job
 from job import model
-from job.config import TrainConfig, differences, to_dict, to_json
+from job.config import TrainConfig, to_dict, to_json
 from job.errors import ConfigError
 from job.preemption import REQUEUE_EXIT_CODE, PreemptionGuard
 from job.watchdog import Watchdog
@@ -60,24 +59,11 @@ def validate(cfg: TrainConfig) -> None:
 
 
 def _agree_on_config(cfg: TrainConfig) -> None:
-    """Every process must run the same config and code version as process 0."""
-    import numpy as np
-    from jax.experimental import multihost_utils
+    """Every process must run the same config and code version as process 0 (collective;
+    a mismatch raises on every process, naming each differing field and its values)."""
+    from job.multihost import assert_pytrees_match_across_hosts
 
-    from job.multihost import sync_string
-
-    if jax.process_count() == 1:
-        return
-    mine = {"config": to_dict(cfg), "version": job.__version__}
-    reference = json.loads(sync_string(json.dumps(mine) if jax.process_index() == 0 else None))
-    diffs = differences(mine, reference)
-    bad = np.flatnonzero(multihost_utils.process_allgather(np.int32(bool(diffs)))).tolist()
-    if diffs:
-        raise ConfigError("config", expected="the same config and version as process 0",
-                          found="; ".join(diffs), fix="launch every process with the same flags and code")
-    if bad:
-        raise ConfigError("config", expected="one config on every process", found=f"processes {bad} differ",
-                          fix="see their errors; launch every process with the same flags and code")
+    assert_pytrees_match_across_hosts({"config": to_dict(cfg), "version": job.__version__})
 
 
 def _digest(tree: Any) -> str:
