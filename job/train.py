@@ -58,14 +58,6 @@ def validate(cfg: TrainConfig) -> None:
                           found=(cfg.ckpt.every, cfg.ckpt.keep), fix="pass positive values")
 
 
-def _agree_on_config(cfg: TrainConfig) -> None:
-    """Every process must run the same config and code version as process 0 (collective;
-    a mismatch raises on every process, naming each differing field and its values)."""
-    from job.multihost import assert_pytrees_match_across_hosts
-
-    assert_pytrees_match_across_hosts({"config": to_dict(cfg), "version": job.__version__})
-
-
 def _digest(tree: Any) -> str:
     """sha256 of every leaf's full value (gathered across processes), in path order."""
     import numpy as np
@@ -89,11 +81,13 @@ def run(cfg: TrainConfig) -> int:
     import optax
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from job import data, sharding
+    from job import data, preflight, sharding
     from job.checkpoint import Checkpointer
     from job.multihost import only_specific_processes
     from job.report import Reporter
 
+    run_dir = Path(cfg.run_dir)
+    checked = preflight.check(to_dict(cfg), run_dir / "checkpoints")
     mesh = sharding.make_mesh(model_axis=cfg.model_axis)
     divisor = sharding.batch_size_divisor(mesh)
     if cfg.data.global_batch % divisor or cfg.data.global_batch % info.num_processes:
@@ -103,8 +97,6 @@ def run(cfg: TrainConfig) -> int:
             fix=f"use --data.global-batch {divisor * max(1, -(-cfg.data.global_batch // divisor))}",
         )
     source = data.make_source(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len)
-    _agree_on_config(cfg)
-    run_dir = Path(cfg.run_dir)
     only_specific_processes()(_save_config)(run_dir, cfg)
 
     lm = model.Transformer(cfg.model, rngs=nnx.Rngs(cfg.seed))
@@ -150,6 +142,7 @@ def run(cfg: TrainConfig) -> int:
     report = Reporter(run_dir, start_step=start, total_steps=cfg.steps, tokens_per_step=tokens_per_step)
     if start:
         report.message("resumed from step %d (%s)", start, run_dir / "checkpoints")
+    report.message("%s", checked.line())
     report.message("%s; %d parameters; mesh %s; rule %s", info.summary(), model.count_params(lm),
                    dict(mesh.shape), cfg.rule)
     state = lambda: {"model": nnx.state(lm), "optimizer": nnx.state(optimizer)}  # noqa: E731
