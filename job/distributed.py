@@ -9,18 +9,21 @@ Explicit arguments win over environment variables, which win over detection.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import ipaddress
 import logging
 import os
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import ClassVar
 
 from job.cluster import ClusterInfo, detect
 from job.cluster.base import read_id_list, read_int
-from job.errors import ConfigError, InitOrderError
+from job.errors import ConfigError, InitOrderError, JobError
 
 log = logging.getLogger(__name__)
 
@@ -118,16 +121,79 @@ def check_coordinator_port(address: str) -> None:
             ) from None
 
 
-def _exit_on_uncaught(previous):  # noqa: ANN001, ANN202
+def bind_address(address: str, env: Mapping[str, str], *, resolve=socket.gethostbyname) -> str | None:
+    """Where process 0's coordinator listens: the one interface its peers use, when that is knowable.
+
+    JAX_COORDINATOR_BIND_ADDRESS wins. Otherwise the coordinator's host is
+    resolved; if it is an address of this machine, only that interface
+    listens. None (jax's default: every interface) when the name does not
+    resolve, resolves elsewhere, or is a host *name* that resolves to loopback
+    here: Debian's `127.0.1.1 <hostname>` line makes a node's own name look
+    like loopback while its peers reach it on the network.
+    """
+    if env.get("JAX_COORDINATOR_BIND_ADDRESS"):
+        return env["JAX_COORDINATOR_BIND_ADDRESS"]
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        ip = ipaddress.ip_address(resolve(host))
+    except (OSError, ValueError):
+        return None
+    named_loopback = ip.is_loopback and host != "localhost" and host != str(ip)
+    if named_loopback or not _is_local(ip):
+        return None
+    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+
+
+def _is_local(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether `ip` belongs to this machine (a socket can bind to it)."""
+    with socket.socket(socket.AF_INET6 if ip.version == 6 else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((str(ip), 0))
+        except OSError:
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def _explain_init_timeout(info: ClusterInfo, init_s: int) -> Iterator[None]:
+    """jax aborts with a bare DEADLINE_EXCEEDED (RegisterTask) when the cluster does not form:
+    just before that, say what it means and what to check."""
+
+    def explain() -> None:
+        print(
+            f"job.initialize: process {info.process_id}: expected all {info.num_processes} processes to "
+            f"join {info.coordinator_address} within {init_s} s, found it still incomplete; jax will "
+            "abort with DEADLINE_EXCEEDED (RegisterTask). The missing processes are the ones with no 'joining: process N' line. Fix: read "
+            "their logs (a crash before initialize, a node that did not start), check that every node "
+            "reaches the coordinator's host and port, or raise JOB_INIT_TIMEOUT if starts are slow",
+            file=sys.stderr, flush=True,
+        )
+
+    timer = threading.Timer(max(init_s - 1.0, init_s * 0.9), explain)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def _exit_on_uncaught(previous):
     """An uncaught exception ends this process at once.
 
     A normal interpreter exit runs jax's shutdown barrier, which waits for
     every peer; the peers wait for us in their next collective. Leaving with
     os._exit makes the failure visible to the launcher or Slurm in seconds.
+    The package's own errors (bad input, a failed preflight, a barrier timeout)
+    already say what to do: they print as one message, without a traceback.
     """
 
     def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
-        previous(kind, value, tb)
+        if isinstance(value, JobError):
+            print(f"{kind.__name__}: {value}", file=sys.stderr)
+        else:
+            previous(kind, value, tb)
         sys.stdout.flush()
         sys.stderr.flush()
         code = value.code if isinstance(value, SystemExit) and isinstance(value.code, int) else 1
@@ -184,15 +250,22 @@ def initialize(
     log.debug("joining %s (timeouts %s)", info.summary(), timeouts)
     if exit_on_uncaught:
         sys.excepthook = _exit_on_uncaught(sys.excepthook)
+    bind = None
     if info.is_coordinator and info.coordinator_address:
         check_coordinator_port(info.coordinator_address)
-    jax.distributed.initialize(
-        coordinator_address=info.coordinator_address,
-        num_processes=info.num_processes,
-        process_id=info.process_id,
-        local_device_ids=list(info.local_device_ids) if info.local_device_ids is not None else None,
-        initialization_timeout=timeouts.init_s,
-        heartbeat_timeout_seconds=timeouts.heartbeat_s,
-        shutdown_timeout_seconds=timeouts.shutdown_s,
-    )
+        bind = bind_address(info.coordinator_address, env)
+        log.debug("coordinator listens on %s", bind or "every interface")
+    log.info("joining: process %d of %d, coordinator %s (init timeout %d s)", info.process_id,
+             info.num_processes, info.coordinator_address, timeouts.init_s)
+    with _explain_init_timeout(info, timeouts.init_s):
+        jax.distributed.initialize(
+            coordinator_address=info.coordinator_address,
+            num_processes=info.num_processes,
+            process_id=info.process_id,
+            local_device_ids=list(info.local_device_ids) if info.local_device_ids is not None else None,
+            initialization_timeout=timeouts.init_s,
+            heartbeat_timeout_seconds=timeouts.heartbeat_s,
+            shutdown_timeout_seconds=timeouts.shutdown_s,
+            coordinator_bind_address=bind,
+        )
     return info

@@ -22,7 +22,7 @@ from job.cluster.local import LocalLauncher
 from job.cluster.nodelist import first_node
 from job.cluster.slurm import SlurmJob, slurm_port
 from job.cluster.tpu import CloudTpuVm, TpuPod
-from job.distributed import Timeouts, resolve
+from job.distributed import Timeouts, bind_address, resolve
 from job.errors import ConfigError
 
 Env = dict[str, str]
@@ -630,3 +630,51 @@ def test_initialize_single_starts_nothing() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[:2] == ["single 1 None", "False False"]
+
+
+# ------------------------------------------------------------------ coordinator bind address
+
+
+def _resolver(table: dict[str, str]):
+    def resolve(host: str) -> str:
+        if host not in table:
+            raise OSError(f"unknown host {host}")
+        return table[host]
+
+    return resolve
+
+
+@pytest.mark.parametrize(
+    ("address", "table", "expected"),
+    [
+        ("127.0.0.1:1234", {"127.0.0.1": "127.0.0.1"}, "127.0.0.1:1234"),  # the local launcher
+        ("localhost:1234", {"localhost": "127.0.0.1"}, "127.0.0.1:1234"),
+        ("[::1]:1234", {"::1": "::1"}, "[::1]:1234"),
+        # a node's own name that resolves to loopback here (Debian's 127.0.1.1 line):
+        # its peers reach it on the network, so every interface listens
+        ("node1:1234", {"node1": "127.0.1.1"}, None),
+        ("far-away:1234", {"far-away": "198.51.100.250"}, None),  # another machine's address
+        ("nowhere:1234", {}, None),  # does not resolve here
+    ],
+)
+def test_coordinator_bind_address(address: str, table: dict[str, str], expected: str | None) -> None:
+    assert bind_address(address, {}, resolve=_resolver(table)) == expected
+
+
+def test_coordinator_binds_to_this_machines_network_address() -> None:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("198.51.100.1", 9))  # no packet is sent: this picks the outgoing interface
+        except OSError as exc:
+            pytest.skip(f"no route off this machine ({exc})")
+        mine = s.getsockname()[0]
+    if mine.startswith("127."):
+        pytest.skip(f"no network interface besides loopback (found {mine})")
+    assert bind_address("node7:61440", {}, resolve=_resolver({"node7": mine})) == f"{mine}:61440"
+
+
+def test_coordinator_bind_address_from_the_environment_wins() -> None:
+    env = {"JAX_COORDINATOR_BIND_ADDRESS": "10.0.0.5:999"}
+    assert bind_address("127.0.0.1:1234", env, resolve=_resolver({})) == "10.0.0.5:999"
