@@ -9,7 +9,9 @@ topology.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -18,10 +20,17 @@ import jax
 import orbax.checkpoint as ocp
 
 from job.config import CheckpointConfig
-from job.errors import ConfigError
+from job.errors import ConfigError, JobError
 from job.multihost import barrier
 
 log = logging.getLogger(__name__)
+
+# What a failed write usually is; named first in the error (orbax buries it in long messages).
+_STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EIO)
+
+
+class CheckpointError(JobError, RuntimeError):
+    """A save failed (disk full, permissions, a vanished filesystem): says which step and what is safe."""
 
 
 def abstract(tree: Any) -> Any:
@@ -41,6 +50,7 @@ class Checkpointer:
             create=True,
         )
         self.manager = ocp.CheckpointManager(self.directory, options=self.options)
+        self._writing: int | None = None  # the step an async save may still be writing
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -51,7 +61,11 @@ class Checkpointer:
     def save(self, step: int, state: Any) -> None:
         """Start saving `state` as `step` (collective; returns before the write ends when async)."""
         barrier(f"checkpoint save {step}")
-        self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
+        try:
+            self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
+        except Exception as exc:
+            raise self._failed(self._writing or step, exc) from exc
+        self._writing = step
 
     def restore(self, step: int, like: Any) -> Any:
         """The saved state, placed like `like` (which may come from another topology)."""
@@ -89,7 +103,28 @@ class Checkpointer:
             multihost_utils.sync_global_devices(f"checkpoint quarantine {step}")
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        """Block until the last save is on disk; CheckpointError if it failed."""
+        try:
+            self.manager.wait_until_finished()
+        except Exception as exc:
+            raise self._failed(self._writing, exc) from exc
+
+    def _failed(self, step: int | None, exc: BaseException) -> CheckpointError:
+        """One message: which save failed and why, and what is still safe on disk."""
+        cause = exc
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        text = str(cause).splitlines()[0] if str(cause) else ""
+        known = [os.strerror(code) for code in _STORAGE_ERRNOS if os.strerror(code) in text]
+        reason = f"{known[0] + ' (' if known else ''}{type(cause).__name__}: {text[:200]}{')' if known else ''}"
+        safe = sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
+        resume = f"a rerun resumes from step {safe[-1]}" if safe else "no complete checkpoint yet"
+        return CheckpointError(
+            f"checkpoint: expected to write step {step} to {self.directory}, found {reason}. "
+            f"Complete checkpoints on disk: {safe or 'none'} ({resume}). "
+            f"Fix: free space in (or restore write access to) {self.directory}, or pass another --run-dir "
+            "with the checkpoints copied over; then rerun"
+        )
 
     def close(self) -> None:
         self.manager.close()
