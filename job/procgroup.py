@@ -50,6 +50,17 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def describe_exit(returncode: int) -> str:
+    """"exited with code 1", or "was killed by SIGKILL (code 137)"."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name} (code {exit_code(returncode)})"
+    return f"exited with code {returncode}"
+
+
 class ProcessGroup:
     def __init__(
         self,
@@ -119,10 +130,10 @@ class ProcessGroup:
             # One waiter per child: exits arrive in the order they happened.
             threading.Thread(target=lambda r=rank, p=proc: self._exits.put((r, p.wait())), daemon=True).start()
 
-    def _stop_others(self, failed_rank: int, code: int) -> None:
+    def _stop_others(self, failed_rank: int, returncode: int) -> None:
         log.error(
-            "rank %d exited with code %d; stopping the other %d process(es)",
-            failed_rank, code, sum(p.poll() is None for p in self.procs),
+            "rank %d %s; stopping the other %d process(es)",
+            failed_rank, describe_exit(returncode), sum(p.poll() is None for p in self.procs),
         )
         self._send(signal.SIGTERM)
         self._wait_all(self.kill_after_s)
@@ -152,7 +163,7 @@ class ProcessGroup:
             if rc != 0:
                 code = exit_code(rc)
                 if stop_deadline is None:
-                    self._stop_others(rank, code)
+                    self._stop_others(rank, rc)
                 else:
                     self._wait_all(self.kill_after_s)
                     self._send(signal.SIGKILL)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import signal
@@ -93,7 +94,7 @@ def test_sigkill_of_one_rank_stops_the_job_within_15_s(victim: int) -> None:
     elapsed = time.monotonic() - killed
     print(f"SIGKILL of rank {victim}: launcher exited {proc.returncode} after {elapsed:.2f} s")
     assert proc.returncode == 128 + signal.SIGKILL, explain(proc, out, err)
-    assert f"rank {victim} exited with code 137" in err
+    assert f"rank {victim} was killed by SIGKILL (code 137)" in err
     assert elapsed < 15
     for pid in pids.values():
         with pytest.raises(ProcessLookupError):
@@ -123,3 +124,30 @@ def test_coordinator_port_in_use_is_one_clear_error(tmp_path: Path) -> None:
     assert f"coordinator port: expected port {port} free on this host (process 0), found 'in use" in proc.stderr
     assert "rank 0 exited with code 1" in proc.stderr
     assert elapsed < 30
+
+
+def _listening(port: int) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """Local addresses of the sockets listening on `port` (from /proc/net/tcp and tcp6)."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.rsplit(":", 1)
+            if state == "0A" and int(hex_port, 16) == port:
+                raw = bytes.fromhex(address)  # 32-bit words in host (little-endian) order
+                ip = ipaddress.ip_address(b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)))
+                found.append(getattr(ip, "ipv4_mapped", None) or ip)
+    return found
+
+
+def test_the_coordinator_listens_on_loopback_only() -> None:
+    proc, pids = _start_held(2, "hold")
+    try:
+        environ = Path(f"/proc/{pids[0]}/environ").read_bytes().split(b"\0")
+        address = next(v.split(b"=", 1)[1].decode() for v in environ if v.startswith(b"JOB_LAUNCH_COORDINATOR="))
+        port = int(address.rsplit(":", 1)[1])
+        # every interface would show as 0.0.0.0 or ::
+        assert _listening(port) == [ipaddress.ip_address("127.0.0.1")], (address, _listening(port))
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
