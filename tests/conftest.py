@@ -26,3 +26,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped, but JOB_REQUIRE_ALL_TIERS=1 requires every tier: {reason}"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ARG001
+    """The fault matrix's measured figures (tests/multiprocess/test_faults.py), one line per case."""
+    rows = []
+    for outcome in ("passed", "failed"):
+        for report in terminalreporter.stats.get(outcome, []):
+            props = dict(getattr(report, "user_properties", []))
+            if getattr(report, "when", "") == "call" and "fault" in props:
+                rows.append((outcome, props))
+    if not rows:
+        return
+    terminalreporter.section("fault matrix: time from the fault to the end of the whole job")
+    for outcome, p in rows:
+        terminalreporter.write_line(
+            f"{p['fault']:<45} {p.get('exit_s', '?'):>6} s  exit {p.get('code', '?'):<4} "
+            f"resumed from step {p.get('resumed_from', '-')}  {outcome}"
+        )

@@ -1,0 +1,87 @@
+"""The real training job (`python -m job ARGS`) with one fault injected into one rank.
+
+    faulty.py RANK FAULT -- train --run-dir ... [job flags]
+
+On every rank but RANK this is exactly `python -m job`. On RANK, FAULT is:
+
+    kill@N      SIGKILL itself when step N starts (a crashed host)
+    stop@N      SIGSTOP itself when step N starts (a frozen host: no heartbeats)
+    sleep@N     block forever in Python when step N starts (a hung input pipeline:
+                the runtime's heartbeats go on, the collective never completes)
+    raise@N     raise RuntimeError when step N starts (a bug in rank RANK)
+    exit-early  exit 3 before joining the cluster (a process that never starts)
+    hang-early  block forever before joining the cluster
+    version=P:V report package P at version V (a host with another image)
+    flag=F:V    append `F V` to the job's flags (a host started with other flags)
+
+Just before a timed fault it prints `FAULT <unix time>` so tests can measure
+how long the whole job takes to end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from job import __main__ as entry
+from job import preflight, train
+
+rank, fault = int(sys.argv[1]), sys.argv[2]
+args = sys.argv[sys.argv.index("--") + 1:]
+me = int(os.environ.get("JOB_LAUNCH_PROCESS_ID", os.environ.get("SLURM_PROCID", "0")))
+
+
+def announce() -> None:
+    print(f"FAULT {time.time():.3f} {fault} on rank {me}", flush=True)
+
+
+def at_step(n: int, action) -> None:
+    real, calls = train.train_step, [0]
+
+    def step(*a, **k):
+        calls[0] += 1
+        if calls[0] == n:
+            announce()
+            action()
+        return real(*a, **k)
+
+    train.train_step = step
+
+
+def sleep_forever() -> None:
+    while True:
+        time.sleep(3600)
+
+
+def injected() -> None:
+    raise RuntimeError(f"injected fault in rank {me}")
+
+
+if me == rank:
+    kind, _, value = fault.partition("@") if "@" in fault else fault.partition("=")
+    if kind == "kill":
+        at_step(int(value), lambda: os.kill(os.getpid(), signal.SIGKILL))
+    elif kind == "stop":
+        at_step(int(value), lambda: os.kill(os.getpid(), signal.SIGSTOP))
+    elif kind == "sleep":
+        at_step(int(value), sleep_forever)
+    elif kind == "raise":
+        at_step(int(value), injected)
+    elif kind == "exit-early":
+        announce()
+        os._exit(3)
+    elif kind == "hang-early":
+        announce()
+        sleep_forever()
+    elif kind == "version":
+        package, version = value.split(":", 1)
+        real_version = preflight._version
+        preflight._version = lambda p: version if p == package else real_version(p)
+    elif kind == "flag":
+        args += value.split(":", 1)
+    else:
+        raise SystemExit(f"faulty.py: unknown fault {fault!r}")
+
+sys.exit(entry.main(args))
