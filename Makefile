@@ -12,7 +12,8 @@ BENCH_ARGS ?=
 .DEFAULT_GOAL := help
 NODES ?= 4
 SLURM_ENV := /var/tmp/jax-job-slurm/env.sh
-SLURM_ARGS := $(if $(filter command line,$(origin ARGS)),$(ARGS),train --run-dir runs/slurm)
+# `=`, not `:=` (also DOCKER_ARGS): expanded only when a recipe runs, so `make -n` never expands ARGS.
+SLURM_ARGS = $(if $(filter command line,$(origin ARGS)),$(ARGS),train --run-dir runs/slurm)
 
 .PHONY: help venv run-local test-local test-unit bench lock clean slurm-up slurm-down submit-slurm
 
@@ -101,7 +102,7 @@ tpu-status: $(BIN)/.installed ## Cloud TPU: print the slice's state (READY, PREE
 FLAVOR ?= cpu
 # not `IMAGE ?=`: IMAGE given to submit-slurm / tpu-* must stay empty by default
 DOCKER_IMAGE = $(or $(IMAGE),jax-cluster-job:$(FLAVOR))
-DOCKER_ARGS := $(if $(filter command line,$(origin ARGS)),$(ARGS),train --run-dir runs/docker)
+DOCKER_ARGS = $(if $(filter command line,$(origin ARGS)),$(ARGS),train --run-dir runs/docker)
 
 .PHONY: docker-build docker-run-local
 

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import shlex
 import tarfile
@@ -23,11 +24,18 @@ log = logging.getLogger("deploy.tpu")
 ARCHIVE = "code.tar.gz"
 STOP_MARKER = "stop-requested"  # written by stop_job: a stopped job is not restarted
 _SKIP_DIRS = frozenset({"__pycache__", ".git", ".venv", ".pytest_cache"})
+# Never shipped, not even from inside a shipped folder: names that usually hold a secret (as .dockerignore).
+SECRET_NAMES = (".env", ".env.*", ".envrc", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.kdbx", "id_rsa*",
+                "id_dsa*", "id_ecdsa*", "id_ed25519*", ".ssh", ".gnupg", ".aws", ".azure", ".docker", ".kube",
+                ".netrc", ".git-credentials", ".pypirc", ".npmrc", "*credentials*.json", "*service-account*.json")
 
 
 def _keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     parts = Path(info.name).parts
     if any(p in _SKIP_DIRS or p.endswith(".egg-info") for p in parts) or info.name.endswith(".pyc"):
+        return None
+    if any(fnmatch.fnmatchcase(part, pattern) for part in parts for pattern in SECRET_NAMES):
+        log.warning("not shipping %s: its name says it may hold a secret (keys, tokens, credentials)", info.name)
         return None
     info.uid = info.gid = 0
     info.uname = info.gname = ""

@@ -3,10 +3,12 @@ layer cache, and two containers that train the example job as one cluster."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 
 from tests.container.conftest import ROOT, Built, build, figure, podman
 from tests.launching import explain, launcher_argv, run
+from tests.unit.test_security import KEPT_OUT, dockerignore, ignored
 
 # The first test to ask for the image may also make the base and build it: minutes on a busy machine.
 pytestmark = [pytest.mark.container, pytest.mark.timeout(900)]
@@ -40,6 +43,37 @@ def test_the_job_runs_as_a_fixed_non_root_user(cpu_image: Built, podman_env: dic
     ids = podman(podman_env, "run", "--rm", cpu_image.tag, "id", "-u")
     assert ids.returncode == 0, ids.stderr
     assert ids.stdout.strip() == str(IMAGE_UID)
+
+
+def test_the_engine_leaves_every_secret_out_of_the_build_context(podman_env: dict[str, str],
+                                                                 tmp_path: Path) -> None:
+    # The real .dockerignore, read by podman itself (a FROM scratch image of the whole context: no base,
+    # no RUN). It also checks tests/unit/test_security.py's reading of .dockerignore, used where podman is not.
+    context = tmp_path / "context"
+    paths = (*KEPT_OUT, "requirements.lock", "docker/requirements-cuda.lock", "docker/entrypoint.sh",
+             "docker/run_local.py", "job/__init__.py", "job/sub/data.py")
+    for path in paths:
+        (context / path).parent.mkdir(parents=True, exist_ok=True)
+        (context / path).write_text(f"{path}\n")
+    shutil.copy2(ROOT / ".dockerignore", context / ".dockerignore")
+    (tmp_path / "Containerfile").write_text("FROM scratch\nCOPY . /ctx/\n")
+    tag = "localhost/jax-cluster-job-test:context"
+    built = podman(podman_env, "build", "--pull=never", "--file", str(tmp_path / "Containerfile"), "--tag", tag,
+                   str(context))
+    assert built.returncode == 0, built.stdout + built.stderr
+    container = podman(podman_env, "create", tag, "none").stdout.strip()
+    try:
+        exported = subprocess.run(["podman", "export", container], env=podman_env, capture_output=True,
+                                  timeout=120, check=True).stdout
+    finally:
+        podman(podman_env, "rm", "--force", container)
+        podman(podman_env, "rmi", "--force", tag)
+    with tarfile.open(fileobj=io.BytesIO(exported)) as tar:
+        sent = {m.name.removeprefix("ctx/") for m in tar.getmembers() if m.isfile() and m.name.startswith("ctx/")}
+    rules = dockerignore((ROOT / ".dockerignore").read_text())
+    assert sent == {p for p in paths if not ignored(rules, p)}
+    assert sent == {"requirements.lock", "docker/requirements-cuda.lock", "docker/entrypoint.sh", "job/__init__.py",
+                    "job/sub/data.py"}
 
 
 def test_base_glibc_is_new_enough_for_every_flavours_wheels(cpu_image: Built, podman_env: dict[str, str]) -> None:
