@@ -136,6 +136,7 @@ class ProcessGroup:
             failed_rank, describe_exit(returncode), sum(p.poll() is None for p in self.procs),
         )
         self._send(signal.SIGTERM)
+        self._send(signal.SIGCONT)  # a stopped (SIGSTOP, frozen) process acts on SIGTERM only once continued
         self._wait_all(self.kill_after_s)
         self._send(signal.SIGKILL)
 

@@ -1,10 +1,12 @@
-"""The launcher's output filter and exit-code mapping (no processes started)."""
+"""The launcher's output filter, exit-code mapping, and stopping of a group (plain child processes)."""
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 
-from job.procgroup import GlooFilter, exit_code
+from job.procgroup import GlooFilter, ProcessGroup, describe_exit, exit_code
 
 
 def test_gloo_lines_and_their_interleaved_fragments_are_dropped() -> None:
@@ -34,3 +36,24 @@ def test_exit_codes_follow_the_shell_convention() -> None:
     assert exit_code(3) == 3
     assert exit_code(-signal.SIGKILL) == 137
     assert exit_code(-signal.SIGTERM) == 143
+
+
+def test_exits_are_described_with_the_signal_name() -> None:
+    assert describe_exit(3) == "exited with code 3"
+    assert describe_exit(-signal.SIGKILL) == "was killed by SIGKILL (code 137)"
+
+
+def test_a_frozen_process_is_continued_so_it_stops_on_sigterm_not_sigkill() -> None:
+    # rank 0 freezes itself (a SIGSTOPped host); rank 1 fails once rank 0 is frozen (1.5 s later).
+    script = (
+        "import os, signal, sys, time\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    os.kill(os.getpid(), signal.SIGSTOP)\n"
+        "    time.sleep(60)\n"
+        "time.sleep(1.5)\n"
+        "sys.exit(4)\n"
+    )
+    envs = [{**os.environ, "RANK": str(rank)} for rank in range(2)]
+    group = ProcessGroup([sys.executable, "-c", script], envs, kill_after_s=60)
+    assert group.run() == 4
+    assert group.procs[0].returncode == -signal.SIGTERM  # without SIGCONT: SIGKILL, 60 s later
