@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from job.errors import ConfigError
+
 USAGE = __doc__.strip().split("\n", 1)[1]
 
 
@@ -23,10 +25,16 @@ def main(argv: list[str] | None = None) -> int:
     if command == "train" or command.startswith("--"):
         from job import config, train
 
-        code = train.run(config.parse(rest if command == "train" else args))
+        cfg = config.parse(rest if command == "train" else args)
+        try:
+            config.validate(cfg)  # bad input: one clear line and exit 2, before anything starts
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        code = train.run(cfg)
         _shutdown()
         return code
-    if command == "demo":
+    if command == "demo" and not rest:
         from job.demo import DemoConfig, run
 
         run(DemoConfig())
@@ -34,7 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     if command == "tokenize" and len(rest) == 2:
         from job.data import tokenize_text
 
-        count = tokenize_text(rest[0], rest[1])
+        try:
+            count = tokenize_text(rest[0], rest[1])
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         print(f"wrote {count} byte-level tokens to {rest[1]}")
         return 0
     print(f"usage:\n{USAGE}\nexpected one of the commands above, found {' '.join(args)!r}", file=sys.stderr)

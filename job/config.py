@@ -3,17 +3,25 @@
     python -m job train --steps 200 --model.layers 4 --data.global-batch 64
 
 Every field below is a command-line flag (nested ones as `--section.field`).
-The resolved config is saved as `config.json` in the run directory.
+`validate(cfg)` refuses a value that cannot work (zero steps, a NaN learning
+rate, ...) before anything starts. The resolved config is saved as
+`config.json` in the run directory.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any
 
 from job.data import DataConfig
+from job.errors import ConfigError
 from job.model import ModelConfig
+from job.model import validate as validate_model
+
+MAX_STEPS = 2**31 - 1  # optax counts steps in int32
+MAX_SEED = 2**63 - 1  # jax.random.key takes a C long
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +57,42 @@ class TrainConfig:
     optim: OptimConfig = OptimConfig()
     data: DataConfig = DataConfig()
     ckpt: CheckpointConfig = CheckpointConfig()
+
+
+def _finite(x: float) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x)
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Every check that needs no devices (run before anything starts); raises ConfigError on the first bad value."""
+    validate_model(cfg.model, rule=cfg.rule, model_axis=cfg.model_axis)
+    o, run_dir = cfg.optim, cfg.run_dir
+    checks = (  # (ok, flag, expected, found, fix); comparisons are written so that NaN fails them
+        (1 <= cfg.steps <= MAX_STEPS, "--steps", f"an integer 1..{MAX_STEPS}", cfg.steps, "pass --steps 200"),
+        (cfg.log_every >= 1, "--log-every", "an integer >= 1", cfg.log_every, "pass --log-every 10"),
+        (cfg.eval_every >= 1, "--eval-every", "an integer >= 1", cfg.eval_every, "pass --eval-every 50"),
+        (cfg.ckpt.every >= 1, "--ckpt.every", "an integer >= 1", cfg.ckpt.every, "pass --ckpt.every 50"),
+        (cfg.ckpt.keep >= 1, "--ckpt.keep", "an integer >= 1", cfg.ckpt.keep, "pass --ckpt.keep 3"),
+        (0 <= cfg.seed <= MAX_SEED, "--seed", f"an integer 0..{MAX_SEED}", cfg.seed, "pass --seed 0"),
+        (_finite(cfg.watchdog_s) and cfg.watchdog_s >= 0, "--watchdog-s", "a finite number of seconds >= 0",
+         cfg.watchdog_s, "pass --watchdog-s 600, or 0 to turn the watchdog off"),
+        (bool(run_dir) and run_dir.isprintable(), "--run-dir", "a non-empty path without control characters",
+         run_dir, "pass --run-dir runs/example"),
+        (_finite(o.lr) and o.lr > 0, "--optim.lr", "a finite learning rate > 0", o.lr, "pass --optim.lr 3e-3"),
+        (0 <= o.warmup_steps <= MAX_STEPS, "--optim.warmup-steps", f"an integer 0..{MAX_STEPS}", o.warmup_steps,
+         "pass --optim.warmup-steps 20 (0 for none)"),
+        (0 <= o.min_lr_ratio <= 1, "--optim.min-lr-ratio", "a fraction 0..1", o.min_lr_ratio,
+         "pass --optim.min-lr-ratio 0.1"),
+        (_finite(o.weight_decay) and o.weight_decay >= 0, "--optim.weight-decay", "a finite number >= 0",
+         o.weight_decay, "pass --optim.weight-decay 0.01 (0 for none)"),
+        (_finite(o.clip_norm) and o.clip_norm > 0, "--optim.clip-norm", "a finite gradient norm > 0",
+         o.clip_norm, "pass --optim.clip-norm 1.0"),
+        (0 <= o.b1 < 1, "--optim.b1", "a decay rate 0 <= b1 < 1", o.b1, "pass --optim.b1 0.9"),
+        (0 <= o.b2 < 1, "--optim.b2", "a decay rate 0 <= b2 < 1", o.b2, "pass --optim.b2 0.98"),
+    )
+    for ok, flag, expected, found, fix in checks:
+        if not ok:
+            raise ConfigError(flag, expected=expected, found=found, fix=fix)
 
 
 def to_dict(cfg: TrainConfig) -> dict[str, Any]:

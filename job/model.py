@@ -15,6 +15,7 @@ that the chosen sharding rule cannot split.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +26,7 @@ from job.errors import ConfigError
 from job.sharding import RULES, axes, partitioned
 
 DTYPES = ("float32", "bfloat16")
+MAX_SIZE = 2**31 - 1  # any model size above this is a typo (and overflows int32 shapes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +158,8 @@ def _or(values: list[int]) -> str:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
 
 
 def _nearest(candidates: list[int], target: int, n: int = 2) -> list[int]:
@@ -172,8 +175,8 @@ def validate(cfg: ModelConfig, *, rule: str, model_axis: int) -> None:
     """
     for field in ("vocab_size", "seq_len", "dim", "heads", "layers", "mlp_dim"):
         value = getattr(cfg, field)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"model.{field}", expected="a positive int", found=value,
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIZE:
+            raise ConfigError(f"model.{field}", expected=f"a positive int <= {MAX_SIZE}", found=value,
                               fix=f"pass {_flag(field)} {getattr(ModelConfig, field)}")
     if cfg.dim % cfg.heads:
         raise ConfigError("model.heads", expected=f"a divisor of model.dim={cfg.dim}", found=cfg.heads,

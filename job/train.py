@@ -22,7 +22,7 @@ import jax
 from flax import nnx
 
 import job
-from job import model
+from job import config, model
 from job.config import TrainConfig, to_dict, to_json
 from job.errors import ConfigError
 from job.preemption import REQUEUE_EXIT_CODE, PreemptionGuard
@@ -48,14 +48,7 @@ def eval_step(m: model.Transformer, tokens: jax.Array, mask: jax.Array) -> dict:
 
 def validate(cfg: TrainConfig) -> None:
     """Checks that need no devices: run before anything starts."""
-    model.validate(cfg.model, rule=cfg.rule, model_axis=cfg.model_axis)
-    for name in ("steps", "log_every", "eval_every", "model_axis"):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"--{name}", expected="an integer >= 1", found=getattr(cfg, name),
-                              fix=f"pass --{name} 1 or more")
-    if cfg.ckpt.every < 1 or cfg.ckpt.keep < 1:
-        raise ConfigError("--ckpt.every / --ckpt.keep", expected="integers >= 1",
-                          found=(cfg.ckpt.every, cfg.ckpt.keep), fix="pass positive values")
+    config.validate(cfg)
 
 
 def _digest(tree: Any) -> str:
