@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import logging
+import math
 import os
+import re
+import shlex
 import shutil
 import sys
 
@@ -25,6 +29,9 @@ from job.procgroup import ProcessGroup
 log = logging.getLogger("job.launch")
 
 HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
+MAX_LOCAL = 1024  # more processes (or CPU devices per process) than this on one machine is a typo
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*")  # RFC 1123
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,11 +48,18 @@ class LaunchConfig:
 
 def positive_int(text: str) -> int:
     try:
-        value = int(text)
-    except ValueError:
+        value = int(text) if text.strip().isascii() and text.strip().isdigit() else 0
+    except ValueError:  # more digits than int() takes
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, found {text!r}")
+    return value
+
+
+def _local_count(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_LOCAL:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_LOCAL} on one machine, found {text!r}")
     return value
 
 
@@ -56,20 +70,44 @@ def _port(text: str) -> int:
     return value
 
 
+def seconds(text: str) -> float:
+    """A duration flag: a finite number of seconds >= 0 (NaN, inf and negatives are typos)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, found {text!r}")
+    return value
+
+
+def _host(text: str) -> str:
+    """An IPv4 address, a [bracketed] IPv6 address or a host name: the coordinator address is HOST:PORT."""
+    bracketed = text.startswith("[") and text.endswith("]")
+    try:
+        ok = (ipaddress.ip_address(text[1:-1] if bracketed else text).version == 6) == bracketed
+    except ValueError:
+        ok = not bracketed and _HOSTNAME.fullmatch(text) is not None
+    if not ok:
+        raise argparse.ArgumentTypeError(
+            f"expected an IP address or host name (IPv6 in brackets: [::1]), found {text!r}")
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m job.launch",
         description="Run COMMAND as N local processes that form one JAX cluster.",
         epilog="example: python -m job.launch -n 4 --devices-per-process 2 -- python -m job",
     )
-    p.add_argument("-n", "--nproc", type=positive_int, required=True, help="number of processes")
-    p.add_argument("--devices-per-process", type=positive_int, default=None,
+    p.add_argument("-n", "--nproc", type=_local_count, required=True, help="number of processes")
+    p.add_argument("--devices-per-process", type=_local_count, default=None,
                    help="CPU devices each process sees (sets XLA_FLAGS)")
-    p.add_argument("--host", default="127.0.0.1", help="coordinator address (default 127.0.0.1)")
+    p.add_argument("--host", type=_host, default="127.0.0.1", help="coordinator address (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=None, help="coordinator port (default: a free one)")
-    p.add_argument("--kill-after", type=float, default=5.0,
+    p.add_argument("--kill-after", type=seconds, default=5.0,
                    help="seconds the others get after one process fails, before SIGKILL")
-    p.add_argument("--stop-timeout", type=float, default=60.0,
+    p.add_argument("--stop-timeout", type=seconds, default=60.0,
                    help="seconds children get to exit after a forwarded signal, before SIGKILL")
     p.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with [rank N]")
     return p
@@ -82,7 +120,13 @@ def parse_args(argv: list[str]) -> LaunchConfig:
         own, command = argv[:cut], argv[cut + 1:]
     else:
         own, command = argv, []
-    args = parser.parse_args(own)
+    args, extra = parser.parse_known_args(own)
+    if extra and extra[0].startswith("-"):
+        parser.error(f"expected one of the options above, found {extra[0]!r}. "
+                     "Fix: check its spelling (python -m job.launch --help); the command goes after '--'")
+    if extra:
+        parser.error(f"expected '--' before the command, found {shlex.join(extra)!r}. "
+                     f"Fix: python -m job.launch ... -- {shlex.join(extra)}")
     if not command:
         parser.error("expected a command after '--', found none. "
                      "Fix: python -m job.launch -n 4 -- python -m job")
