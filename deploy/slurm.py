@@ -12,8 +12,8 @@ exits with the job's status.
 from __future__ import annotations
 
 import argparse
-import glob
 import dataclasses
+import glob
 import logging
 import re
 import sys
@@ -30,7 +30,8 @@ SBATCH_SCRIPT = ROOT / "slurm" / "train.sbatch"
 LOCAL_CLUSTER_ENV = "/var/tmp/jax-job-slurm/env.sh"
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
             "DEADLINE"}
-_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+_TIME = re.compile(r"(?:([0-9]+)-)?([0-9]+)(?::([0-9]+))?(?::([0-9]+))?")
+_NAME = re.compile(r"[A-Za-z0-9_.+-]+")  # Slurm account and QOS names: one word (submitit writes `#SBATCH` lines)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +58,7 @@ class SlurmConfig:
 
 def time_minutes(text: str) -> int:
     """Slurm's time formats -> whole minutes (rounded up)."""
-    m = _TIME.match(text.strip())
+    m = _TIME.fullmatch(text)
     if not m:
         raise ConfigError("TIME", expected="MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS", found=text,
                           fix="e.g. TIME=04:00:00 or TIME=1-00:00:00")
@@ -77,8 +78,8 @@ def time_minutes(text: str) -> int:
 
 def _count(name: str, text: str, minimum: int) -> int:
     try:
-        value = int(text)
-    except ValueError:
+        value = int(text) if re.fullmatch(r"[0-9]+", text) else minimum - 1
+    except ValueError:  # more digits than int() takes
         value = minimum - 1
     if value < minimum:
         raise ConfigError(name, expected=f"a whole number >= {minimum}", found=text, fix=f"e.g. {name}=4")
@@ -90,6 +91,19 @@ def validate(cfg: SlurmConfig, runner: Runner) -> None:
     time_minutes(cfg.time)
     if cfg.via not in ("submitit", "sbatch"):
         raise ConfigError("VIA", expected="submitit or sbatch", found=cfg.via, fix="VIA=sbatch or leave it unset")
+    for what, value in (("ACCOUNT", cfg.account), ("QOS", cfg.qos)):
+        if value is not None and not _NAME.fullmatch(value):
+            raise ConfigError(what, expected="one Slurm name: letters, digits, '_', '.', '+' or '-'", found=value,
+                              fix=f"use the name `sacctmgr show assoc user=$USER` lists, or leave {what} unset")
+    # Both travel in --export=ALL,IMAGE=...,JOB_LOG_DIR=...: a comma would start another variable.
+    if cfg.image is not None and (not cfg.image.isprintable() or any(c.isspace() or c == "," for c in cfg.image)):
+        raise ConfigError("IMAGE", expected="one image reference without spaces, commas or control characters",
+                          found=cfg.image, fix="e.g. IMAGE=docker://ghcr.io/you/jax-cluster-job:cuda")
+    if not cfg.log_dir.isprintable() or "," in cfg.log_dir:
+        raise ConfigError("--log-dir", expected="a folder path without commas or control characters",
+                          found=cfg.log_dir, fix="pass --log-dir runs/slurm-logs")
+    if any("\0" in arg for arg in cfg.args):
+        raise ConfigError("ARGS", expected="arguments without NUL bytes", found=cfg.args, fix="remove the NUL bytes")
     if runner.which("sbatch") is None:
         raise ConfigError(
             "sbatch", expected="Slurm's sbatch on PATH", found="no sbatch",
@@ -144,7 +158,11 @@ class Submission:
 
 
 def submit(cfg: SlurmConfig, runner: Runner) -> Submission:
-    Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError("--log-dir", expected="a folder this user can create and write", found=cfg.log_dir,
+                          fix=f"pass another --log-dir ({exc.strerror})") from exc
     if cfg.via == "sbatch" or cfg.image:
         job_id = runner.run(sbatch_argv(cfg), capture=True).stdout.strip().split(";")[0]
         return Submission(job_id, Path(cfg.log_dir) / f"{job_id}-0.log", f"{cfg.log_dir}/{job_id}-*")
@@ -239,10 +257,10 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> int:
     try:
         cfg = parse(sys.argv[1:] if argv is None else argv)
         validate(cfg, runner)
+        sub = submit(cfg, runner)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    sub = submit(cfg, runner)
     print(f"submitted Slurm job {sub.job_id}: {cfg.nodes} node(s) x {cfg.tasks_per_node} task(s), "
           f"python -m job {' '.join(cfg.args)}")
     print(f"  process 0 log: {sub.log}\n  all task logs: {sub.logs}")

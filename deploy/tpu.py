@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 import shlex
 import subprocess
 import sys
@@ -180,6 +181,16 @@ def _count(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, found {text!r}")
+    return value
+
+
 def _words(text: str) -> tuple[str, ...]:
     try:
         return tuple(shlex.split(text))
@@ -211,8 +222,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--source-dir", default=".", help="the checkout to ship (default: .)")
     p.add_argument("--ship", nargs="+", default=list(DEFAULT_SHIP), help="paths to ship")
     p.add_argument("--setup", default=None, help="shell lines run on every worker before the job")
-    p.add_argument("--poll-seconds", type=float, default=10.0, help="between state queries")
-    p.add_argument("--ready-timeout", type=float, default=3600.0, help="seconds to wait for READY")
+    p.add_argument("--poll-seconds", type=_seconds, default=10.0, help="between state queries")
+    p.add_argument("--ready-timeout", type=_seconds, default=3600.0, help="seconds to wait for READY")
     p.add_argument("--stop-grace", type=_count, default=60, help="seconds between SIGTERM and SIGKILL")
     return p
 

@@ -74,7 +74,7 @@ class Accelerator:
 
 def parse_accelerator(text: str, *, what: str = "ACCELERATOR (--accelerator)") -> Accelerator:
     """``"v4-32"`` -> Accelerator(hosts=4); a clear ConfigError for anything else."""
-    match = _FORM.match(text or "")
+    match = _FORM.fullmatch(text or "")
     if match is None:
         raise ConfigError(
             what, expected=f"GENERATION-SIZE, such as {_EXAMPLES}", found=text,
