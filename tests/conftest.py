@@ -13,6 +13,8 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import logging  # noqa: E402
+
 import pytest  # noqa: E402
 
 REQUIRE_ALL_TIERS = os.environ.get("JOB_REQUIRE_ALL_TIERS") == "1"
@@ -26,6 +28,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped, but JOB_REQUIRE_ALL_TIERS=1 requires every tier: {reason}"
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> object:
+    """Entry points call logging.basicConfig: a handler bound to one test's captured stderr
+    must not outlive that test (later tests would get "--- Logging error ---" tracebacks)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ARG001
