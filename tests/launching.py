@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,9 +25,19 @@ def scenario(name: str, *args: str) -> list[str]:
     return [sys.executable, str(SCENARIOS / name), *args]
 
 
+# jax's persistent compilation cache, shared by every launched test process: the same small
+# programs are compiled again and again otherwise (most of a short run's time on 2 cores).
+COMPILATION_CACHE = {
+    "JAX_COMPILATION_CACHE_DIR": os.path.join(tempfile.gettempdir(), f"jax-job-tests-{os.getuid()}", "jax-cache"),
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+}
+
+
 def child_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["JAX_PLATFORMS"] = "cpu"
+    env.update({k: v for k, v in COMPILATION_CACHE.items() if k not in os.environ})
     env.update(extra)
     return env
 
