@@ -15,7 +15,7 @@ import json
 import math
 from typing import Any
 
-from job.data import DataConfig
+from job.data import DataConfig, check_source
 from job.errors import ConfigError
 from job.model import ModelConfig
 from job.model import validate as validate_model
@@ -66,6 +66,7 @@ def _finite(x: float) -> bool:
 def validate(cfg: TrainConfig) -> None:
     """Every check that needs no devices (run before anything starts); raises ConfigError on the first bad value."""
     validate_model(cfg.model, rule=cfg.rule, model_axis=cfg.model_axis)
+    check_source(cfg.data.source)
     o, run_dir = cfg.optim, cfg.run_dir
     checks = (  # (ok, flag, expected, found, fix); comparisons are written so that NaN fails them
         (1 <= cfg.steps <= MAX_STEPS, "--steps", f"an integer 1..{MAX_STEPS}", cfg.steps, "pass --steps 200"),

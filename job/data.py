@@ -51,7 +51,7 @@ class DataConfig:
     source: str = "reverse"  # "reverse" (synthetic, learnable) or a token file path (.npy, or .bin with `dtype`)
     dtype: str = "uint16"  # token dtype of a raw .bin file ("uint16" or "uint32"); .npy files carry their own
     global_batch: int = 32  # sequences per step, summed over all processes
-    eval_batches: int = 2  # held-out batches per evaluation
+    eval_batches: int = 2  # held-out batches per evaluation (0: no evaluation)
     eval_fraction: float = 0.1  # share of a token file held out for evaluation (its tail)
     seed: int = 0  # data seed
 
@@ -124,11 +124,18 @@ class ReverseTask(_Source):
         return row
 
 
-def _open_tokens(path: Path, dtype: str) -> np.ndarray:
-    """A read-only, memory-mapped 1-D uint16/uint32 view of a token file."""
-    _require(path.is_file(), "data.source (token file)", "an existing .npy or .bin file", str(path),
+def check_source(source: str) -> None:
+    """What can be checked of --data.source without reading it: the synthetic task, or an existing file."""
+    if source == "reverse":
+        return
+    _require(Path(source).is_file(), "data.source (token file)", "an existing .npy or .bin file", source,
              "check the path (or pass --data.source reverse for the synthetic task), "
              f"or make one with {_TOKENIZE}")
+
+
+def _open_tokens(path: Path, dtype: str) -> np.ndarray:
+    """A read-only, memory-mapped 1-D uint16/uint32 view of a token file."""
+    check_source(str(path))
     suffix = path.suffix.lower()
     if suffix == ".npy":
         try:

@@ -150,7 +150,7 @@ def run(cfg: TrainConfig) -> int:
             if done % cfg.log_every == 0 or done == cfg.steps:
                 values = {k: float(v) for k, v in jax.device_get(metrics).items()}
                 report.train(done, values, float(schedule(step)))
-            if done % cfg.eval_every == 0 or done == cfg.steps:
+            if cfg.data.eval_batches and (done % cfg.eval_every == 0 or done == cfg.steps):
                 eval_metrics = evaluate()
                 report.eval(done, eval_metrics)
             if done % cfg.ckpt.every == 0 or done == cfg.steps:

@@ -123,6 +123,7 @@ MAX_STEPS = str(config.MAX_STEPS + 1)
     (["--watchdog-s=nan"], ["--watchdog-s"]),
     (["--watchdog-s=inf"], ["--watchdog-s"]),
     (["--seed=-1"], ["--seed"]),
+    (["--data.source=/nonexistent/tokens.npy"], ["data.source", "python -m job tokenize"]),
     ([f"--seed={2**63}"], ["--seed"]),
     (["--run-dir="], ["--run-dir"]),
     (["--run-dir=runs/a\nb"], ["--run-dir"]),
