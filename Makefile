@@ -10,6 +10,10 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
 .DEFAULT_GOAL := help
+# $(call quote,VAR): VAR's value as one shell word, exactly as given: $(value) skips make's own
+# expansion and the single quotes (inner ones escaped) skip the shell's, so ARGS='--name "a b; $(id)"'
+# or PARTITION="it's" reach the program verbatim.
+quote = '$(subst ','\'',$(value $(1)))'
 NODES ?= 4
 SLURM_ENV := /var/tmp/jax-job-slurm/env.sh
 # `=`, not `:=` (also DOCKER_ARGS): expanded only when a recipe runs, so `make -n` never expands ARGS.
@@ -48,9 +52,10 @@ slurm-down: ## stop the local Slurm cluster and remove its folder
 
 submit-slurm: $(BIN)/.installed ## submit the job: NODES=4 [PARTITION TIME GPUS_PER_NODE CPUS_PER_TASK ACCOUNT QOS IMAGE VIA=sbatch WAIT=1 ARGS=...]
 	@if [ -f $(SLURM_ENV) ]; then . $(SLURM_ENV); fi; \
-	$(BIN)/python -m deploy.slurm --nodes '$(NODES)' --partition '$(PARTITION)' --time '$(TIME)' \
-		--gpus-per-node '$(GPUS_PER_NODE)' --cpus-per-task '$(CPUS_PER_TASK)' --account '$(ACCOUNT)' \
-		--qos '$(QOS)' --image '$(IMAGE)' --via '$(VIA)' $(if $(filter 1,$(WAIT)),--wait) -- $(SLURM_ARGS)
+	$(BIN)/python -m deploy.slurm --nodes $(call quote,NODES) --partition $(call quote,PARTITION) \
+		--time $(call quote,TIME) --gpus-per-node $(call quote,GPUS_PER_NODE) \
+		--cpus-per-task $(call quote,CPUS_PER_TASK) --account $(call quote,ACCOUNT) --qos $(call quote,QOS) \
+		--image $(call quote,IMAGE) --via $(call quote,VIA) $(if $(filter 1,$(WAIT)),--wait) -- $(SLURM_ARGS)
 
 # ------------------------------------------------------------------ Cloud TPU pods (deploy/tpu.py)
 # make tpu-pod TPU_NAME=my-pod ZONE=us-central2-b ACCELERATOR=v4-32 ARGS='train --run-dir gs://BUCKET/run1'
@@ -65,14 +70,11 @@ IMAGE ?=
 RETRIES ?= 3
 DRY_RUN ?= 0
 TPU_LOCAL_DIR ?= runs/tpu
-# Each value reaches deploy.tpu as one word, exactly as given: $(value) skips make's own expansion
-# and the single quotes (inner ones escaped) skip the shell's, so ARGS='--name "a b; $(id)"' is not run.
-tpu_quote = '$(subst ','\'',$(value $(1)))'
-TPU_FLAGS = --name=$(call tpu_quote,TPU_NAME) --zone=$(call tpu_quote,ZONE) \
-	--accelerator=$(call tpu_quote,ACCELERATOR) --runtime=$(call tpu_quote,RUNTIME) \
-	--project=$(call tpu_quote,PROJECT) --spot=$(call tpu_quote,SPOT) --queued=$(call tpu_quote,QUEUED) \
-	--image=$(call tpu_quote,IMAGE) --retries=$(call tpu_quote,RETRIES) --dry-run=$(call tpu_quote,DRY_RUN) \
-	--local-dir=$(call tpu_quote,TPU_LOCAL_DIR) --args=$(call tpu_quote,ARGS)
+TPU_FLAGS = --name=$(call quote,TPU_NAME) --zone=$(call quote,ZONE) \
+	--accelerator=$(call quote,ACCELERATOR) --runtime=$(call quote,RUNTIME) \
+	--project=$(call quote,PROJECT) --spot=$(call quote,SPOT) --queued=$(call quote,QUEUED) \
+	--image=$(call quote,IMAGE) --retries=$(call quote,RETRIES) --dry-run=$(call quote,DRY_RUN) \
+	--local-dir=$(call quote,TPU_LOCAL_DIR) --args=$(call quote,ARGS)
 TPU_CLI = $(BIN)/python -m deploy.tpu
 
 .PHONY: tpu-pod tpu-create tpu-run tpu-logs tpu-stop tpu-delete tpu-status

@@ -321,6 +321,24 @@ def test_make_tpu_targets_pass_each_value_on_as_one_word(words: list[str], zone:
     assert shlex.split(flags["--args"]) == words
 
 
+@FEW
+@given(partition=MAKE_VALUE, qos=MAKE_VALUE, account=MAKE_VALUE, image=MAKE_VALUE)
+def test_make_submit_slurm_passes_each_value_on_as_one_word(partition: str, qos: str, account: str,
+                                                            image: str) -> None:
+    with tempfile.TemporaryDirectory() as here:
+        proc = make_tpu("submit-slurm", here, PARTITION=partition, QOS=qos, ACCOUNT=account, IMAGE=image)
+        ran = sorted(os.listdir(here))
+        if proc.returncode != 0:  # only for an unbalanced `$(`, and before anything ran
+            assert _MAKE_REFUSES in proc.stderr and ran == ["bin"], (proc.stderr, ran)
+            return
+        assert ran == ["argv", "bin"], "a value ran as shell"
+        received = nul_split((Path(here) / "argv").read_bytes())
+    assert received[:2] == ["-m", "deploy.slurm"]
+    flags = dict(zip(received[2:received.index("--"):2], received[3:received.index("--"):2], strict=False))
+    assert (flags["--partition"], flags["--qos"], flags["--account"], flags["--image"]) == (
+        partition, qos, account, image)
+
+
 @pytest.mark.parametrize("variable", ["ARGS", "ZONE", "TPU_NAME"])
 def test_a_newline_in_a_make_value_runs_nothing(variable: str) -> None:
     # GNU make ends the recipe line at the newline, inside the value's quotes: bash refuses the line.
