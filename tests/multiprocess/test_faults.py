@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launching import ROOT, child_env, launcher_argv, run, scenario
+from tests.launching import ROOT, child_env, launcher_argv, rank_pids, run, scenario
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -69,7 +70,10 @@ def launch(command: list[str], *, extra: tuple[str, ...] = (), timeout: float = 
     try:
         proc.wait(timeout=timeout)
     finally:
-        proc.kill()
+        if proc.poll() is None:  # stuck: stop the ranks too (each runs in its own session)
+            for pid in rank_pids(proc.pid).values():
+                os.killpg(pid, signal.SIGKILL)
+            proc.kill()
     ended = time.time()
     reader.join(timeout=10)
     return Outcome(proc.returncode, lines, ended)
@@ -197,7 +201,8 @@ def test_a_process_that_never_joins(tmp_path: Path, straight: Path, record_prope
     # the default init timeout (120 s) leaves room for slow starts at scale; the case uses 8 s
     outcome = faulty(tmp_path, 1, "hang-early", JOB_INIT_TIMEOUT="8")
     check(outcome, since=outcome.first("FAULT"), code=134, name="a process never joins (JOB_INIT_TIMEOUT=8)",
-          says=("[rank 0] job.initialize: process 0: expected all 2 processes to join", "RegisterTask",
+          says=("[rank 0] job.initialize: process 0: expected all 2 processes to join",
+                "RPC: /xla.coordination.CoordinationService/RegisterTask",
                 "joining: process 0 of 2"), record=record_property)
     assert "joining: process 1 of 2" not in outcome.text  # what tells the missing process apart
     check_resume(tmp_path, straight, complete_steps(tmp_path), record_property)

@@ -149,5 +149,8 @@ def test_the_coordinator_listens_on_loopback_only() -> None:
         # every interface would show as 0.0.0.0 or ::
         assert _listening(port) == [ipaddress.ip_address("127.0.0.1")], (address, _listening(port))
     finally:
-        proc.kill()
-        proc.communicate(timeout=60)
+        proc.terminate()  # the launcher forwards it and stops every rank (a SIGKILL would orphan them)
+        proc.communicate(timeout=120)
+    for pid in pids.values():
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
