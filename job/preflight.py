@@ -19,7 +19,7 @@ import json
 import logging
 import platform
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,9 @@ log = logging.getLogger("job.preflight")
 
 PACKAGES = ("jax", "jaxlib", "flax", "orbax-checkpoint", "optax")
 WRITABLE = "writable"
+SHARED = "shared"
+# Above this many processes the report groups processes by value instead of a column each.
+COLUMNS_UP_TO = 8
 # Fields that say where a process runs: shown in the report, never compared.
 IDENTITY = ("process", "host")
 
@@ -38,9 +41,9 @@ class PreflightError(JobError, RuntimeError):
 
 
 @functools.cache
-def code_hash() -> str:
-    """sha256 of every .py file of the `job` package (path and bytes), first 12 hex digits."""
-    root = Path(__file__).resolve().parent
+def code_hash(root: Path | None = None) -> str:
+    """sha256 of every .py file under `root` (default: the `job` package), path and bytes; 12 hex digits."""
+    root = root or Path(__file__).resolve().parent
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         digest.update(str(path.relative_to(root)).encode())
@@ -55,16 +58,33 @@ def _version(package: str) -> str:
         return "absent"
 
 
-def writable(directory: Path, process: int) -> str:
-    """WRITABLE, or why this process cannot create and write a file in `directory`."""
-    probe = directory / f".preflight-{process}"
+def probe_path(directory: Path, process: int) -> Path:
+    return directory / f".preflight-{process}"
+
+
+def writable(directory: Path, process: int, *, keep: bool = False) -> str:
+    """WRITABLE, or why this process cannot create and write a file in `directory`.
+    With `keep`, the probe file stays (for the shared-folder check); `remove_probe` deletes it."""
+    probe = probe_path(directory, process)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         probe.write_bytes(b"ok")
-        probe.unlink()
+        if not keep:
+            probe.unlink()
     except OSError as exc:
         return f"{type(exc).__name__}: {exc.strerror or exc}"
     return WRITABLE
+
+
+def remove_probe(directory: Path, process: int) -> None:
+    probe_path(directory, process).unlink(missing_ok=True)
+
+
+def sees_process_0(directory: Path) -> str:
+    """Whether process 0's probe is visible here: orbax needs one folder every host shares."""
+    if probe_path(directory, 0).is_file():
+        return SHARED
+    return f"cannot see process 0's {probe_path(directory, 0).name}: not a folder the hosts share"
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -92,29 +112,39 @@ def local_facts(config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
         "job code": code_hash(),
         "device kind": ",".join(sorted({d.device_kind for d in devices})),
         "local devices": len(devices),
-        "run dir": writable(run_dir, jax.process_index()),
+        "run dir": writable(run_dir, jax.process_index(), keep=jax.process_count() > 1),
     }
     facts.update({f"config.{k}": v for k, v in flatten(config).items()})
     return facts
 
 
-def gather(facts: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every process's facts, in process order, on every process. Collective."""
+def exchange(facts: dict[str, Any], run_dir: Path, decide: Callable[[list[dict[str, Any]]], Any]) -> Any:
+    """Process 0 gets every process's facts and returns `decide(rows)` on every process. Collective.
+
+    Through the coordination service's key-value store, not a device collective:
+    it needs no devices (a host with the wrong device count must still be heard),
+    and only process 0 reads N records (the others read one verdict).
+    """
     import jax
-    import numpy as np
-    from jax.experimental import multihost_utils
+    from jax._src import distributed
 
     from job.multihost import barrier
 
-    if jax.process_count() == 1:
-        return [dict(facts)]
-    barrier("preflight")
-    data = np.frombuffer(json.dumps(facts, sort_keys=True, default=str).encode(), dtype=np.uint8)
-    sizes = np.asarray(multihost_utils.process_allgather(np.int64(data.size)))
-    padded = np.zeros(int(sizes.max()), np.uint8)
-    padded[: data.size] = data
-    rows = np.asarray(multihost_utils.process_allgather(padded))
-    return [json.loads(row[:size].tobytes()) for row, size in zip(rows, sizes, strict=True)]
+    me, count = jax.process_index(), jax.process_count()
+    client = distributed.global_state.client
+    barrier("preflight: probes written")
+    facts["run dir shared"] = sees_process_0(run_dir) if facts["run dir"] == WRITABLE else "-"
+    client.key_value_set(f"job/preflight/facts/{me}", json.dumps(facts, default=str), allow_overwrite=True)
+    barrier("preflight: facts")
+    if me == 0:
+        found = dict(client.key_value_dir_get("job/preflight/facts/"))
+        rows = [json.loads(found[f"job/preflight/facts/{i}"]) for i in range(count)]
+        client.key_value_set("job/preflight/verdict", json.dumps(decide(rows)), allow_overwrite=True)
+    barrier("preflight: verdict")
+    verdict = json.loads(client.blocking_key_value_get("job/preflight/verdict", 60_000))
+    barrier("preflight: done")  # nobody removes a probe (or overwrites a key) before all have read
+    remove_probe(run_dir, me)
+    return verdict
 
 
 def problems(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -123,6 +153,10 @@ def problems(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     bad = [f for f in fields if len({json.dumps(row.get(f), default=str) for row in rows}) > 1]
     if any(row.get("run dir") != WRITABLE for row in rows) and "run dir" not in bad:
         bad.insert(0, "run dir")
+    unshared = any(row.get("run dir shared", SHARED) not in (SHARED, "-") for row in rows)
+    bad = [f for f in bad if f != "run dir shared"]
+    if unshared and "run dir" not in bad:  # (a process that cannot write makes every probe check moot)
+        bad.insert(0, "run dir shared")
     return bad
 
 
@@ -131,11 +165,15 @@ def _order(field: str) -> tuple[int, str]:
 
 
 def report(rows: Sequence[Mapping[str, Any]], fields: Sequence[str], run_dir: Path) -> str:
-    """One table: a line per differing field, a column per process."""
-    heads = [f"process {row['process']} ({row['host']})" for row in rows]
-    table = [["", *heads]] + [[f, *(_show(row.get(f, "-")) for row in rows)] for f in fields]
-    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in table]
+    """A line per differing fact: a column per process, or (above COLUMNS_UP_TO processes) the
+    processes grouped by value, the most common first."""
+    if len(rows) <= COLUMNS_UP_TO:
+        heads = [f"process {row['process']} ({row['host']})" for row in rows]
+        table = [["", *heads]] + [[f, *(_show(row.get(f, "-")) for row in rows)] for f in fields]
+        widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in table]
+    else:
+        lines = [f"{f}: " + "; ".join(_groups(rows, f)) for f in fields]
     fixes = []
     if any(f in fields for f in (*PACKAGES, "python", "job code")):
         fixes.append("run the same image or environment, and the same code, on every host")
@@ -144,10 +182,24 @@ def report(rows: Sequence[Mapping[str, Any]], fields: Sequence[str], run_dir: Pa
                      "CUDA_VISIBLE_DEVICES, the TPU slice)")
     if any(f.startswith("config.") for f in fields):
         fixes.append("pass the same flags to every process (one command line, one config)")
-    if "run dir" in fields:
-        fixes.append(f"make {run_dir} writable from every host (a filesystem they share), or pass --run-dir")
+    if "run dir" in fields or "run dir shared" in fields:
+        fixes.append(f"make {run_dir} one folder every host can write (a filesystem they share), or pass --run-dir")
     return (f"preflight: stopping before training: {len(rows)} processes, these facts differ or fail.\n  "
             + "\n  ".join(lines) + "\nFix: " + "; ".join(fixes))
+
+
+def _groups(rows: Sequence[Mapping[str, Any]], field: str, named: int = 10) -> list[str]:
+    """'0.10.2 on 998 processes', then '0.4.1 on process(es) 17, 512 (hosts a, b)' for each rarer value."""
+    by_value: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        by_value.setdefault(_show(row.get(field, "-")), []).append(row)
+    ordered = sorted(by_value.items(), key=lambda item: -len(item[1]))
+    out = [f"{ordered[0][0]} on {len(ordered[0][1])} processes"]
+    for value, group in ordered[1:]:
+        ids = ", ".join(str(r["process"]) for r in group[:named]) + (", ..." if len(group) > named else "")
+        hosts = ", ".join(sorted({str(r["host"]) for r in group[:named]}))
+        out.append(f"{value} on {len(group)} process(es) {ids} (hosts {hosts})")
+    return out
 
 
 def _show(value: Any) -> str:
@@ -173,14 +225,20 @@ def config_hash(facts: Mapping[str, Any]) -> str:
 
 
 def check(config: Mapping[str, Any], run_dir: Path) -> Summary:
-    """Gather every process's facts; raise PreflightError on every process if they disagree. Collective."""
+    """Compare every process's facts; raise PreflightError on every process if they differ or fail.
+    Collective: every process calls it once, after job.initialize."""
     import jax
 
-    rows = gather(local_facts(config, run_dir))
-    bad = problems(rows)
-    if bad and jax.process_index() == 0:
-        raise PreflightError(report(rows, bad, run_dir))
-    if bad:
-        raise PreflightError(f"preflight: this job's processes disagree on {', '.join(bad)}; "
+    def decide(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        bad = problems(rows)
+        return {"bad": bad, "report": report(rows, bad, run_dir) if bad else "", "first": rows[0],
+                "processes": len(rows)}
+
+    facts = local_facts(config, run_dir)
+    verdict = decide([facts]) if jax.process_count() == 1 else exchange(facts, run_dir, decide)
+    if verdict["bad"] and jax.process_index() == 0:
+        raise PreflightError(verdict["report"])
+    if verdict["bad"]:
+        raise PreflightError(f"preflight: this job's processes differ or fail on {', '.join(verdict['bad'])}; "
                              "process 0 prints the report")
-    return Summary(len(rows), rows[0])
+    return Summary(verdict["processes"], verdict["first"])

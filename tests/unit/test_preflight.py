@@ -39,6 +39,19 @@ def test_the_report_has_a_column_per_process_and_a_fix_per_kind() -> None:
     assert "run the same image or environment" in lines[4] and "pass the same flags" in lines[4]
 
 
+def test_a_run_dir_the_hosts_do_not_share_is_a_problem() -> None:
+    table = rows({"run dir shared": "shared"}, {"run dir shared": "cannot see process 0's .preflight-0: ..."})
+    assert preflight.problems(table) == ["run dir shared"]
+    assert "one folder every host can write" in preflight.report(table, ["run dir shared"], Path("/r"))
+
+
+def test_a_large_job_is_reported_by_groups_the_rarest_named() -> None:
+    many = rows(*({"jax": "0.4.1"} if i in (17, 40) else {} for i in range(64)))
+    text = preflight.report(many, preflight.problems(many), Path("/r"))
+    assert "jax: 0.10.2 on 62 processes; 0.4.1 on 2 process(es) 17, 40 (hosts h17, h40)" in text
+    assert max(len(line) for line in text.splitlines()) < 200
+
+
 def test_flatten_nests_with_dots() -> None:
     assert preflight.flatten({"a": {"b": 1, "c": {"d": "x"}}, "e": None}) == {"a.b": 1, "a.c.d": "x", "e": None}
 
@@ -52,6 +65,17 @@ def test_writable_probe(tmp_path: Path) -> None:
         preflight.writable(blocker / "sub", 0).startswith("NotADirectoryError")
 
 
-def test_code_hash_is_stable_and_short() -> None:
-    assert preflight.code_hash() == preflight.code_hash()
+def test_code_hash_changes_with_any_source_byte_or_file(tmp_path: Path) -> None:
+    def tree(name: str, files: dict[str, str]) -> Path:
+        for rel, text in files.items():
+            (tmp_path / name / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name / rel).write_text(text)
+        return tmp_path / name
+
+    base = {"a.py": "x = 1\n", "sub/b.py": "y = 2\n"}
+    same = preflight.code_hash(tree("one", base))
+    assert preflight.code_hash(tree("two", base)) == same
+    assert preflight.code_hash(tree("edit", {**base, "a.py": "x = 2\n"})) != same
+    assert preflight.code_hash(tree("more", {**base, "c.py": ""})) != same
+    assert preflight.code_hash(tree("moved", {"a.py": "x = 1\n", "b.py": "y = 2\n"})) != same
     assert len(preflight.code_hash()) == 12

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from pathlib import Path
 
 from job.procgroup import GlooFilter, ProcessGroup, describe_exit, exit_code
 
@@ -43,17 +44,25 @@ def test_exits_are_described_with_the_signal_name() -> None:
     assert describe_exit(-signal.SIGKILL) == "was killed by SIGKILL (code 137)"
 
 
-def test_a_frozen_process_is_continued_so_it_stops_on_sigterm_not_sigkill() -> None:
-    # rank 0 freezes itself (a SIGSTOPped host); rank 1 fails once rank 0 is frozen (1.5 s later).
+def test_a_frozen_process_is_continued_so_it_stops_on_sigterm_not_sigkill(tmp_path: Path) -> None:
+    # rank 0 freezes itself (a SIGSTOPped host); rank 1 fails once /proc shows rank 0 stopped.
     script = (
         "import os, signal, sys, time\n"
         "if os.environ['RANK'] == '0':\n"
+        "    open(os.environ['PIDFILE'], 'w').write(str(os.getpid()))\n"
         "    os.kill(os.getpid(), signal.SIGSTOP)\n"
         "    time.sleep(60)\n"
-        "time.sleep(1.5)\n"
+        "def frozen():\n"
+        "    try:\n"
+        "        pid = open(os.environ['PIDFILE']).read()\n"
+        "        return pid and open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] == 'T'\n"
+        "    except OSError:\n"
+        "        return False\n"
+        "while not frozen():\n"
+        "    time.sleep(0.05)\n"
         "sys.exit(4)\n"
     )
-    envs = [{**os.environ, "RANK": str(rank)} for rank in range(2)]
+    envs = [{**os.environ, "RANK": str(rank), "PIDFILE": str(tmp_path / "pid")} for rank in range(2)]
     group = ProcessGroup([sys.executable, "-c", script], envs, kill_after_s=60)
     assert group.run() == 4
     assert group.procs[0].returncode == -signal.SIGTERM  # without SIGCONT: SIGKILL, 60 s later
