@@ -61,10 +61,11 @@ class Checkpointer:
     def save(self, step: int, state: Any) -> None:
         """Start saving `state` as `step` (collective; returns before the write ends when async)."""
         barrier(f"checkpoint save {step}")
+        self.wait()  # orbax waits for the previous save anyway; a failure there is reported as that step's
         try:
             self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
         except Exception as exc:
-            raise self._failed(self._writing or step, exc) from exc
+            raise self._failed(step, exc) from exc
         self._writing = step
 
     def restore(self, step: int, like: Any) -> Any:
@@ -108,6 +109,7 @@ class Checkpointer:
             self.manager.wait_until_finished()
         except Exception as exc:
             raise self._failed(self._writing, exc) from exc
+        self._writing = None
 
     def _failed(self, step: int | None, exc: BaseException) -> CheckpointError:
         """One message: which save failed and why, and what is still safe on disk."""
@@ -117,11 +119,14 @@ class Checkpointer:
         text = str(cause).splitlines()[0] if str(cause) else ""
         known = [os.strerror(code) for code in _STORAGE_ERRNOS if os.strerror(code) in text]
         reason = f"{known[0] + ' (' if known else ''}{type(cause).__name__}: {text[:200]}{')' if known else ''}"
-        safe = sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
-        resume = f"a rerun resumes from step {safe[-1]}" if safe else "no complete checkpoint yet"
+        try:
+            safe = sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
+            on_disk = f"{safe or 'none'} ({f'a rerun resumes from step {safe[-1]}' if safe else 'none complete yet'})"
+        except OSError as err:
+            on_disk = f"unknown (cannot list the folder: {err.strerror or err})"
         return CheckpointError(
             f"checkpoint: expected to write step {step} to {self.directory}, found {reason}. "
-            f"Complete checkpoints on disk: {safe or 'none'} ({resume}). "
+            f"Complete checkpoints on disk: {on_disk}. "
             f"Fix: free space in (or restore write access to) {self.directory}, or pass another --run-dir "
             "with the checkpoints copied over; then rerun"
         )
