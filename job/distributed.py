@@ -164,9 +164,11 @@ def _explain_init_timeout(info: ClusterInfo, init_s: int) -> Iterator[None]:
         print(
             f"job.initialize: process {info.process_id}: expected all {info.num_processes} processes to "
             f"join {info.coordinator_address} within {init_s} s, found it still incomplete; jax will "
-            "abort with DEADLINE_EXCEEDED (RegisterTask). The missing processes are the ones with no 'joining: process N' line. Fix: read "
-            "their logs (a crash before initialize, a node that did not start), check that every node "
-            "reaches the coordinator's host and port, or raise JOB_INIT_TIMEOUT if starts are slow",
+            "abort with DEADLINE_EXCEEDED (RegisterTask). A process with no 'joining: process N' line never "
+            "started: read its log (a crash before initialize, a node that did not start). If every process "
+            "has one, some cannot reach the coordinator: check the network and firewall, the address process "
+            "0 listens on (JAX_COORDINATOR_BIND_ADDRESS=[::]:PORT listens on every interface), or raise "
+            "JOB_INIT_TIMEOUT if starts are slow",
             file=sys.stderr, flush=True,
         )
 
@@ -254,9 +256,10 @@ def initialize(
     if info.is_coordinator and info.coordinator_address:
         check_coordinator_port(info.coordinator_address)
         bind = bind_address(info.coordinator_address, env)
-        log.debug("coordinator listens on %s", bind or "every interface")
-    log.info("joining: process %d of %d, coordinator %s (init timeout %d s)", info.process_id,
-             info.num_processes, info.coordinator_address, timeouts.init_s)
+    listens = f", listening on {bind or 'every interface'}" if info.is_coordinator else ""
+    # printed, not logged: it must show whether or not the program configured logging
+    print(f"job.initialize: joining: process {info.process_id} of {info.num_processes}, coordinator "
+          f"{info.coordinator_address}{listens} (init timeout {timeouts.init_s} s)", file=sys.stderr, flush=True)
     with _explain_init_timeout(info, timeouts.init_s):
         jax.distributed.initialize(
             coordinator_address=info.coordinator_address,
