@@ -1,7 +1,7 @@
 """What `make tpu-pod` needs to know, checked before any gcloud call.
 
     cfg = TpuConfig(name="my-pod", zone="us-central2-b", accelerator="v4-32",
-                    job_args=("train", "--run-dir", "gs://my-bucket/run1"))
+                    job_args=("train", "--run-dir", "/mnt/my-bucket/run1"))
 
 Every bad value is a `job.errors.ConfigError` naming the make variable (and
 the `python -m deploy.tpu` flag), what was expected, and the fix.
@@ -29,6 +29,7 @@ _PROJECT = re.compile(r"^([a-z][-a-z0-9.]*:)?[a-z][-a-z0-9]{4,28}[a-z0-9]$")  # 
 _TOKEN = re.compile(r"^[^\s'\"`$;|&<>\\]+$")  # runtime versions, image references: one plain word
 _DIR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # one path component
 _RUN_DIR_FLAGS = ("--run-dir", "--run_dir")
+MOUNT_EXAMPLE = "/mnt/my-bucket"  # where the docs mount a bucket (gcsfuse) on every worker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +122,7 @@ def validate_job(cfg: TpuConfig) -> None:
     """The extra checks of the commands that run the job (pod, run)."""
     if cfg.image is None:
         # Each path is also removed on the workers before unpacking (`rm -rf -- PATH` in REMOTE_DIR).
-        outside = [p for p in cfg.ship if not p or Path(p).is_absolute() or ".." in Path(p).parts]
+        outside = [p for p in cfg.ship if not Path(p).parts or Path(p).is_absolute() or ".." in Path(p).parts]
         _check(not outside, "--ship", f"paths inside {cfg.source_dir} (relative, without '..')", outside,
                "list the checkout's own files and folders, such as job deploy pyproject.toml")
         missing = [p for p in cfg.ship if not (Path(cfg.source_dir) / p).exists()]
@@ -133,16 +134,24 @@ def validate_job(cfg: TpuConfig) -> None:
 
 
 def _check_run_dir(cfg: TpuConfig, accel: Accelerator) -> None:
-    """The training job's checkpoints must outlive a worker: on shared storage for a multi-host slice."""
+    """The training job's checkpoints must outlive a worker: on shared storage for a multi-host slice.
+    The job writes with file-system calls, so a bucket is used through a mount (gcsfuse), not a URL."""
     run_dir = run_dir_of(cfg.job_args)
-    shared = run_dir is not None and (run_dir.startswith("gs://") or run_dir.startswith("/"))
+    if run_dir is not None and "://" in run_dir:
+        raise ConfigError(
+            "ARGS --run-dir", expected="a path (checkpoints are written with file-system calls)", found=run_dir,
+            fix=f"mount the bucket on every worker (gcsfuse BUCKET {MOUNT_EXAMPLE}) and pass "
+            f"--run-dir {MOUNT_EXAMPLE}/run1",
+        )
+    shared = run_dir is not None and run_dir.startswith("/")
     if accel.hosts > 1 and not shared:
         raise ConfigError(
-            "ARGS --run-dir", expected=f"a location every one of the {accel.hosts} workers of "
-            f"{cfg.accelerator} shares (gs://BUCKET/DIR, or an absolute path on a shared mount)",
+            "ARGS --run-dir", expected=f"a folder every one of the {accel.hosts} workers of "
+            f"{cfg.accelerator} shares (an absolute path on a shared mount: a gcsfuse bucket, Filestore)",
             found=run_dir if run_dir is not None else "none (the job's default runs/example on each worker's disk)",
-            fix="make tpu-pod ARGS='train --run-dir gs://my-bucket/run1 ...'",
+            fix=f"make tpu-pod ARGS='train --run-dir {MOUNT_EXAMPLE}/run1 ...'",
         )
     if (cfg.spot or cfg.queued) and not shared:
         log.warning("the run dir %s is on the workers' disks: a recreated slice starts from scratch; "
-                    "use --run-dir gs://BUCKET/DIR to resume after preemption", run_dir or "runs/example")
+                    "use --run-dir on a shared mount (%s/run1) to resume after preemption",
+                    run_dir or "runs/example", MOUNT_EXAMPLE)

@@ -79,6 +79,8 @@ def validate(cfg: TrainConfig) -> None:
          cfg.watchdog_s, "pass --watchdog-s 600, or 0 to turn the watchdog off"),
         (bool(run_dir) and run_dir.isprintable(), "--run-dir", "a non-empty path without control characters",
          run_dir, "pass --run-dir runs/example"),
+        ("://" not in run_dir, "--run-dir", "a folder path (checkpoints and metrics are written with file-system "
+         "calls)", run_dir, "mount the bucket on every host (e.g. gcsfuse BUCKET /mnt/BUCKET) and pass that path"),
         (_finite(o.lr) and o.lr > 0, "--optim.lr", "a finite learning rate > 0", o.lr, "pass --optim.lr 3e-3"),
         (0 <= o.warmup_steps <= MAX_STEPS, "--optim.warmup-steps", f"an integer 0..{MAX_STEPS}", o.warmup_steps,
          "pass --optim.warmup-steps 20 (0 for none)"),

@@ -14,7 +14,7 @@ from tests.tpu.harness import ROOT
 from tests.tpu.sim_runner import SimRunner
 
 GOOD = {"name": "pod-1", "zone": "us-central2-b", "accelerator": "v4-32", "source_dir": str(ROOT),
-        "job_args": ("train", "--run-dir", "gs://bucket/run")}
+        "job_args": ("train", "--run-dir", "/mnt/bucket/run")}
 
 
 @pytest.mark.parametrize(("accelerator", "hosts"), [
@@ -51,6 +51,7 @@ def test_every_generation_has_a_default_runtime() -> None:
     ({"retries": -1}, "RETRIES"), ({"remote_dir": "../x"}, "--remote-dir"), ({"ship": ("nope",)}, "--ship"),
     ({"job_args": ("train",)}, "--run-dir"), ({"job_args": ("train", "--run-dir", "runs/x")}, "--run-dir"),
     ({"job_args": ("--steps", "3")}, "--run-dir"),
+    ({"job_args": ("train", "--run-dir", "gs://bucket/run1")}, "gcsfuse"),  # a URL: the job writes files
 ])
 def test_bad_values_name_the_variable_expected_and_fix(change: dict, what: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -81,12 +82,12 @@ def test_command_line_maps_make_variables_to_the_config() -> None:
     command, cfg = tpu.parse_args([
         "pod", "--name=pod-1", "--zone=us-central2-b", "--accelerator=v4-32", "--runtime=", "--project=",
         "--spot=1", "--queued=0", "--image=", "--retries=5", "--dry-run=", f"--source-dir={ROOT}",
-        "--args=train --run-dir 'gs://b/run 1' --name \"a b; $(id)\"",
+        "--args=train --run-dir '/mnt/b/run 1' --name \"a b; $(id)\"",
     ])
     assert command == "pod"
     assert (cfg.spot, cfg.queued, cfg.dry_run, cfg.retries, cfg.runtime, cfg.project, cfg.image) == (
         True, False, False, 5, None, None, None)
-    assert cfg.job_args == ("train", "--run-dir", "gs://b/run 1", "--name", "a b; $(id)")
+    assert cfg.job_args == ("train", "--run-dir", "/mnt/b/run 1", "--name", "a b; $(id)")
     _, cfg = tpu.parse_args(["run", "--name=p", "--zone=us-central2-b", "--accelerator=v4-8", f"--source-dir={ROOT}",
                              "--", "train", "--steps", "3"])
     assert cfg.job_args == ("train", "--steps", "3")

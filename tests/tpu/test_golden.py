@@ -21,9 +21,9 @@ from tests.tpu.sim_runner import SimRunner
 
 GOLDEN = Path(__file__).with_name("golden")
 UPDATE = os.environ.get("JOB_UPDATE_GOLDEN") == "1"
-HOSTILE = ("train", "--run-dir", "gs://bucket/run 1", "--name", "a b; touch /tmp/pwned $(id)", "it's \"x\"")
+HOSTILE = ("train", "--run-dir", "/mnt/bucket/run 1", "--name", "a b; touch /tmp/pwned $(id)", "it's \"x\"")
 BASE = TpuConfig(name="pod-1", zone="us-central2-b", accelerator="v4-32", source_dir=str(ROOT),
-                 job_args=("train", "--run-dir", "gs://bucket/run1", "--steps", "100"))
+                 job_args=("train", "--run-dir", "/mnt/bucket/run1", "--steps", "100"))
 
 
 def check_golden(name: str, calls: list[list[str]]) -> None:
@@ -84,5 +84,5 @@ def test_user_arguments_travel_as_one_quoted_argv_element() -> None:
     assert sum(a.startswith("--command=") for a in ssh_run) == 1
     script = next(a for a in ssh_run if a.startswith("--command="))
     assert "'a b; touch /tmp/pwned $(id)'" in script
-    assert "'gs://bucket/run 1'" in script
+    assert "'/mnt/bucket/run 1'" in script
     assert """'it'"'"'s "x"'""" in script

@@ -87,7 +87,7 @@ def test_hostile_args_reach_the_job_verbatim_and_create_no_file(cloud: Cloud) ->
 
 def test_dry_run_prints_every_change_and_only_queries(cloud: Cloud) -> None:
     proc = cloud.make("tpu-pod", TPU_NAME="pod-d", ZONE=ZONE, ACCELERATOR="v4-32", SPOT="1", DRY_RUN="1",
-                      ARGS="train --run-dir gs://bucket/run")
+                      ARGS="train --run-dir /mnt/bucket/run")
     assert proc.returncode == 0, explain(proc)
     printed = [shlex.split(line) for line in re.findall(r"^gcloud .*?(?=^gcloud |\Z)", proc.stdout, re.M | re.S)]
     assert [" ".join(c[3:5]) for c in printed] == [
@@ -99,9 +99,9 @@ def test_dry_run_prints_every_change_and_only_queries(cloud: Cloud) -> None:
 def test_queued_create_waits_until_ready_then_status_and_delete(cloud: Cloud) -> None:
     env = cloud.env(FAKE_GCLOUD_QUEUE_SECONDS="1")
     slice_ = {"TPU_NAME": "pod-e", "ZONE": ZONE, "ACCELERATOR": "v5litepod-16", "QUEUED": "1", "SPOT": "1",
-              "ARGS": "train --run-dir gs://bucket/run"}
+              "ARGS": "train --run-dir /mnt/bucket/run"}
     proc = cloud.cli("create", "--name=pod-e", f"--zone={ZONE}", "--accelerator=v5litepod-16", "--queued",
-                     "--spot", "--poll-seconds=0.2", "--args=train --run-dir gs://bucket/run", env=env)
+                     "--spot", "--poll-seconds=0.2", "--args=train --run-dir /mnt/bucket/run", env=env)
     assert proc.returncode == 0, explain(proc)
     assert fake_gcloud.node(cloud.state, "pod-e", ZONE)["state"] == "READY"
     assert "queued-resources create" in " ".join(cloud.verbs())

@@ -21,7 +21,7 @@ REQUEUE = 75
 def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> TpuConfig:
     monkeypatch.chdir(tmp_path)
     return TpuConfig(name="pod-1", zone="us-central2-b", accelerator="v4-32", spot=True, retries=2,
-                     source_dir=str(ROOT), job_args=("train", "--run-dir", "gs://b/r"))
+                     source_dir=str(ROOT), job_args=("train", "--run-dir", "/mnt/b/r"))
 
 
 def verbs(runner: SimRunner) -> list[str]:

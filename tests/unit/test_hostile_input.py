@@ -124,6 +124,7 @@ MAX_STEPS = str(config.MAX_STEPS + 1)
     (["--watchdog-s=inf"], ["--watchdog-s"]),
     (["--seed=-1"], ["--seed"]),
     (["--data.source=/nonexistent/tokens.npy"], ["data.source", "python -m job tokenize"]),
+    (["--run-dir=gs://bucket/run1"], ["--run-dir", "gcsfuse"]),
     ([f"--seed={2**63}"], ["--seed"]),
     (["--run-dir="], ["--run-dir"]),
     (["--run-dir=runs/a\nb"], ["--run-dir"]),
@@ -520,7 +521,7 @@ def test_submit_slurm_any_job_arguments_reach_sbatch_and_submitit_verbatim(
 
 # ====================================================================== make tpu-*: python -m deploy.tpu
 TPU_OK = ["--name=pod-1", "--zone=us-central2-b", "--accelerator=v4-8", f"--source-dir={ROOT}",
-          "--args=train --run-dir gs://bucket/run1"]
+          "--args=train --run-dir /mnt/bucket/run1"]
 MUTATING = ("create", "delete", "ssh", "scp")
 
 
@@ -593,6 +594,8 @@ def tpu_main(command: str, *flags: str, runner: RecordingRunner) -> int:
     (["--ship", "../.ssh"], "--ship"),
     (["--ship", "job/../../x"], "--ship"),
     (["--ship", ""], "--ship"),
+    (["--ship", "."], "--ship"),  # the checkout itself: `rm -rf -- .` on the workers
+    (["--ship", "./"], "--ship"),
     (["--ship", "no-such-path"], "--ship"),
     (["--accelerator=v4-32", "--args=train"], "--run-dir"),  # 4 workers: checkpoints must be shared
     (["--accelerator=v4-32", "--args=train --run-dir runs/local"], "--run-dir"),
@@ -676,12 +679,12 @@ def test_tpu_any_job_arguments_reach_the_workers_script_verbatim(words: list[str
                                                                  tmp_path_factory: pytest.TempPathFactory) -> None:
     local = tmp_path_factory.mktemp("tpu")
     runner = gcloud_runner()
-    args = shlex.join(["train", "--run-dir", "gs://b/r", *words])
+    args = shlex.join(["train", "--run-dir", "/mnt/b/r", *words])
     assert tpu_main("run", f"--args={args}", "--image=us-docker.pkg.dev/p/r/job:tpu", f"--local-dir={local}",
                     runner=runner) == 0
     _, cfg = tpu.parse_args(["run", *TPU_OK[:4], f"--args={args}", "--image=us-docker.pkg.dev/p/r/job:tpu",
                              f"--local-dir={local}"])
-    assert cfg.job_args == ("train", "--run-dir", "gs://b/r", *words)
+    assert cfg.job_args == ("train", "--run-dir", "/mnt/b/r", *words)
     ssh = [c for c in runner.calls if c[4] == "ssh"]
     run = [c for c in ssh if f"--command={remote.run_script(cfg)}" in c]
     assert len(run) == 1 and sum(a.startswith("--command=") for a in run[0]) == 1
