@@ -17,7 +17,8 @@ quote = '$(subst ','\'',$(value $(1)))'
 NODES ?= 4
 SLURM_ENV := /var/tmp/jax-job-slurm/env.sh
 # `=`, not `:=` (also DOCKER_ARGS): expanded only when a recipe runs, so `make -n` never expands ARGS.
-SLURM_ARGS = $(if $(filter command line,$(origin ARGS)),$(ARGS),train --run-dir runs/slurm)
+# ARGS given on the command line reach the job as shell-style words (never run); otherwise deploy.slurm's default
+SLURM_ARGS = $(if $(filter command line,$(origin ARGS)),--args=$(call quote,ARGS))
 
 .PHONY: help venv run-local test-local test-unit bench lock clean slurm-up slurm-down submit-slurm
 
@@ -55,10 +56,10 @@ submit-slurm: $(BIN)/.installed ## submit the job: NODES=4 [PARTITION TIME GPUS_
 	$(BIN)/python -m deploy.slurm --nodes $(call quote,NODES) --partition $(call quote,PARTITION) \
 		--time $(call quote,TIME) --gpus-per-node $(call quote,GPUS_PER_NODE) \
 		--cpus-per-task $(call quote,CPUS_PER_TASK) --account $(call quote,ACCOUNT) --qos $(call quote,QOS) \
-		--image $(call quote,IMAGE) --via $(call quote,VIA) $(if $(filter 1,$(WAIT)),--wait) -- $(SLURM_ARGS)
+		--image $(call quote,IMAGE) --via $(call quote,VIA) $(if $(filter 1,$(WAIT)),--wait) $(SLURM_ARGS)
 
 # ------------------------------------------------------------------ Cloud TPU pods (deploy/tpu.py)
-# make tpu-pod TPU_NAME=my-pod ZONE=us-central2-b ACCELERATOR=v4-32 ARGS='train --run-dir gs://BUCKET/run1'
+# make tpu-pod TPU_NAME=my-pod ZONE=us-central2-b ACCELERATOR=v4-32 ARGS='train --run-dir /mnt/BUCKET/run1'
 TPU_NAME ?=
 ZONE ?=
 ACCELERATOR ?= v4-8

@@ -7,6 +7,7 @@ Commands are argv lists, never shell strings. A dry run prints each command
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import logging
 import shlex
@@ -16,6 +17,15 @@ import sys
 from collections.abc import Mapping, Sequence
 
 log = logging.getLogger(__name__)
+
+
+def shell_words(text: str) -> tuple[str, ...]:
+    """An argparse type: one shell-style string (make's ARGS) -> the words, as a POSIX shell splits them."""
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(
+            f"expected shell-style words (quotes balanced), found {text!r} ({e}). Fix: close the quote") from e
 
 
 @dataclasses.dataclass

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from deploy.runner import Runner
+from deploy.runner import Runner, shell_words
 from job.errors import ConfigError
 
 log = logging.getLogger("deploy.slurm")
@@ -236,9 +236,11 @@ def parse(argv: list[str]) -> SlurmConfig:
     parser.add_argument("--via", default="submitit")
     parser.add_argument("--wait", action="store_true")
     parser.add_argument("--log-dir", default=SlurmConfig.log_dir)
+    parser.add_argument("--args", type=shell_words, default=None,
+                        help="the job's arguments as one shell-style string (what make passes); or give them after --")
     cut = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:cut])
-    job_args = tuple(argv[cut + 1:]) or SlurmConfig.args
+    job_args = tuple(argv[cut + 1:]) or args.args or SlurmConfig.args
     blank = lambda v: v or None  # noqa: E731  (make passes empty strings for unset variables)
     return SlurmConfig(
         nodes=_count("NODES", args.nodes, 1),

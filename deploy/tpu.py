@@ -1,7 +1,7 @@
 """Cloud TPU pods through gcloud: create or reuse a slice, run the job on every worker, resume after preemption.
 
     python -m deploy.tpu pod --name my-pod --zone us-central2-b --accelerator v4-32 \\
-        --args 'train --run-dir gs://my-bucket/run1 --steps 1000'
+        --args 'train --run-dir /mnt/my-bucket/run1 --steps 1000'
 
 Commands (`make tpu-<command>` runs each):
 
@@ -32,7 +32,7 @@ import sys
 from collections.abc import Sequence
 
 from deploy import tpu_job
-from deploy.runner import Runner
+from deploy.runner import Runner, shell_words
 from deploy.tpu_config import DEFAULT_SHIP, TpuConfig, validate_job
 from deploy.tpu_gcloud import GCLOUD, INSTALL_HINT
 from deploy.tpu_slice import Slice, TpuError
@@ -191,14 +191,6 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _words(text: str) -> tuple[str, ...]:
-    try:
-        return tuple(shlex.split(text))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(
-            f"expected shell-style words (quotes balanced), found {text!r} ({e}). Fix: close the quote") from e
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m deploy.tpu", description=__doc__.split("\n")[0],
                                 epilog="job arguments go after --args '...' or after `--`",
@@ -216,7 +208,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--retries", type=_count, default=3, help="RETRIES after preemption (default 3)")
     p.add_argument("--dry-run", type=_flag, nargs="?", const=True, default=False,
                    help="DRY_RUN=1: print gcloud commands that change something")
-    p.add_argument("--args", type=_words, default=None, help="ARGS of `python -m job`, one shell-style string")
+    p.add_argument("--args", type=shell_words, default=None, help="ARGS of `python -m job`, one shell-style string")
     p.add_argument("--remote-dir", default="jax-cluster-job", help="folder under each worker's home")
     p.add_argument("--local-dir", default="runs/tpu", help="local folder for logs (LOCAL_DIR/NAME)")
     p.add_argument("--source-dir", default=".", help="the checkout to ship (default: .)")

@@ -122,3 +122,13 @@ def test_sbatch_submission_goes_through_the_runner(tmp_path: Path) -> None:
     sub = slurm.submit(cfg, runner)
     assert sub.job_id == "1234" and sub.log == tmp_path / "1234-0.log"
     assert runner.calls[0][:3] == ["sbatch", "--parsable", "--job-name=jax-job"]
+
+
+def test_args_as_one_shell_style_string_as_make_passes_them() -> None:
+    from deploy.slurm import parse
+
+    assert parse(["--args=train --name 'a b; $(id)' ;"]).args == ("train", "--name", "a b; $(id)", ";")
+    assert parse(["--args=train", "--", "demo"]).args == ("demo",)  # words after -- win
+    assert parse([]).args == ("train", "--run-dir", "runs/slurm")
+    with pytest.raises(SystemExit):
+        parse(["--args=train --name 'open"])

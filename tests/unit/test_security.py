@@ -322,11 +322,12 @@ def test_make_tpu_targets_pass_each_value_on_as_one_word(words: list[str], zone:
 
 
 @FEW
-@given(partition=MAKE_VALUE, qos=MAKE_VALUE, account=MAKE_VALUE, image=MAKE_VALUE)
+@given(partition=MAKE_VALUE, qos=MAKE_VALUE, account=MAKE_VALUE, image=MAKE_VALUE, words=st.lists(MAKE_WORD, max_size=6))
 def test_make_submit_slurm_passes_each_value_on_as_one_word(partition: str, qos: str, account: str,
-                                                            image: str) -> None:
+                                                            image: str, words: list[str]) -> None:
     with tempfile.TemporaryDirectory() as here:
-        proc = make_tpu("submit-slurm", here, PARTITION=partition, QOS=qos, ACCOUNT=account, IMAGE=image)
+        proc = make_tpu("submit-slurm", here, PARTITION=partition, QOS=qos, ACCOUNT=account, IMAGE=image,
+                        ARGS=shlex.join(words))
         ran = sorted(os.listdir(here))
         if proc.returncode != 0:  # only for an unbalanced `$(`, and before anything ran
             assert _MAKE_REFUSES in proc.stderr and ran == ["bin"], (proc.stderr, ran)
@@ -334,9 +335,14 @@ def test_make_submit_slurm_passes_each_value_on_as_one_word(partition: str, qos:
         assert ran == ["argv", "bin"], "a value ran as shell"
         received = nul_split((Path(here) / "argv").read_bytes())
     assert received[:2] == ["-m", "deploy.slurm"]
-    flags = dict(zip(received[2:received.index("--"):2], received[3:received.index("--"):2], strict=False))
+    pairs = received[2:2 + 2 * 9]  # the recipe's nine `--flag value` pairs (a value may itself be "--")
+    flags = dict(zip(pairs[::2], pairs[1::2], strict=True))
+    assert list(flags) == ["--nodes", "--partition", "--time", "--gpus-per-node", "--cpus-per-task", "--account",
+                           "--qos", "--image", "--via"]
     assert (flags["--partition"], flags["--qos"], flags["--account"], flags["--image"]) == (
         partition, qos, account, image)
+    assert received[2 + 2 * 9:] == [f"--args={shlex.join(words)}"]
+    assert shlex.split(received[-1].removeprefix("--args=")) == words
 
 
 @pytest.mark.parametrize("variable", ["ARGS", "ZONE", "TPU_NAME"])
