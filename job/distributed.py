@@ -193,7 +193,8 @@ def _exit_on_uncaught(previous):
 
     def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
         if isinstance(value, JobError):
-            print(f"{kind.__name__}: {value}", file=sys.stderr)
+            if not value.reported:
+                print(f"{kind.__name__}: {value}", file=sys.stderr)
         else:
             previous(kind, value, tb)
         sys.stdout.flush()

@@ -6,6 +6,10 @@ from __future__ import annotations
 class JobError(Exception):
     """Base class of the errors this package raises on purpose."""
 
+    # True once the message is on this process's stderr (printed before a collective exit,
+    # so a peer that exits first cannot cut it off): the exit hook does not print it again.
+    reported: bool = False
+
 
 class ConfigError(JobError, ValueError):
     """Bad input: a value that cannot work, caught before anything starts.

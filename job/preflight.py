@@ -19,6 +19,7 @@ import json
 import logging
 import platform
 import socket
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,10 @@ def writable(directory: Path, process: int, *, keep: bool = False) -> str:
 
 
 def remove_probe(directory: Path, process: int) -> None:
-    probe_path(directory, process).unlink(missing_ok=True)
+    try:
+        probe_path(directory, process).unlink(missing_ok=True)
+    except OSError:  # a folder this process could not write (already reported): nothing was left there
+        pass
 
 
 def sees_process_0(directory: Path) -> str:
@@ -236,9 +240,15 @@ def check(config: Mapping[str, Any], run_dir: Path) -> Summary:
 
     facts = local_facts(config, run_dir)
     verdict = decide([facts]) if jax.process_count() == 1 else exchange(facts, run_dir, decide)
-    if verdict["bad"] and jax.process_index() == 0:
-        raise PreflightError(verdict["report"])
-    if verdict["bad"]:
-        raise PreflightError(f"preflight: this job's processes differ or fail on {', '.join(verdict['bad'])}; "
-                             "process 0 prints the report")
-    return Summary(verdict["processes"], verdict["first"])
+    if not verdict["bad"]:
+        return Summary(verdict["processes"], verdict["first"])
+    error = PreflightError(verdict["report"] if jax.process_index() == 0 else
+                           f"preflight: this job's processes differ or fail on {', '.join(verdict['bad'])}; "
+                           "process 0 prints the report")
+    if jax.process_count() > 1:  # every message out before anyone exits (the first exit aborts the others)
+        from job.multihost import barrier
+
+        print(f"{type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        error.reported = True
+        barrier("preflight: reported")
+    raise error

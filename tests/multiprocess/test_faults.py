@@ -229,7 +229,7 @@ def test_checkpoint_dir_not_writable(mount, straight: Path, record_property) -> 
     outcome = launch([*JOB, "--run-dir", str(run_dir), *FLAGS])
     check(outcome, since=started, code=1, name="checkpoint dir read-only (from launch)", record=record_property,
           says=("[rank 0] PreflightError: preflight: stopping before training", "Read-only file system",
-                f"Fix: make {run_dir}/checkpoints writable from every host"))
+                f"Fix: make {run_dir}/checkpoints one folder every host can write"))
     assert "step 1/" not in outcome.text  # stopped before training
     subprocess.run(["mount", "-o", "remount,rw", str(run_dir.parent)], check=True)
     check_resume(run_dir, straight, complete_steps(run_dir), record_property)

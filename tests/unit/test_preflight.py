@@ -79,3 +79,12 @@ def test_code_hash_changes_with_any_source_byte_or_file(tmp_path: Path) -> None:
     assert preflight.code_hash(tree("more", {**base, "c.py": ""})) != same
     assert preflight.code_hash(tree("moved", {"a.py": "x = 1\n", "b.py": "y = 2\n"})) != same
     assert len(preflight.code_hash()) == 12
+
+
+def test_removing_a_probe_never_raises(tmp_path: Path) -> None:
+    preflight.writable(tmp_path, 1, keep=True)
+    assert (tmp_path / ".preflight-1").exists()
+    preflight.remove_probe(tmp_path, 1)
+    preflight.remove_probe(tmp_path, 1)  # already gone
+    preflight.remove_probe(tmp_path / "file-not-folder" / "x", 1)
+    assert list(tmp_path.iterdir()) == []
