@@ -26,7 +26,6 @@ import argparse
 import dataclasses
 import logging
 import math
-import shlex
 import subprocess
 import sys
 from collections.abc import Sequence
