@@ -29,7 +29,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from job.launch import LaunchConfig, child_environments, positive_int
+from job.launch import LaunchConfig, child_environments, local_count, seconds
 from job.procgroup import ProcessGroup
 
 log = logging.getLogger("job.launch")
@@ -163,17 +163,17 @@ def _parser() -> argparse.ArgumentParser:
         description="Run the job's image as N containers (host network) that form one JAX cluster.",
         epilog="example: python docker/run_local.py -n 2 --image jax-cluster-job:cpu -- train --steps 50",
     )
-    p.add_argument("-n", "--nproc", type=positive_int, required=True, help="number of containers")
+    p.add_argument("-n", "--nproc", type=local_count, required=True, help="number of containers")
     p.add_argument("--image", required=True, help="the image to run (make docker-build)")
     p.add_argument("--engine", choices=("docker", "podman"), default=None,
                    help="container engine (default: docker/engine.sh's choice)")
-    p.add_argument("--devices-per-process", type=positive_int, default=None,
+    p.add_argument("--devices-per-process", type=local_count, default=None,
                    help="CPU devices each container sees (sets XLA_FLAGS)")
     p.add_argument("--runs", type=Path, default=Path("runs"),
                    help=f"host folder shared by every container as {WORKDIR}/runs (default: runs)")
     p.add_argument("-v", "--volume", action="append", default=[], metavar="HOST:CONTAINER[:OPTIONS]",
                    help="another folder to mount in every container (repeatable), e.g. data")
-    p.add_argument("--kill-after", type=float, default=5.0,
+    p.add_argument("--kill-after", type=seconds, default=5.0,
                    help="seconds the others get after one container fails, before SIGKILL")
     return p
 

@@ -56,7 +56,7 @@ def positive_int(text: str) -> int:
     return value
 
 
-def _local_count(text: str) -> int:
+def local_count(text: str) -> int:
     value = positive_int(text)
     if value > MAX_LOCAL:
         raise argparse.ArgumentTypeError(f"expected at most {MAX_LOCAL} on one machine, found {text!r}")
@@ -100,8 +100,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Run COMMAND as N local processes that form one JAX cluster.",
         epilog="example: python -m job.launch -n 4 --devices-per-process 2 -- python -m job",
     )
-    p.add_argument("-n", "--nproc", type=_local_count, required=True, help="number of processes")
-    p.add_argument("--devices-per-process", type=_local_count, default=None,
+    p.add_argument("-n", "--nproc", type=local_count, required=True, help="number of processes")
+    p.add_argument("--devices-per-process", type=local_count, default=None,
                    help="CPU devices each process sees (sets XLA_FLAGS)")
     p.add_argument("--host", type=_host, default="127.0.0.1", help="coordinator address (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=None, help="coordinator port (default: a free one)")

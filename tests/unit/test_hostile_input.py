@@ -690,3 +690,19 @@ def test_tpu_any_job_arguments_reach_the_workers_script_verbatim(words: list[str
     run = [c for c in ssh if f"--command={remote.run_script(cfg)}" in c]
     assert len(run) == 1 and sum(a.startswith("--command=") for a in run[0]) == 1
     assert remote.job_command(cfg).endswith(" ".join(shlex.quote(w) for w in cfg.job_args))
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["-n", "5000"], "expected at most 1024"),
+    (["-n", "0"], "expected a whole number >= 1"),
+    (["--kill-after", "nan"], "expected a number of seconds >= 0"),
+    (["--kill-after", "-1"], "expected a number of seconds >= 0"),
+])
+def test_container_launcher_refuses_what_the_job_launcher_refuses(argv: list[str], needle: str,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.unit.test_security import _load_run_local
+
+    run_local = _load_run_local()
+    full = ["-n", "2", "--image", "jax-cluster-job:cpu", *argv, "--", "train"]
+    assert outcome(lambda: run_local.parse_args(full)) == 2
+    assert_clear(capsys.readouterr().err, needle)
