@@ -457,6 +457,9 @@ def test_submit_slurm_account_and_qos_with_any_trap_are_refused(flag: str, value
 def test_submit_slurm_time_is_a_slurm_duration_or_refused(time: str, slurm_submits_nothing: None,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     assume(time)  # "" means the default
+    # argparse drops an `--opt=--` value entirely (the default then applies); make passes `--time '--'`,
+    # which argparse refuses (exit 2): that form is checked below
+    assume(time != "--")
     runner = slurm_runner()
     try:
         slurm.time_minutes(time)
@@ -690,6 +693,12 @@ def test_tpu_any_job_arguments_reach_the_workers_script_verbatim(words: list[str
     run = [c for c in ssh if f"--command={remote.run_script(cfg)}" in c]
     assert len(run) == 1 and sum(a.startswith("--command=") for a in run[0]) == 1
     assert remote.job_command(cfg).endswith(" ".join(shlex.quote(w) for w in cfg.job_args))
+
+
+def test_submit_slurm_time_of_two_dashes_as_make_passes_it_is_refused(slurm_submits_nothing: None) -> None:
+    runner = slurm_runner()
+    assert outcome(lambda: slurm.main(["--time", "--"], runner=runner)) == 2
+    assert submitted(runner) == []
 
 
 @pytest.mark.parametrize(("argv", "needle"), [
