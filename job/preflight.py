@@ -33,6 +33,8 @@ WRITABLE = "writable"
 SHARED = "shared"
 # Above this many processes the report groups processes by value instead of a column each.
 COLUMNS_UP_TO = 8
+# Pass/fail facts and the values that pass (the first is the default when a row lacks the fact).
+REQUIRED = {"run dir": (WRITABLE,), "run dir shared": (SHARED, "-")}
 # Fields that say where a process runs: shown in the report, never compared.
 IDENTITY = ("process", "host")
 
@@ -152,16 +154,12 @@ def exchange(facts: dict[str, Any], run_dir: Path, decide: Callable[[list[dict[s
 
 
 def problems(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Fields whose value differs between processes, or that some process could not satisfy."""
-    fields = sorted({k for row in rows for k in row} - set(IDENTITY), key=_order)
-    bad = [f for f in fields if len({json.dumps(row.get(f), default=str) for row in rows}) > 1]
-    if any(row.get("run dir") != WRITABLE for row in rows) and "run dir" not in bad:
-        bad.insert(0, "run dir")
-    unshared = any(row.get("run dir shared", SHARED) not in (SHARED, "-") for row in rows)
-    bad = [f for f in bad if f != "run dir shared"]
-    if unshared and "run dir" not in bad:  # (a process that cannot write makes every probe check moot)
-        bad.insert(0, "run dir shared")
-    return bad
+    """Pass/fail facts some process failed, then the facts whose value differs between processes."""
+    fields = sorted({k for row in rows for k in row} - set(IDENTITY) - set(REQUIRED), key=_order)
+    differ = [f for f in fields if len({json.dumps(row.get(f), default=str) for row in rows}) > 1]
+    failed = [f for f, ok in REQUIRED.items() if any(row.get(f, ok[0]) not in ok for row in rows)]
+    # a process that cannot write makes every probe check moot
+    return (["run dir"] if "run dir" in failed else failed) + differ
 
 
 def _order(field: str) -> tuple[int, str]:
