@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from deploy.runner import Runner, shell_words
-from job.errors import ConfigError
+from job.errors import ConfigError, refuse_dash_values
 
 log = logging.getLogger("deploy.slurm")
 
@@ -239,6 +239,7 @@ def parse(argv: list[str]) -> SlurmConfig:
     parser.add_argument("--args", type=shell_words, default=None,
                         help="the job's arguments as one shell-style string (what make passes); or give them after --")
     cut = argv.index("--") if "--" in argv else len(argv)
+    refuse_dash_values(parser, argv[:cut])
     args = parser.parse_args(argv[:cut])
     job_args = tuple(argv[cut + 1:]) or args.args or SlurmConfig.args
     blank = lambda v: v or None  # noqa: E731  (make passes empty strings for unset variables)

@@ -35,7 +35,7 @@ from deploy.runner import Runner, shell_words
 from deploy.tpu_config import DEFAULT_SHIP, TpuConfig, validate_job
 from deploy.tpu_gcloud import GCLOUD, INSTALL_HINT
 from deploy.tpu_slice import Slice, TpuError
-from job.errors import ConfigError
+from job.errors import ConfigError, refuse_dash_values
 from job.preemption import REQUEUE_EXIT_CODE
 
 log = logging.getLogger("deploy.tpu")
@@ -222,7 +222,9 @@ def _parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str]) -> tuple[str, TpuConfig]:
     argv = list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
-    args = _parser().parse_args(argv[:cut])
+    parser = _parser()
+    refuse_dash_values(parser, argv[:cut])
+    args = parser.parse_args(argv[:cut])
     tail = tuple(argv[cut + 1:])
     if args.args is not None and tail:
         raise ConfigError("job arguments", expected="either --args '...' or words after `--`",

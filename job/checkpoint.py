@@ -93,15 +93,13 @@ class Checkpointer:
     def _quarantine(self, step: int) -> None:
         """Move an unreadable step aside (kept for inspection, never listed again)."""
         import jax
-        from jax.experimental import multihost_utils
 
         source = self.directory / str(step)
         if jax.process_index() == 0 and source.exists():
             target = source.with_name(f"{step}.unreadable-{int(time.time())}")
             source.rename(target)
             log.warning("moved the unreadable checkpoint to %s", target)
-        if jax.process_count() > 1:
-            multihost_utils.sync_global_devices(f"checkpoint quarantine {step}")
+        barrier(f"checkpoint quarantine {step}")  # a dead peer here is a named timeout, not a hang
 
     def wait(self) -> None:
         """Block until the last save is on disk; CheckpointError if it failed."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Sequence
+
 
 class JobError(Exception):
     """Base class of the errors this package raises on purpose."""
@@ -30,3 +33,12 @@ class ConfigError(JobError, ValueError):
 
 class InitOrderError(JobError, RuntimeError):
     """`job.initialize` was called after JAX had already started its backends."""
+
+
+def refuse_dash_values(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """Exit 2 on `--opt=--`: argparse drops a value that is exactly '--', so the default would apply."""
+    for arg in argv:
+        option, eq, value = arg.partition("=")
+        if option.startswith("--") and eq and value == "--":
+            parser.error(f"{option}: expected a value, found '--'. Fix: give {option} a real value, "
+                         "or leave it out for the default")

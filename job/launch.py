@@ -23,7 +23,7 @@ import shutil
 import sys
 
 from job.cluster.local import LocalLauncher
-from job.errors import ConfigError
+from job.errors import ConfigError, refuse_dash_values
 from job.procgroup import ProcessGroup
 
 log = logging.getLogger("job.launch")
@@ -120,6 +120,7 @@ def parse_args(argv: list[str]) -> LaunchConfig:
         own, command = argv[:cut], argv[cut + 1:]
     else:
         own, command = argv, []
+    refuse_dash_values(parser, own)
     args, extra = parser.parse_known_args(own)
     if extra and extra[0].startswith("-"):
         parser.error(f"expected one of the options above, found {extra[0]!r}. "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -37,6 +38,7 @@ COMPILATION_CACHE = {
 def child_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONFAULTHANDLER"] = "1"  # a rank stopped with SIGABRT prints its Python stack (stop_with_stacks)
     env.update({k: v for k, v in COMPILATION_CACHE.items() if k not in os.environ})
     env.update(extra)
     return env
@@ -47,7 +49,45 @@ def explain(proc: subprocess.CompletedProcess[str] | subprocess.Popen[str], out:
 
 
 def run(argv: list[str], *, timeout: float = 180, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, env=child_env(**env), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    """Run to completion; past `timeout`, fail with every rank's Python stack and all output so far."""
+    proc = subprocess.Popen(
+        argv, env=child_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        out, err = stop_with_stacks(proc)
+        raise AssertionError(
+            f"{argv} did not finish within {timeout:g} s; its processes were stopped with SIGABRT, "
+            f"so each prints its Python stack below\n{explain(proc, out, err)}"
+        ) from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def stop_with_stacks(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """Stop a stuck launcher's ranks with SIGABRT (faulthandler prints each one's stack); return its output.
+
+    The ranks are stopped, not the launcher: the launcher relays their last words and exits, and
+    no rank is orphaned (killing the launcher alone would leave its ranks running).
+    """
+    for pid in _children(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGABRT)
+    try:
+        return proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        for pid in _children(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        return proc.communicate()
 
 
 def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float) -> list[str]:
@@ -62,8 +102,8 @@ def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float) -> l
         lines.append(line)
         if needle in line:
             return lines
-    proc.send_signal(signal.SIGKILL)
-    raise AssertionError(f"no line with {needle!r} within {timeout} s; got:\n{''.join(lines)}")
+    out, err = stop_with_stacks(proc)
+    raise AssertionError(f"no line with {needle!r} within {timeout} s; got:\n{''.join(lines)}{out}\n--- stderr ---\n{err}")
 
 
 def rank_pids(launcher_pid: int) -> dict[int, int]:
