@@ -32,6 +32,7 @@ from job.errors import JobError
 
 DATA_PARALLELISM_AXIS_NAME = "devices"
 _ORBAX_SYNC = "orbax.checkpoint._src.multihost.multihost.should_skip_process_sync"
+_ORBAX_SIGNALS = "orbax.checkpoint._src.futures.signaling_client"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -108,16 +109,27 @@ def single_host_jax_and_orbax() -> Iterator[None]:
     """Inside: JAX looks like one host (process 0 of 1, devices() == local_devices())
     and Orbax skips its cross-host sync. Everything is restored on exit.
     A no-op on a true single host.
+
+    Orbax's async saves also signal their stages through a key-value store. With
+    the distributed runtime up that is the cluster's shared one, and its keys
+    carry no process index: hosts saving on their own would read, and delete,
+    each other's signals (a save that never finishes). Inside, each process
+    signals through a store of its own instead.
     """
     if jax.process_count() == 1:
         yield
         return
+    import importlib
+
+    signals = importlib.import_module(_ORBAX_SIGNALS)
     local = jax.local_devices()
+    own_store = signals.ThreadSafeKeyValueSignalingClient()
     with (
         patch("jax.process_index", return_value=0),
         patch("jax.process_count", return_value=1),
         patch("jax.devices", return_value=local),
         patch(_ORBAX_SYNC, return_value=True),
+        patch.object(signals, "get_signaling_client", return_value=own_store),
     ):
         yield
 

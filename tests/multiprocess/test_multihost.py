@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -112,6 +113,18 @@ def test_single_host_jax_and_orbax_inside_a_4_process_run(ranks: dict[int, dict]
         }
         assert seen["inside_ckpt_roundtrip"] == [rank, rank + 1, rank + 2, rank + 3]
         assert seen["after"] == {"process_index": rank, "process_count": 4, "devices_are_local": False}
+
+
+def test_hosts_saving_on_their_own_at_once_never_wait_on_each_other(tmp_path: Path) -> None:
+    # Orbax signals an async save's stages through a key-value store; shared between the hosts,
+    # one host's save read or deleted another's signals and that save never ended (within a few rounds)
+    rounds = 25
+    proc = run(launcher_argv(4, scenario("single_host_saves.py", str(rounds)), devices=1), timeout=120,
+               SCENARIO_OUT=str(tmp_path))
+    assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
+    for rank in RANKS:
+        restored = json.loads((tmp_path / f"saves{rank}.json").read_text())
+        assert restored == [[100 * rank + i + k for k in range(3)] for i in range(rounds)]
 
 
 def test_a_barrier_that_times_out_names_the_missing_process(ranks: dict[int, dict]) -> None:
