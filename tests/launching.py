@@ -103,7 +103,8 @@ def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float) -> l
         if needle in line:
             return lines
     out, err = stop_with_stacks(proc)
-    raise AssertionError(f"no line with {needle!r} within {timeout} s; got:\n{''.join(lines)}{out}\n--- stderr ---\n{err}")
+    got = "".join(lines) + out
+    raise AssertionError(f"no line with {needle!r} within {timeout} s; got:\n{got}\n--- stderr ---\n{err}")
 
 
 def rank_pids(launcher_pid: int) -> dict[int, int]:
