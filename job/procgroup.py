@@ -153,7 +153,12 @@ class ProcessGroup:
             if stop_deadline is None and set(self._signals) & set(STOPPING):
                 stop_deadline = time.monotonic() + self.stop_timeout_s
             if stop_deadline is not None and time.monotonic() > stop_deadline:
-                log.error("processes still running %.0f s after the signal; killing them", self.stop_timeout_s)
+                log.error(
+                    "processes still running %.0f s after the signal; killing them. A JAX program takes SIGTERM "
+                    "as a preemption notice and runs on unless it acts on it (python -m job does; otherwise see "
+                    "multihost_utils.reached_preemption_sync_point). Fix: a second SIGTERM or SIGINT kills at "
+                    "once; --stop-timeout sets this wait", self.stop_timeout_s,
+                )
                 self._send(signal.SIGKILL)
                 stop_deadline = float("inf")
             try:

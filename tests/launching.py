@@ -90,13 +90,14 @@ def stop_with_stacks(proc: subprocess.Popen[str]) -> tuple[str, str]:
         return proc.communicate()
 
 
-def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float) -> list[str]:
-    """Read proc's stdout until a line contains `needle`; return the lines read."""
+def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float, *, stderr: bool = False) -> list[str]:
+    """Read proc's stdout (or stderr) until a line contains `needle`; return the lines read."""
     lines: list[str] = []
     deadline = time.monotonic() + timeout
-    assert proc.stdout is not None
+    stream = proc.stderr if stderr else proc.stdout
+    assert stream is not None
     while time.monotonic() < deadline:
-        line = proc.stdout.readline()
+        line = stream.readline()
         if not line:
             break
         lines.append(line)

@@ -149,8 +149,47 @@ def test_the_coordinator_listens_on_loopback_only() -> None:
         # every interface would show as 0.0.0.0 or ::
         assert _listening(port) == [ipaddress.ip_address("127.0.0.1")], (address, _listening(port))
     finally:
-        proc.terminate()  # the launcher forwards it and stops every rank (a SIGKILL would orphan them)
-        proc.communicate(timeout=120)
+        _terminate_twice(proc)
+    for pid in pids.values():
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def _terminate_twice(proc: subprocess.Popen[str]) -> str:
+    """SIGTERM, then a second one: the launcher kills every rank at once (a SIGKILL would orphan them)."""
+    proc.terminate()  # jax catches it as a preemption notice: hold.py runs on
+    wait_for_line(proc, "forwarding SIGTERM", timeout=30, stderr=True)
+    proc.terminate()
+    _, err = proc.communicate(timeout=30)
+    return err
+
+
+def test_a_second_sigterm_kills_every_rank_at_once() -> None:
+    proc, pids = _start_held(2, "hold")
+    started = time.monotonic()
+    err = _terminate_twice(proc)
+    elapsed = time.monotonic() - started
+    assert "second SIGTERM: killing every process now" in err, err
+    assert elapsed < 20  # not the 60 s --stop-timeout
+    for pid in pids.values():
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_a_signal_the_program_ignores_is_followed_by_sigkill_and_a_hint() -> None:
+    proc = subprocess.Popen(
+        launcher_argv(2, scenario("hold.py", "hold"), devices=1, extra=("--stop-timeout", "3")),
+        env=child_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    pids: dict[int, int] = {}
+    while len(pids) < 2:
+        line = wait_for_line(proc, "ready pid=", timeout=120)[-1]
+        rank, pid = re.match(r"\[rank (\d+)\] ready pid=(\d+)", line).groups()  # type: ignore[union-attr]
+        pids[int(rank)] = int(pid)
+    proc.terminate()
+    _, err = proc.communicate(timeout=60)
+    assert "processes still running 3 s after the signal; killing them" in err, err
+    assert "preemption notice" in err and "a second SIGTERM or SIGINT kills at once" in err
     for pid in pids.values():
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
