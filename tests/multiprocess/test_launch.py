@@ -72,9 +72,9 @@ def test_exception_in_one_rank_stops_all_with_its_traceback() -> None:
     assert "rank 1 exited with code 1" in proc.stderr
 
 
-def _start_held(n: int, *extra: str) -> tuple[subprocess.Popen[str], dict[int, int]]:
+def _start_held(n: int, *extra: str, launcher: tuple[str, ...] = ()) -> tuple[subprocess.Popen[str], dict[int, int]]:
     proc = subprocess.Popen(
-        launcher_argv(n, scenario("hold.py", *extra)), env=child_env(), cwd=ROOT,
+        launcher_argv(n, scenario("hold.py", *extra), extra=launcher), env=child_env(), cwd=ROOT,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     pids: dict[int, int] = {}
@@ -177,15 +177,7 @@ def test_a_second_sigterm_kills_every_rank_at_once() -> None:
 
 
 def test_a_signal_the_program_ignores_is_followed_by_sigkill_and_a_hint() -> None:
-    proc = subprocess.Popen(
-        launcher_argv(2, scenario("hold.py", "hold"), devices=1, extra=("--stop-timeout", "3")),
-        env=child_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    pids: dict[int, int] = {}
-    while len(pids) < 2:
-        line = wait_for_line(proc, "ready pid=", timeout=120)[-1]
-        rank, pid = re.match(r"\[rank (\d+)\] ready pid=(\d+)", line).groups()  # type: ignore[union-attr]
-        pids[int(rank)] = int(pid)
+    proc, pids = _start_held(2, "hold", launcher=("--stop-timeout", "3"))
     proc.terminate()
     _, err = proc.communicate(timeout=60)
     assert "processes still running 3 s after the signal; killing them" in err, err
