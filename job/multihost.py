@@ -32,7 +32,6 @@ from job.errors import JobError
 
 DATA_PARALLELISM_AXIS_NAME = "devices"
 _ORBAX_SYNC = "orbax.checkpoint._src.multihost.multihost.should_skip_process_sync"
-_ORBAX_SIGNALS = "orbax.checkpoint._src.futures.signaling_client"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -119,17 +118,16 @@ def single_host_jax_and_orbax() -> Iterator[None]:
     if jax.process_count() == 1:
         yield
         return
-    import importlib
+    from orbax.checkpoint._src.futures import signaling_client  # private, like _ORBAX_SYNC: versions are pinned
 
-    signals = importlib.import_module(_ORBAX_SIGNALS)
     local = jax.local_devices()
-    own_store = signals.ThreadSafeKeyValueSignalingClient()
+    own_store = signaling_client.ThreadSafeKeyValueSignalingClient()
     with (
         patch("jax.process_index", return_value=0),
         patch("jax.process_count", return_value=1),
         patch("jax.devices", return_value=local),
         patch(_ORBAX_SYNC, return_value=True),
-        patch.object(signals, "get_signaling_client", return_value=own_store),
+        patch.object(signaling_client, "get_signaling_client", return_value=own_store),
     ):
         yield
 
