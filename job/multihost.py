@@ -114,6 +114,9 @@ def single_host_jax_and_orbax() -> Iterator[None]:
     carry no process index: hosts saving on their own would read, and delete,
     each other's signals (a save that never finishes). Inside, each process
     signals through a store of its own instead.
+
+    The patches hold for every thread of the process: finish any multi-host
+    async save (`wait_until_finished`) before entering.
     """
     if jax.process_count() == 1:
         yield
