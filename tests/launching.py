@@ -110,9 +110,8 @@ def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float, *, s
 
 def rank_pids(launcher_pid: int) -> dict[int, int]:
     """The launcher's children by rank (read from /proc: their JOB_LAUNCH_PROCESS_ID)."""
-    children = Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split()
     pids = {}
-    for pid in map(int, children):
+    for pid in _children(launcher_pid):
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         rank = next(int(v.split(b"=", 1)[1]) for v in environ if v.startswith(b"JOB_LAUNCH_PROCESS_ID="))
         pids[rank] = pid
