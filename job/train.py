@@ -83,10 +83,10 @@ def run(cfg: TrainConfig) -> int:
     checked = preflight.check(to_dict(cfg), run_dir / "checkpoints")
     mesh = sharding.make_mesh(model_axis=cfg.model_axis)
     divisor = sharding.batch_size_divisor(mesh)
-    if cfg.data.global_batch % divisor or cfg.data.global_batch % info.num_processes:
+    if cfg.data.global_batch % divisor:
         raise ConfigError(
-            "--data.global-batch", expected=f"a multiple of the data-parallel size {divisor} "
-            f"(and of the {info.num_processes} processes)", found=cfg.data.global_batch,
+            "--data.global-batch", expected=f"a multiple of the data-parallel size {divisor}",
+            found=cfg.data.global_batch,
             fix=f"use --data.global-batch {divisor * max(1, -(-cfg.data.global_batch // divisor))}",
         )
     source = data.make_source(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len)
@@ -115,9 +115,10 @@ def run(cfg: TrainConfig) -> int:
     batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh)))
 
     def global_batch(split: str, step: int) -> dict[str, jax.Array]:
-        rows = data.local_rows(source, split=split, step=step, process_index=info.process_id,
-                               process_count=info.num_processes, global_batch=cfg.data.global_batch)
-        return {k: jax.make_array_from_process_local_data(batch_sharding, v) for k, v in rows.items()}
+        # rows from the sharding: processes of one model group (tensor parallelism across
+        # processes, e.g. one process per GPU) hold the same rows
+        return data.global_batch_array(source, batch_sharding, split=split, step=step,
+                                       global_batch=cfg.data.global_batch)
 
     def evaluate() -> dict[str, float]:
         totals = {"loss": 0.0, "accuracy": 0.0, "tokens": 0.0}

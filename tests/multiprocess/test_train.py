@@ -67,6 +67,20 @@ def test_same_losses_on_every_topology_and_bitwise_reruns(tmp_path: Path) -> Non
     assert summary(tmp_path / "2x2-again")["params_sha256"] == summary(tmp_path / "2x2")["params_sha256"]
 
 
+def test_tensor_parallel_across_processes_trains_like_one_process(tmp_path: Path) -> None:
+    # one process per device, a model group spanning both: the two processes hold the same batch rows
+    flags = ("--steps", "4", "--log-every", "1", "--eval-every", "4", "--model-axis", "2", "--rule", "tensor",
+             *SMALL)
+    train(1, 2, tmp_path / "1x2", *flags)
+    train(2, 1, tmp_path / "2x1", *flags)
+    reference = train_losses(tmp_path / "1x2")
+    assert sorted(reference) == [1, 2, 3, 4]
+    across = train_losses(tmp_path / "2x1")
+    for step, loss in reference.items():
+        assert across[step] == pytest.approx(loss, rel=1e-5), step
+    assert summary(tmp_path / "2x1")["eval_loss"] == pytest.approx(summary(tmp_path / "1x2")["eval_loss"], rel=1e-5)
+
+
 def _preempt(run_dir: Path, n: int, devices: int, sig: signal.Signals, rank: int, after_step: int,
              *flags: str) -> tuple[int, str]:
     argv = launcher_argv(n, [*JOB, "--run-dir", str(run_dir), "--log-every", "1", *flags], devices=devices)
