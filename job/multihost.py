@@ -29,6 +29,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from job.errors import JobError
+from job.mesh import hybrid_mesh, spans_slices
 
 DATA_PARALLELISM_AXIS_NAME = "devices"
 _ORBAX_SYNC = "orbax.checkpoint._src.multihost.multihost.should_skip_process_sync"
@@ -42,8 +43,13 @@ class BarrierTimeout(JobError, TimeoutError):
 
 @functools.cache
 def create_device_mesh() -> Mesh:
-    """1-D mesh over every global device, axis ``"devices"``. Cached: one object per process."""
+    """1-D mesh over every global device, axis ``"devices"``. Cached: one object per process.
+
+    Devices of several slices (GPU nodes, TPU slices) give a hybrid mesh, in process order.
+    """
     devices = jax.devices()
+    if spans_slices(devices):
+        return hybrid_mesh(devices, (len(devices),), (DATA_PARALLELISM_AXIS_NAME,), "create_device_mesh()")
     return jax.make_mesh(
         axis_shapes=(len(devices),),
         axis_names=(DATA_PARALLELISM_AXIS_NAME,),

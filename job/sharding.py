@@ -31,6 +31,7 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from job.errors import ConfigError
+from job.mesh import check_model_axis, equal_slices, hybrid_mesh, spans_slices
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,14 @@ def partitioned(init: Callable[..., Any], names: Sequence[str | None]) -> Callab
 
 
 def make_mesh(devices: Sequence[jax.Device] | None = None, model_axis: int = 1) -> Mesh:
-    """A ("data", "model") mesh with Auto axes; data = len(devices) // model_axis."""
+    """A ("data", "model") mesh with Auto axes; data = len(devices) // model_axis.
+
+    Devices of several slices (GPU nodes, TPU slices) give a hybrid mesh: "data"
+    runs across slices, each "model" group stays inside one slice.
+    """
     devices = list(jax.devices() if devices is None else devices)
+    if spans_slices(devices):
+        return _multi_slice_mesh(devices, model_axis)
     n = len(devices)
     if (n == 0 or isinstance(model_axis, bool) or not isinstance(model_axis, int)
             or model_axis < 1 or n % model_axis):
@@ -72,6 +79,14 @@ def make_mesh(devices: Sequence[jax.Device] | None = None, model_axis: int = 1) 
             found=model_axis, fix=f"use one of {divisors}")
     return jax.make_mesh((n // model_axis, model_axis), (DATA_AXIS, MODEL_AXIS),
                          axis_types=(AxisType.Auto, AxisType.Auto), devices=devices)
+
+
+def _multi_slice_mesh(devices: list[Any], model_axis: int) -> Mesh:
+    """The hybrid ("data", "model") mesh of devices that span several slices."""
+    what = "make_mesh(devices=...)"
+    per_slice, slices = equal_slices(devices, what)
+    check_model_axis(model_axis, per_slice, slices, "make_mesh(model_axis=...)")
+    return hybrid_mesh(devices, (len(devices) // model_axis, model_axis), (DATA_AXIS, MODEL_AXIS), what)
 
 
 def batch_axes(mesh: Mesh) -> tuple[str, ...]:
