@@ -10,13 +10,11 @@ protocol stay as they are.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import socket
 import time
 from pathlib import Path
-from typing import Any
 
 import jax
 from flax import nnx
@@ -51,19 +49,6 @@ def validate(cfg: TrainConfig) -> None:
     config.validate(cfg)
 
 
-def _digest(tree: Any) -> str:
-    """sha256 of every leaf's full value (gathered across processes), in path order."""
-    import numpy as np
-    from jax.experimental import multihost_utils
-
-    h = hashlib.sha256()
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        value = leaf if leaf.is_fully_addressable else multihost_utils.process_allgather(leaf, tiled=True)
-        h.update(jax.tree_util.keystr(path).encode())
-        h.update(np.ascontiguousarray(np.asarray(value)).tobytes())
-    return h.hexdigest()
-
-
 def run(cfg: TrainConfig) -> int:
     """Train to cfg.steps (resuming if possible). Returns 0, or REQUEUE_EXIT_CODE when preempted."""
     validate(cfg)
@@ -76,6 +61,7 @@ def run(cfg: TrainConfig) -> int:
 
     from job import data, preflight, sharding
     from job.checkpoint import Checkpointer
+    from job.fingerprint import fingerprint
     from job.multihost import only_specific_processes
     from job.report import Reporter
 
@@ -179,7 +165,7 @@ def run(cfg: TrainConfig) -> int:
         "eval_accuracy": eval_metrics.get("accuracy"),
         "seconds": round(time.perf_counter() - began, 3),
         "params_norm": float(optax.global_norm(nnx.state(lm, nnx.Param))),
-        "params_sha256": _digest(nnx.state(lm, nnx.Param)),
+        "params_sha256": fingerprint(nnx.state(lm, nnx.Param)),
     })
     return code
 
