@@ -4,7 +4,9 @@
     info = job.initialize()          # first thing in main, before any JAX call
     print(info.summary())
 
-Explicit arguments win over environment variables, which win over detection.
+Explicit arguments win over environment variables, which win over detection. Every
+value jax needs is supplied here, and jax's own cluster detection is switched off: under
+Slurm it would otherwise pick the GPU ``SLURM_LOCALID`` whenever local_device_ids is None.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from types import TracebackType
 from typing import ClassVar
 
 from job.cluster import ClusterInfo, detect
-from job.cluster.base import read_id_list, read_int
+from job.cluster.base import CUDA_VISIBLE_DEVICES, read_id_list, read_int
 from job.errors import ConfigError, InitOrderError, JobError
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,10 @@ def resolve(
     local_device_ids: Sequence[int] | None = None,
 ) -> ClusterInfo:
     """Detection, then environment overrides, then explicit arguments."""
+    if local_device_ids is not None or "JAX_LOCAL_DEVICE_IDS" in env:
+        # the override replaces the detected devices: a GPU layout detection rejects
+        # (an uneven split) must not stop the override that fixes it
+        env = {name: value for name, value in env.items() if name != CUDA_VISIBLE_DEVICES}
     info = detect(env)
     overrides: dict[str, object] = {}
     if "JAX_COORDINATOR_ADDRESS" in env:
@@ -218,7 +224,9 @@ def initialize(
     """Detect the environment and start JAX's distributed runtime.
 
     Call it first, before any other JAX call. Calling it again returns the same
-    record. In a single process nothing is started.
+    record. In a single process nothing is started. jax gets every value from the
+    record, with its own detection off: local_device_ids None means every device
+    this process sees.
     """
     import jax
     from jax._src import xla_bridge
@@ -267,6 +275,7 @@ def initialize(
             num_processes=info.num_processes,
             process_id=info.process_id,
             local_device_ids=list(info.local_device_ids) if info.local_device_ids is not None else None,
+            cluster_detection_method="deactivate",
             initialization_timeout=timeouts.init_s,
             heartbeat_timeout_seconds=timeouts.heartbeat_s,
             shutdown_timeout_seconds=timeouts.shutdown_s,

@@ -1,7 +1,9 @@
 """Preflight: after init and before training, every process's facts side by side.
 
 Each process reports its library versions, device kind and count, a hash of
-this package's code, its config, and whether it can write the run directory.
+this package's code, its config, whether it can write the run directory, and
+whether jax runs on the GPUs this process was given (JOB_SKIP_GPU_CHECK=1
+skips that one, for stand-in GPUs).
 The facts are gathered onto every process; if anything differs (or a process
 cannot write), process 0 prints one report with each process's value and
 every process stops before the first step. A mixed-version or mis-configured
@@ -17,6 +19,7 @@ import hashlib
 import importlib.metadata
 import json
 import logging
+import os
 import platform
 import socket
 import sys
@@ -24,7 +27,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from job.errors import JobError
+from job.cluster.base import visible_gpus
+from job.cluster.slurm import SlurmJob
+from job.errors import ConfigError, JobError
 
 log = logging.getLogger("job.preflight")
 
@@ -33,8 +38,13 @@ WRITABLE = "writable"
 SHARED = "shared"
 # Above this many processes the report groups processes by value instead of a column each.
 COLUMNS_UP_TO = 8
+GPUS = "gpus"
+SKIP_GPU_CHECK = "JOB_SKIP_GPU_CHECK"  # =1: the GPUs are stand-ins (tests, the local Slurm): do not check them
+NO_GPUS = "-"
+GPUS_OK = "as given"
+GPUS_SKIPPED = f"unchecked ({SKIP_GPU_CHECK}=1)"
 # Pass/fail facts and the values that pass (the first is the default when a row lacks the fact).
-REQUIRED = {"run dir": (WRITABLE,), "run dir shared": (SHARED, "-")}
+REQUIRED = {"run dir": (WRITABLE,), "run dir shared": (SHARED, "-"), GPUS: (NO_GPUS, GPUS_OK, GPUS_SKIPPED)}
 # Fields that say where a process runs: shown in the report, never compared.
 IDENTITY = ("process", "host")
 
@@ -93,6 +103,37 @@ def sees_process_0(directory: Path) -> str:
     return f"cannot see process 0's {probe_path(directory, 0).name}: not a folder the hosts share"
 
 
+def gpus_given(env: Mapping[str, str], jax_visible: str = "all") -> int | None:
+    """How many GPUs this process was given; None for none (a CPU job).
+
+    The GPUs CUDA_VISIBLE_DEVICES lists (else those Slurm gave the task), narrowed to
+    the ones jax was told to use (`jax_visible`: its jax_cuda_visible_devices, set from
+    local_device_ids) when that is not "all".
+    """
+    listed = visible_gpus(env)
+    count = len(listed) if listed is not None else SlurmJob.task_gpus(env)
+    if not count:
+        return None
+    return count if jax_visible == "all" else len(jax_visible.split(","))
+
+
+def gpu_check(given: int | None, backend: str, found: int, env: Mapping[str, str]) -> str:
+    """The "gpus" fact: NO_GPUS, GPUS_OK, GPUS_SKIPPED, or what is wrong (expected, found)."""
+    skip = env.get(SKIP_GPU_CHECK, "")
+    if skip not in ("", "0", "1"):
+        raise ConfigError(SKIP_GPU_CHECK, expected="1 (skip the GPU check) or 0", found=skip,
+                          fix=f"set {SKIP_GPU_CHECK}=1 only where the GPUs are stand-ins, or unset it")
+    if given is None:
+        return NO_GPUS
+    if skip == "1":
+        log.warning("preflight: GPU check skipped (%s=1): this process was given %d GPU(s), jax runs on %d %s "
+                    "device(s)", SKIP_GPU_CHECK, given, found, backend)
+        return GPUS_SKIPPED
+    if backend == "gpu" and found == given:
+        return GPUS_OK
+    return f"expected {given} GPU(s), found {found} {backend} device(s)"
+
+
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """{"a": {"b": 1}} -> {"a.b": 1}."""
     flat: dict[str, Any] = {}
@@ -105,11 +146,14 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def local_facts(config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
+def local_facts(config: Mapping[str, Any], run_dir: Path, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """This process's facts (needs jax initialised: it reads the local devices)."""
     import jax
+    from jax._src import xla_bridge
 
+    env = os.environ if env is None else env
     devices = jax.local_devices()
+    given = gpus_given(env, xla_bridge.CUDA_VISIBLE_DEVICES.value)
     facts: dict[str, Any] = {
         "process": jax.process_index(),
         "host": socket.gethostname(),
@@ -119,6 +163,7 @@ def local_facts(config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
         "device kind": ",".join(sorted({d.device_kind for d in devices})),
         "local devices": len(devices),
         "run dir": writable(run_dir, jax.process_index(), keep=jax.process_count() > 1),
+        GPUS: gpu_check(given, jax.default_backend(), len(devices), env),
     }
     facts.update({f"config.{k}": v for k, v in flatten(config).items()})
     return facts
@@ -158,8 +203,9 @@ def problems(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     fields = sorted({k for row in rows for k in row} - set(IDENTITY) - set(REQUIRED), key=_order)
     differ = [f for f in fields if len({json.dumps(row.get(f), default=str) for row in rows}) > 1]
     failed = [f for f, ok in REQUIRED.items() if any(row.get(f, ok[0]) not in ok for row in rows)]
-    # a process that cannot write makes every probe check moot
-    return (["run dir"] if "run dir" in failed else failed) + differ
+    if "run dir" in failed:  # a process that cannot write makes the shared-folder probe moot
+        failed = [f for f in failed if f != "run dir shared"]
+    return failed + differ
 
 
 def _order(field: str) -> tuple[int, str]:
@@ -184,6 +230,12 @@ def report(rows: Sequence[Mapping[str, Any]], fields: Sequence[str], run_dir: Pa
                      "CUDA_VISIBLE_DEVICES, the TPU slice)")
     if any(f.startswith("config.") for f in fields):
         fixes.append("pass the same flags to every process (one command line, one config)")
+    if GPUS in fields:
+        fixes.append("give jax the GPUs each process was given: found cpu devices, run a CUDA build of jax (the "
+                     "image of `make docker-build FLAVOR=cuda`, or `pip install -r docker/requirements-cuda.lock`) "
+                     "with JAX_PLATFORMS unset; found another GPU count, check CUDA_VISIBLE_DEVICES and "
+                     "JAX_LOCAL_DEVICE_IDS; to run on the CPU on purpose, hide the GPUs (CUDA_VISIBLE_DEVICES=); "
+                     f"stand-in GPUs: {SKIP_GPU_CHECK}=1")
     if "run dir" in fields or "run dir shared" in fields:
         fixes.append(f"make {run_dir} one folder every host can write (a filesystem they share), or pass --run-dir")
     return (f"preflight: stopping before training: {len(rows)} processes, these facts differ or fail.\n  "

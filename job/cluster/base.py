@@ -11,6 +11,10 @@ from job.errors import ConfigError
 
 Env = Mapping[str, str]
 
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+# What Slurm writes when a job's GPUs have no device files: no GPU is visible.
+_NO_DEVICE_FILES = "NoDevFiles"
+
 
 @dataclasses.dataclass(frozen=True)
 class ClusterInfo:
@@ -67,6 +71,23 @@ def read_id_list(env: Env, name: str, *, fix: str) -> tuple[int, ...]:
     if not ids or min(ids) < 0:
         raise ConfigError(name, expected="comma-separated device ids such as '0,1'", found=raw, fix=fix)
     return ids
+
+
+def visible_gpus(env: Env) -> tuple[str, ...] | None:
+    """The GPUs CUDA_VISIBLE_DEVICES lets this process see, as listed (ids, UUIDs or MIG names).
+
+    None when it is unset (the process sees every GPU of the machine). CUDA stops at the
+    first invalid entry, so ``""``, ``"-1"`` and Slurm's ``"NoDevFiles"`` mean none.
+    """
+    raw = env.get(CUDA_VISIBLE_DEVICES)
+    if raw is None:
+        return None
+    seen: list[str] = []
+    for entry in (part.strip() for part in raw.split(",")):
+        if not entry or entry.startswith("-") or entry == _NO_DEVICE_FILES:
+            break
+        seen.append(entry)
+    return tuple(seen)
 
 
 class ClusterEnv(abc.ABC):

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from job.cluster.base import ClusterEnv, Env, read_int, read_port
+from job.cluster.base import CUDA_VISIBLE_DEVICES, ClusterEnv, Env, read_int, read_port, visible_gpus
 from job.cluster.nodelist import expand_tasks_per_node, first_node
+from job.errors import ConfigError
 
 JOB_ID = "SLURM_JOB_ID"
 STEP_ID = "SLURM_STEP_ID"
@@ -21,7 +22,10 @@ PROCID = "SLURM_PROCID"
 LOCALID = "SLURM_LOCALID"
 NODEID = "SLURM_NODEID"
 TASKS_PER_NODE = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
-GPUS_PER_TASK = "SLURM_GPUS_PER_TASK"
+_GPUS_PER_TASK = "SLURM_GPUS_PER_TASK"  # set in a task only inside an sbatch that asked for it
+_GPUS_ON_NODE = "SLURM_GPUS_ON_NODE"  # how many GPUs the step has on this node
+_STEP_GPUS = "SLURM_STEP_GPUS"  # the ids of this task's GPUs (all the step's, when Slurm does not bind)
+_JOB_GPUS = "SLURM_JOB_GPUS"  # the ids of the job's GPUs on this node
 PORT_OVERRIDE = "JOB_COORDINATOR_PORT"
 
 # Ports in [61440, 65535]; 31 is coprime with 4096, so consecutive job ids
@@ -30,6 +34,11 @@ _PORT_BASE = 61440
 _PORT_SPAN = 4096
 
 _FIX = "run the program under `srun` (inside sbatch or salloc), not directly in the batch script"
+
+
+def _count_ids(ids: str) -> int:
+    """``"0,1,3"`` -> 3."""
+    return len([part for part in ids.split(",") if part.strip()])
 
 
 def slurm_port(job_id: int, step_id: int) -> int:
@@ -62,24 +71,75 @@ class SlurmJob(ClusterEnv):
 
     @classmethod
     def local_device_ids(cls, env: Env) -> tuple[int, ...] | None:
-        """One device per task when several tasks share a node (one task per GPU).
+        """The GPUs this task uses, as indices into the GPUs it sees (after CUDA_VISIBLE_DEVICES).
 
-        When Slurm already bound GPUs to the task (``--gpus-per-task=N`` sets
-        SLURM_GPUS_PER_TASK and narrows CUDA_VISIBLE_DEVICES) the task keeps all it sees.
+        - CUDA_VISIBLE_DEVICES lists no GPU (``""``, ``NoDevFiles``) -> None.
+        - It is unset (a CPU job, or a GPU node without GRES): several tasks on the node ->
+          ``(SLURM_LOCALID,)``, jax's own habit; otherwise None (every device).
+        - It lists one GPU, or Slurm bound GPUs to the task (SLURM_GPUS_PER_TASK is set, or
+          the task sees fewer GPUs than the step has on its node, `gpus_on_node`), or the
+          task is alone on its node -> every GPU it sees.
+        - Otherwise the node's tasks share the GPUs they all see: as many GPUs as tasks ->
+          ``(SLURM_LOCALID,)``; a multiple -> the task's contiguous block; anything else ->
+          ConfigError; tasks on the node that cannot be counted -> ``(SLURM_LOCALID,)``.
         """
+        visible = visible_gpus(env)
         tasks_here = cls._tasks_on_this_node(env)
-        if tasks_here is None or tasks_here <= 1 or GPUS_PER_TASK in env:
+        if visible is None:
+            return (cls._local_id(env),) if tasks_here is not None and tasks_here > 1 else None
+        seen = len(visible)
+        if seen == 0:
             return None
-        visible = env.get("CUDA_VISIBLE_DEVICES")
-        if visible is not None and len(visible.split(",")) <= 1:
-            return None
-        return (read_int(env, LOCALID, fix=_FIX),)
+        on_node = cls.gpus_on_node(env)
+        bound = _GPUS_PER_TASK in env or (on_node is not None and seen < on_node)
+        if bound or seen == 1 or tasks_here == 1:
+            return tuple(range(seen))
+        local_id = cls._local_id(env)
+        if tasks_here is None:
+            return (local_id,)
+        if local_id >= tasks_here:
+            raise ConfigError(LOCALID, expected=f"0..{tasks_here - 1} (the tasks on this node)", found=local_id,
+                              fix=_FIX)
+        if seen % tasks_here:
+            raise ConfigError(
+                "Slurm GPUs per task",
+                expected=f"the {seen} GPUs that each of this node's {tasks_here} tasks sees "
+                         f"(CUDA_VISIBLE_DEVICES={env[CUDA_VISIBLE_DEVICES]}) to split evenly between them",
+                found=f"{seen} GPUs for {tasks_here} tasks",
+                fix="ask Slurm for whole GPUs per task (--gpus-per-task=K), or for as many tasks per node as "
+                    "GPUs (or a divisor), or set JAX_LOCAL_DEVICE_IDS in each task",
+            )
+        share = seen // tasks_here
+        return tuple(range(local_id * share, (local_id + 1) * share))
+
+    @classmethod
+    def gpus_on_node(cls, env: Env) -> int | None:
+        """How many GPUs the step has on this node: SLURM_GPUS_ON_NODE, else the length of
+        SLURM_JOB_GPUS; None when Slurm says neither."""
+        if _GPUS_ON_NODE in env:
+            return read_int(env, _GPUS_ON_NODE, fix="unset it, or run under srun with GPUs (--gpus-per-node=N)")
+        return _count_ids(env[_JOB_GPUS]) if _JOB_GPUS in env else None
+
+    @classmethod
+    def task_gpus(cls, env: Env) -> int:
+        """How many GPUs Slurm gave this task: SLURM_STEP_GPUS, else `gpus_on_node`; 0 for none."""
+        if _STEP_GPUS in env:
+            return _count_ids(env[_STEP_GPUS])
+        return cls.gpus_on_node(env) or 0
+
+    @classmethod
+    def _local_id(cls, env: Env) -> int:
+        return read_int(env, LOCALID, fix=_FIX)
 
     @classmethod
     def _tasks_on_this_node(cls, env: Env) -> int | None:
+        """From the step's tasks per node and SLURM_NODEID; when every node runs the same
+        number of tasks, SLURM_NODEID is not needed."""
         name = next((name for name in TASKS_PER_NODE if name in env), None)
-        if name is None or NODEID not in env:
+        if name is None:
             return None
         counts = expand_tasks_per_node(env[name], name)
+        if NODEID not in env:
+            return counts[0] if len(set(counts)) == 1 else None
         node = read_int(env, NODEID, fix=_FIX)
         return counts[node] if node < len(counts) else None

@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 from job.cluster import DETECTION_ORDER, KINDS, SINGLE, ClusterInfo, detect
-from job.cluster.base import read_id_list, read_int, read_port
+from job.cluster.base import read_id_list, read_int, read_port, visible_gpus
 from job.cluster.local import LocalLauncher
 from job.cluster.nodelist import first_node
 from job.cluster.slurm import SlurmJob, slurm_port
@@ -127,11 +127,11 @@ SLURM_TABLES: tuple[tuple[str, Env, ClusterInfo], ...] = (
     ("gpu-2-nodes-x-4-tasks", GPU_2x4,
      ClusterInfo("slurm", 6, 8, f"gpu01:{slurm_port(1001, 1)}", (2,))),
     ("gpu-gpus-per-task-1", GPU_2x4_PER_TASK,
-     ClusterInfo("slurm", 6, 8, f"gpu01:{slurm_port(1001, 2)}", None)),
+     ClusterInfo("slurm", 6, 8, f"gpu01:{slurm_port(1001, 2)}", (0,))),
     ("gpu-product-nodelist", GPU_PRODUCT_4x2,
      ClusterInfo("slurm", 7, 8, f"gpu-1-3:{slurm_port(777, 0)}", (1,))),
     ("heterogeneous-on-b5", HETERO_ON_B5,
-     ClusterInfo("slurm", 8, 9, f"a01:{slurm_port(90210, 0)}", None)),
+     ClusterInfo("slurm", 8, 9, f"a01:{slurm_port(90210, 0)}", (0, 1))),
     ("heterogeneous-on-a01", HETERO_ON_A01,
      ClusterInfo("slurm", 1, 9, f"a01:{slurm_port(90210, 0)}", (1,))),
     ("step-narrower-than-allocation", STEP_NARROWER,
@@ -193,9 +193,16 @@ def test_job_coordinator_port_overrides_slurm_port() -> None:
     )
 
 
-def test_slurm_without_nodeid_keeps_all_devices() -> None:
+def test_slurm_without_nodeid_counts_tasks_when_every_node_runs_as_many() -> None:
     env = {k: v for k, v in GPU_2x4.items() if k != "SLURM_NODEID"}
-    assert detect(env).local_device_ids is None
+    assert detect(env).local_device_ids == (2,)  # "4(x2)": four tasks here, whatever the node
+
+
+def test_slurm_without_nodeid_or_even_nodes_falls_back_to_the_local_id() -> None:
+    env = {k: v for k, v in HETERO_ON_A01.items() if k != "SLURM_NODEID"}  # "2(x4),1": which node is this?
+    assert detect(env).local_device_ids == (1,)
+    cpu = {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
+    assert detect(cpu).local_device_ids is None
 
 
 # (id, env, variable the error must name, text the error must hold)
@@ -253,7 +260,134 @@ def test_gpus_per_task_two_keeps_both_devices() -> None:
         procid=3, localid=1, nodeid=1, nodename="gpu02",
         CUDA_VISIBLE_DEVICES="0,1", SLURM_GPUS_PER_TASK="2", SLURM_GPUS_ON_NODE="4", SLURM_STEP_GPUS="2,3",
     )
-    assert detect(env).local_device_ids is None
+    assert detect(env).local_device_ids == (0, 1)
+
+
+# --------------------------------------------------------------------------- Slurm GPU layouts
+#
+# Recorded with srun on the GPU-shaped local Slurm (Slurm 22.05, 4 GPUs a node, no device
+# cgroups) unless marked "cgroups": there every task sees its GPUs renumbered from 0.
+# local_device_ids index the GPUs the task sees after CUDA_VISIBLE_DEVICES.
+
+
+def gpu_task(ntasks_per_node: int, localid: int, *, nodes: int = 2, nodeid: int = 1, **gpu_vars: str) -> Env:
+    """Task `localid` on node `nodeid` of a `--ntasks-per-node` step on 4-GPU nodes, plus its GPU variables."""
+    return srun_env(
+        job_id=5150, step_id=0, nodelist=f"gpu[1-{nodes}]", num_nodes=nodes, ntasks=nodes * ntasks_per_node,
+        tasks_per_node=f"{ntasks_per_node}(x{nodes})", procid=nodeid * ntasks_per_node + localid, localid=localid,
+        nodeid=nodeid, nodename=f"gpu{nodeid + 1}", **gpu_vars,
+    )
+
+
+ALL_FOUR = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "SLURM_GPUS_ON_NODE": "4", "SLURM_STEP_GPUS": "0,1,2,3"}
+
+# (id, env, expected local_device_ids)
+GPU_LAYOUTS: tuple[tuple[str, Env, tuple[int, ...] | None], ...] = (
+    # a. --ntasks-per-node=1 --gpus-per-node=4: the one task takes every GPU of its node
+    ("a-one-task-per-node-all-gpus", gpu_task(1, 0, **ALL_FOUR), (0, 1, 2, 3)),
+    # b. --ntasks-per-node=2 --gpus-per-task=2 under plain srun: physical ids, no SLURM_GPUS_PER_TASK
+    ("b-gpus-per-task-2-srun-task-0", gpu_task(2, 0, CUDA_VISIBLE_DEVICES="0,1", SLURM_GPUS_ON_NODE="4",
+                                               SLURM_STEP_GPUS="0,1"), (0, 1)),
+    ("b-gpus-per-task-2-srun-task-1", gpu_task(2, 1, CUDA_VISIBLE_DEVICES="2,3", SLURM_GPUS_ON_NODE="4",
+                                               SLURM_STEP_GPUS="2,3"), (0, 1)),
+    # b. the same inside `sbatch --gpus-per-task=2`: the task inherits SLURM_GPUS_PER_TASK and SLURM_JOB_GPUS
+    ("b-gpus-per-task-2-sbatch-task-1", gpu_task(2, 1, CUDA_VISIBLE_DEVICES="2,3", SLURM_GPUS_ON_NODE="4",
+                                                 SLURM_STEP_GPUS="2,3", SLURM_JOB_GPUS="0,1,2,3",
+                                                 SLURM_GPUS_PER_TASK="2"), (0, 1)),
+    # b. --ntasks-per-node=4 --gpus-per-task=1: one physical id each
+    ("b-gpus-per-task-1-task-3", gpu_task(4, 3, CUDA_VISIBLE_DEVICES="3", SLURM_GPUS_ON_NODE="4",
+                                          SLURM_STEP_GPUS="3"), (0,)),
+    # c. cgroups: every task sees its GPUs as 0.., with or without SLURM_GPUS_PER_TASK
+    ("c-cgroups-gpus-per-task-2", gpu_task(2, 1, CUDA_VISIBLE_DEVICES="0,1", SLURM_GPUS_ON_NODE="4",
+                                           SLURM_STEP_GPUS="2,3"), (0, 1)),
+    ("c-cgroups-gpus-per-task-2-sbatch", gpu_task(2, 1, CUDA_VISIBLE_DEVICES="0,1", SLURM_GPUS_ON_NODE="4",
+                                                  SLURM_STEP_GPUS="2,3", SLURM_GPUS_PER_TASK="2"), (0, 1)),
+    ("c-cgroups-gpus-per-task-1", gpu_task(4, 2, CUDA_VISIBLE_DEVICES="0", SLURM_GPUS_ON_NODE="4",
+                                           SLURM_STEP_GPUS="2", SLURM_GPUS_PER_TASK="1"), (0,)),
+    # d. --ntasks-per-node=4 --gres=gpu:4: every task sees all four; each takes its own
+    ("d-four-tasks-share-four-gpus-task-2", gpu_task(4, 2, **ALL_FOUR), (2,)),
+    ("d-four-tasks-share-four-gpus-task-0", gpu_task(4, 0, **ALL_FOUR), (0,)),
+    # d. --ntasks-per-node=2 --gres=gpu:4: a block of two each
+    ("d-two-tasks-share-four-gpus-task-1", gpu_task(2, 1, **ALL_FOUR), (2, 3)),
+    # d. --ntasks-per-node=2 --gpus-per-node=2 on a 4-GPU node: the step's two, one each
+    ("d-two-tasks-share-the-steps-two", gpu_task(2, 1, CUDA_VISIBLE_DEVICES="0,1", SLURM_GPUS_ON_NODE="2",
+                                                 SLURM_STEP_GPUS="0,1"), (1,)),
+    # d. one GPU for the node's tasks: nothing to split, every task uses it
+    ("d-four-tasks-one-gpu", gpu_task(4, 3, CUDA_VISIBLE_DEVICES="0", SLURM_GPUS_ON_NODE="1",
+                                      SLURM_STEP_GPUS="0"), (0,)),
+    # e. a CPU job: nothing about GPUs; alone on its node -> every device
+    ("e-cpu-one-task-per-node", gpu_task(1, 0), None),
+    # a GPU node without GRES looks like a CPU job with several tasks: jax's habit, the local id
+    # (a CPU backend ignores it)
+    ("no-gres-several-tasks", gpu_task(4, 3), (3,)),
+    # GPUs hidden on purpose, or GRES without device files
+    ("cuda-visible-devices-empty", gpu_task(4, 1, CUDA_VISIBLE_DEVICES=""), None),
+    ("no-device-files", gpu_task(4, 1, CUDA_VISIBLE_DEVICES="NoDevFiles", SLURM_GPUS_ON_NODE="4"), None),
+    # only SLURM_JOB_GPUS (no SLURM_GPUS_ON_NODE) tells the node's count: seeing fewer means bound
+    ("bound-by-job-gpus-only", gpu_task(2, 1, CUDA_VISIBLE_DEVICES="2,3", SLURM_JOB_GPUS="0,1,2,3"), (0, 1)),
+    ("gpu-uuids", gpu_task(2, 1, CUDA_VISIBLE_DEVICES="GPU-a1,GPU-b2,GPU-c3,GPU-d4", SLURM_GPUS_ON_NODE="4"),
+     (2, 3)),
+)
+
+
+@pytest.mark.parametrize(("env", "expected"), [r[1:] for r in GPU_LAYOUTS], ids=[r[0] for r in GPU_LAYOUTS])
+def test_slurm_gpu_layout(env: Env, expected: tuple[int, ...] | None) -> None:
+    assert SlurmJob.local_device_ids(env) == expected
+    assert detect(env).local_device_ids == expected
+
+
+def test_tasks_sharing_a_node_take_disjoint_gpus_that_cover_it() -> None:
+    for tasks in (1, 2, 4):
+        taken = [SlurmJob.local_device_ids(gpu_task(tasks, i, **ALL_FOUR)) for i in range(tasks)]
+        assert sorted(d for ids in taken for d in ids) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(("tasks", "visible"), [(3, "0,1,2,3"), (8, "0,1,2,3"), (4, "0,1"), (2, "0,1,2")])
+def test_an_uneven_gpu_split_is_one_clear_error(tasks: int, visible: str) -> None:
+    env = gpu_task(tasks, 1, CUDA_VISIBLE_DEVICES=visible, SLURM_GPUS_ON_NODE=str(len(visible.split(","))))
+    with pytest.raises(ConfigError) as caught:
+        detect(env)
+    message = str(caught.value)
+    assert message.startswith("Slurm GPUs per task: expected the ")
+    assert f"{len(visible.split(','))} GPUs for {tasks} tasks" in message
+    assert f"CUDA_VISIBLE_DEVICES={visible}" in message
+    assert "Fix: ask Slurm for whole GPUs per task (--gpus-per-task=K)" in message
+
+
+def test_a_local_id_beyond_the_tasks_of_the_node_is_refused() -> None:
+    with pytest.raises(ConfigError, match="SLURM_LOCALID: expected 0..3"):
+        detect({**gpu_task(4, 0, **ALL_FOUR), "SLURM_LOCALID": "4"})
+
+
+@pytest.mark.parametrize("override", ["env", "argument"])
+def test_jax_local_device_ids_or_the_argument_beat_an_uneven_split(override: str) -> None:
+    env = gpu_task(3, 1, **ALL_FOUR)
+    if override == "env":
+        info = resolve({**env, "JAX_LOCAL_DEVICE_IDS": "1"})
+    else:
+        info = resolve(env, local_device_ids=[1])
+    assert info.local_device_ids == (1,)
+    assert (info.kind, info.process_id, info.num_processes) == ("slurm", 4, 6)
+
+
+def test_gpu_counts_slurm_gives() -> None:
+    assert SlurmJob.gpus_on_node(gpu_task(2, 1, SLURM_GPUS_ON_NODE="4", SLURM_JOB_GPUS="0,1")) == 4
+    assert SlurmJob.gpus_on_node(gpu_task(2, 1, SLURM_JOB_GPUS="0,1,2")) == 3
+    assert SlurmJob.gpus_on_node(gpu_task(2, 1, SLURM_STEP_GPUS="0,1")) is None  # the task's ids, not the node's
+    assert SlurmJob.task_gpus(gpu_task(2, 1, SLURM_GPUS_ON_NODE="4", SLURM_STEP_GPUS="2,3")) == 2
+    assert SlurmJob.task_gpus(gpu_task(2, 1, SLURM_GPUS_ON_NODE="4")) == 4
+    assert SlurmJob.task_gpus(gpu_task(2, 1)) == 0
+    with pytest.raises(ConfigError, match="SLURM_GPUS_ON_NODE: expected an integer >= 0, found 'four'"):
+        SlurmJob.gpus_on_node(gpu_task(2, 1, SLURM_GPUS_ON_NODE="four"))
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, None), ("0,1,2,3", ("0", "1", "2", "3")), ("3", ("3",)), ("", ()), ("-1", ()), ("0,-1,2", ("0",)),
+     ("NoDevFiles", ()), (" 1, 2 ", ("1", "2")), ("GPU-a1,MIG-b2", ("GPU-a1", "MIG-b2"))],
+)
+def test_visible_gpus_reads_cuda_visible_devices_as_cuda_does(value: str | None, expected: tuple | None) -> None:
+    assert visible_gpus({} if value is None else {"CUDA_VISIBLE_DEVICES": value}) == expected
 
 
 # --------------------------------------------------------------------------- local launcher

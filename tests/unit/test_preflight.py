@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+import pytest
+
 from job import preflight
+from job.errors import ConfigError
 
 BASE = {"process": 0, "host": "a", "python": "3.11.7", "jax": "0.10.2", "jaxlib": "0.10.2", "flax": "0.12.8",
         "orbax-checkpoint": "0.12.8", "optax": "0.2.8", "job code": "abc", "device kind": "cpu",
@@ -88,3 +92,99 @@ def test_removing_a_probe_never_raises(tmp_path: Path) -> None:
     preflight.remove_probe(tmp_path, 1)  # already gone
     preflight.remove_probe(tmp_path / "file-not-folder" / "x", 1)
     assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- GPUs
+
+SLURM_TASK = {"SLURM_JOB_ID": "7", "SLURM_GPUS_ON_NODE": "4"}
+
+
+@pytest.mark.parametrize(
+    ("env", "jax_visible", "expected"),
+    [
+        ({}, "all", None),  # a CPU job
+        ({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, "all", 4),
+        ({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, "2", 1),  # job.initialize gave jax local_device_ids (2,)
+        ({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, "2,3", 2),
+        ({"CUDA_VISIBLE_DEVICES": "GPU-a1"}, "all", 1),
+        ({"CUDA_VISIBLE_DEVICES": ""}, "all", None),  # hidden on purpose
+        ({**SLURM_TASK, "CUDA_VISIBLE_DEVICES": ""}, "all", None),  # CUDA_VISIBLE_DEVICES decides
+        ({"CUDA_VISIBLE_DEVICES": "NoDevFiles", **SLURM_TASK}, "all", None),
+        (SLURM_TASK, "all", 4),  # Slurm says so, nothing narrowed the process
+        ({"SLURM_STEP_GPUS": "2,3", **SLURM_TASK}, "all", 2),
+        ({"SLURM_JOB_GPUS": "0,1,2"}, "all", 3),
+        ({"SLURM_LOCALID": "3"}, "3", None),  # a CPU job several tasks a node: jax_cuda_visible_devices is moot
+    ],
+)
+def test_gpus_given_to_this_process(env: dict[str, str], jax_visible: str, expected: int | None) -> None:
+    assert preflight.gpus_given(env, jax_visible) == expected
+
+
+@pytest.mark.parametrize(
+    ("given", "backend", "found", "expected"),
+    [
+        (None, "cpu", 8, preflight.NO_GPUS),
+        (4, "gpu", 4, preflight.GPUS_OK),
+        (4, "cpu", 8, "expected 4 GPU(s), found 8 cpu device(s)"),
+        (1, "cpu", 1, "expected 1 GPU(s), found 1 cpu device(s)"),
+        (1, "gpu", 8, "expected 1 GPU(s), found 8 gpu device(s)"),  # jax took every GPU: two processes share
+        (2, "gpu", 1, "expected 2 GPU(s), found 1 gpu device(s)"),
+    ],
+)
+def test_gpu_check(given: int | None, backend: str, found: int, expected: str) -> None:
+    assert preflight.gpu_check(given, backend, found, {}) == expected
+    assert len(expected) <= 60  # a report cell shows 60 characters
+
+
+def test_the_gpu_check_is_skipped_for_stand_in_gpus_with_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="job.preflight"):
+        fact = preflight.gpu_check(4, "cpu", 8, {"JOB_SKIP_GPU_CHECK": "1"})
+    assert fact == preflight.GPUS_SKIPPED
+    assert [r.getMessage() for r in caplog.records] == [
+        "preflight: GPU check skipped (JOB_SKIP_GPU_CHECK=1): this process was given 4 GPU(s), jax runs on 8 cpu "
+        "device(s)"]
+    caplog.clear()
+    assert preflight.gpu_check(None, "cpu", 8, {"JOB_SKIP_GPU_CHECK": "1"}) == preflight.NO_GPUS
+    assert preflight.gpu_check(4, "cpu", 8, {"JOB_SKIP_GPU_CHECK": "0"}).startswith("expected 4 GPU(s)")
+    assert caplog.records == []
+
+
+@pytest.mark.parametrize("value", ["yes", "true", "2", " 1"])
+def test_a_skip_value_other_than_0_or_1_is_refused(value: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        preflight.gpu_check(4, "cpu", 8, {"JOB_SKIP_GPU_CHECK": value})
+    assert str(caught.value).startswith(f"JOB_SKIP_GPU_CHECK: expected 1 (skip the GPU check) or 0, found {value!r}")
+
+
+def test_a_process_without_its_gpus_fails_preflight_with_a_fix() -> None:
+    table = rows({"gpus": preflight.GPUS_OK}, {"gpus": "expected 4 GPU(s), found 8 cpu device(s)"})
+    assert preflight.problems(table) == ["gpus"]
+    text = preflight.report(table, ["gpus"], Path("/r"))
+    assert text.splitlines()[2].split() == ["gpus", "as", "given", "expected", "4", "GPU(s),", "found", "8", "cpu",
+                                            "device(s)"]
+    assert "Fix: give jax the GPUs each process was given: found cpu devices, run a CUDA build of jax" in text
+    assert "make docker-build FLAVOR=cuda" in text and "JOB_SKIP_GPU_CHECK=1" in text
+
+
+def test_gpus_pass_when_none_were_given_or_the_check_was_skipped() -> None:
+    assert preflight.problems(rows({"gpus": preflight.NO_GPUS}, {"gpus": preflight.GPUS_SKIPPED}, {})) == []
+
+
+def test_an_unwritable_run_dir_and_missing_gpus_are_both_reported() -> None:
+    table = rows({"run dir": "OSError: x", "run dir shared": "-", "gpus": "expected 1 GPU(s), found 2 cpu device(s)"})
+    assert preflight.problems(table) == ["run dir", "gpus"]
+
+
+def test_check_stops_a_cpu_backend_that_was_given_gpus(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The whole check in this process: jax here runs on the CPU, the environment says 2 GPUs."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.delenv("JOB_SKIP_GPU_CHECK", raising=False)
+    with pytest.raises(preflight.PreflightError) as caught:
+        preflight.check({"steps": 1}, tmp_path)
+    text = str(caught.value)
+    assert "preflight: stopping before training: 1 processes" in text
+    assert "gpus  expected 2 GPU(s), found " in text and " cpu device(s)" in text
+    monkeypatch.setenv("JOB_SKIP_GPU_CHECK", "1")
+    assert preflight.check({"steps": 1}, tmp_path).facts["gpus"] == preflight.GPUS_SKIPPED
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert preflight.check({"steps": 1}, tmp_path).facts["gpus"] == preflight.NO_GPUS
