@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-_SEEDS = (0x9E3779B9, 0x7F4A7C15, 0x85EBCA6B, 0xC2B2AE35)
+_SEEDS = (0x9E3779B9, 0x7F4A7C15, 0x85EBCA6B)
 
 
 def _mix(h: jax.Array) -> jax.Array:
@@ -50,10 +50,11 @@ def _words(x: jax.Array) -> jax.Array:
 @jax.jit
 def _sums(x: jax.Array) -> jax.Array:
     words = _words(x)
-    position = jax.lax.iota(jnp.uint32, words.size).reshape(words.shape)
-    linear = [jnp.sum(words * (_mix(position ^ jnp.uint32(seed)) | jnp.uint32(1)), dtype=jnp.uint32)
-              for seed in _SEEDS[:2]]
-    mixed = [jnp.sum(_mix(words + _mix(position ^ jnp.uint32(seed))), dtype=jnp.uint32) for seed in _SEEDS[2:]]
+    weight = _mix(jax.lax.iota(jnp.uint32, words.size).reshape(words.shape) ^ jnp.uint32(_SEEDS[0]))
+    odd = [weight | jnp.uint32(1), (weight * jnp.uint32(_SEEDS[1])) | jnp.uint32(1)]
+    linear = [jnp.sum(words * w, dtype=jnp.uint32) for w in odd]
+    mixed = [jnp.sum(_mix(words ^ weight), dtype=jnp.uint32),
+             jnp.sum(_mix(words + jnp.uint32(_SEEDS[2])) * odd[0], dtype=jnp.uint32)]
     return jnp.stack(linear + mixed)
 
 

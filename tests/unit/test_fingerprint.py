@@ -23,11 +23,13 @@ def _mix(h: np.ndarray) -> np.ndarray:
 def reference_sums(x: np.ndarray) -> np.ndarray:
     """The same four sums in NumPy on the host: the definition the device code must follow."""
     words = x.view(np.uint32).ravel()
-    pos = np.arange(words.size, dtype=np.uint32)
     seeds = [np.uint32(s) for s in fp._SEEDS]
     with np.errstate(over="ignore"):
-        linear = [np.sum(words * (_mix(pos ^ s) | np.uint32(1)), dtype=np.uint32) for s in seeds[:2]]
-        mixed = [np.sum(_mix(words + _mix(pos ^ s)), dtype=np.uint32) for s in seeds[2:]]
+        weight = _mix(np.arange(words.size, dtype=np.uint32) ^ seeds[0])
+        odd = [weight | np.uint32(1), (weight * seeds[1]) | np.uint32(1)]
+        linear = [np.sum(words * w, dtype=np.uint32) for w in odd]
+        mixed = [np.sum(_mix(words ^ weight), dtype=np.uint32),
+                 np.sum(_mix(words + seeds[2]) * odd[0], dtype=np.uint32)]
     return np.array(linear + mixed, dtype=np.uint32)
 
 
