@@ -3,6 +3,11 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# FLAVOR: cpu (the default; .venv from requirements.lock) or cuda (.venv-cuda from docker/requirements-cuda.lock,
+# the interpreter GPU jobs on Slurm run); also the image flavour of docker-build (cpu, cuda or tpu).
+FLAVOR ?= cpu
+CUDA_VENV := .venv-cuda
+CUDA_LOCK := docker/requirements-cuda.lock
 NPROC ?= 4
 DEVICES ?= 2
 ARGS ?= train --run-dir runs/local
@@ -31,7 +36,17 @@ $(BIN)/.installed: requirements.lock pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $@
 
-venv: $(BIN)/.installed ## create .venv from the lock file (the other targets do this themselves)
+$(CUDA_VENV)/bin/.installed: $(CUDA_LOCK) pyproject.toml
+	$(PYTHON) -m venv $(CUDA_VENV)
+	$(CUDA_VENV)/bin/pip install --quiet --disable-pip-version-check -r $(CUDA_LOCK)
+	$(CUDA_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $@
+
+VENV_FOR_cpu := $(BIN)/.installed
+VENV_FOR_cuda := $(CUDA_VENV)/bin/.installed
+
+venv: $(VENV_FOR_$(FLAVOR)) ## create .venv from the lock file (the other targets do this themselves); FLAVOR=cuda: .venv-cuda for GPU jobs
+	@[ -n "$(VENV_FOR_$(FLAVOR))" ] || { echo "make venv: expected FLAVOR=cpu or FLAVOR=cuda, found FLAVOR="$(call quote,FLAVOR)". Fix: make venv FLAVOR=cuda (or no FLAVOR)" >&2; exit 2; }
 
 run-local: $(BIN)/.installed ## the example job on NPROC (4) local CPU processes x DEVICES (2); ARGS=... passes arguments
 	JAX_PLATFORMS=cpu $(BIN)/python -m job.launch -n $(NPROC) --devices-per-process $(DEVICES) -- $(BIN)/python -m job $(ARGS)
@@ -51,12 +66,17 @@ slurm-up: ## start a real Slurm cluster on this machine (NODES=4 slurmd, slurmct
 slurm-down: ## stop the local Slurm cluster and remove its folder
 	bash slurm/local-cluster.sh down
 
-submit-slurm: $(BIN)/.installed ## submit the job: NODES=4 [PARTITION TIME GPUS_PER_NODE CPUS_PER_TASK ACCOUNT QOS IMAGE VIA=sbatch WAIT=1 ARGS=...]
+submit-slurm: $(BIN)/.installed ## submit the job: NODES=4 [GPUS_PER_NODE TASKS_PER_NODE GPU_TYPE GRES=1 CPUS_PER_TASK MEM EXCLUSIVE=1 CONSTRAINT PARTITION TIME ACCOUNT QOS IMAGE CONTAINER_RUNTIME PYTHON SBATCH_ARGS VIA=sbatch WAIT=1 DRY_RUN=1 ARGS=...]
 	@if [ -f $(SLURM_ENV) ]; then . $(SLURM_ENV); fi; \
 	$(BIN)/python -m deploy.slurm --nodes $(call quote,NODES) --partition $(call quote,PARTITION) \
 		--time $(call quote,TIME) --gpus-per-node $(call quote,GPUS_PER_NODE) \
-		--cpus-per-task $(call quote,CPUS_PER_TASK) --account $(call quote,ACCOUNT) --qos $(call quote,QOS) \
-		--image $(call quote,IMAGE) --via $(call quote,VIA) $(if $(filter 1,$(WAIT)),--wait) $(SLURM_ARGS)
+		--tasks-per-node $(call quote,TASKS_PER_NODE) --gpu-type $(call quote,GPU_TYPE) \
+		--cpus-per-task $(call quote,CPUS_PER_TASK) --mem $(call quote,MEM) --constraint $(call quote,CONSTRAINT) \
+		--account $(call quote,ACCOUNT) --qos $(call quote,QOS) --image $(call quote,IMAGE) \
+		--container-runtime $(call quote,CONTAINER_RUNTIME) --via $(call quote,VIA) \
+		--gres=$(call quote,GRES) --exclusive=$(call quote,EXCLUSIVE) --dry-run=$(call quote,DRY_RUN) \
+		$(if $(filter command line,$(origin PYTHON)),--python=$(call quote,PYTHON)) \
+		--sbatch-args=$(call quote,SBATCH_ARGS) $(if $(filter 1,$(WAIT)),--wait) $(SLURM_ARGS)
 
 # ------------------------------------------------------------------ Cloud TPU pods (deploy/tpu.py)
 # make tpu-pod TPU_NAME=my-pod ZONE=us-central2-b ACCELERATOR=v4-32 ARGS='train --run-dir /mnt/BUCKET/run1'
@@ -102,7 +122,6 @@ tpu-status: $(BIN)/.installed ## Cloud TPU: print the slice's state (READY, PREE
 	$(TPU_CLI) status $(TPU_FLAGS)
 
 # ---- containers (docker/) ----
-FLAVOR ?= cpu
 # not `IMAGE ?=`: IMAGE given to submit-slurm / tpu-* must stay empty by default
 DOCKER_IMAGE = $(or $(IMAGE),jax-cluster-job:$(FLAVOR))
 DOCKER_ARGS = $(if $(filter command line,$(origin ARGS)),$(ARGS),train --run-dir runs/docker)

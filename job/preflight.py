@@ -231,8 +231,8 @@ def report(rows: Sequence[Mapping[str, Any]], fields: Sequence[str], run_dir: Pa
     if any(f.startswith("config.") for f in fields):
         fixes.append("pass the same flags to every process (one command line, one config)")
     if GPUS in fields:
-        fixes.append("give jax the GPUs each process was given: found cpu devices, run a CUDA build of jax (the "
-                     "image of `make docker-build FLAVOR=cuda`, or `pip install -r docker/requirements-cuda.lock`) "
+        fixes.append("give jax the GPUs each process was given: found cpu devices, run a CUDA build of jax (a "
+                     "virtualenv from `make venv FLAVOR=cuda`, or the image of `make docker-build FLAVOR=cuda`) "
                      "with JAX_PLATFORMS unset; found another GPU count, check CUDA_VISIBLE_DEVICES and "
                      "JAX_LOCAL_DEVICE_IDS; to run on the CPU on purpose, hide the GPUs (CUDA_VISIBLE_DEVICES=); "
                      f"stand-in GPUs: {SKIP_GPU_CHECK}=1")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -188,3 +189,131 @@ def test_run_local_refuses_a_missing_image_before_starting_anything(tmp_path: Pa
     assert "expected the image 'localhost/no-such-image:never' in podman, found none" in proc.stderr
     assert "Fix: make docker-build IMAGE=localhost/no-such-image:never" in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# What the image and slurm/train.sbatch give GPU jobs (checked from the files and the script's dry run)
+# ---------------------------------------------------------------------------------------------------
+SBATCH_SCRIPT = ROOT / "slurm" / "train.sbatch"
+
+
+def dockerfile_env() -> dict[str, str]:
+    """The ENV NAME=value pairs of docker/Dockerfile (continuation lines joined)."""
+    text = (ROOT / "docker" / "Dockerfile").read_text().replace("\\\n", " ")
+    pairs = {}
+    for line in text.splitlines():
+        if line.startswith("ENV "):
+            pairs.update(item.split("=", 1) for item in shlex.split(line[4:]) if "=" in item)
+    return pairs
+
+
+def test_the_image_asks_the_nvidia_hooks_for_the_gpus_and_the_driver() -> None:
+    # enroot's nvidia hook (pyxis) and nvidia-container-toolkit mount nothing without these two
+    env = dockerfile_env()
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+
+
+def srun_line(tmp_path: Path, args: list[str], **variables: str) -> list[str]:
+    """The srun argv train.sbatch would run (JOB_DRY_RUN=1), from `tmp_path` as the submission folder."""
+    env = {"PATH": "/usr/bin:/bin", "JOB_DRY_RUN": "1", "JOB_PYTHON": "/venv/bin/python", **variables}
+    proc = subprocess.run(["bash", str(SBATCH_SCRIPT), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    words = shlex.split(proc.stdout)
+    assert words[0] == "srun", proc.stdout
+    return words
+
+
+GPU_VARIABLES = [{"SLURM_GPUS_PER_NODE": "4"}, {"SLURM_GPUS_PER_TASK": "a100:1"}, {"SLURM_JOB_GPUS": "0,1"},
+                 {"SLURM_GPUS_ON_NODE": "4"}]
+
+
+@pytest.mark.parametrize("gpus", GPU_VARIABLES)
+def test_apptainer_gets_nv_when_the_job_has_gpus(tmp_path: Path, gpus: dict[str, str]) -> None:
+    words = srun_line(tmp_path, ["train"], IMAGE="job.sif", CONTAINER_RUNTIME="apptainer", **gpus)
+    assert words[words.index("apptainer"):words.index("job.sif")] == [
+        "apptainer", "exec", "--nv", "--bind", str(tmp_path), "--pwd", str(tmp_path)]
+
+
+@pytest.mark.parametrize("gpus", [{}, {"SLURM_GPUS_ON_NODE": "0"}])
+def test_apptainer_gets_no_nv_without_gpus(tmp_path: Path, gpus: dict[str, str]) -> None:
+    words = srun_line(tmp_path, ["train"], IMAGE="job.sif", CONTAINER_RUNTIME="apptainer", **gpus)
+    assert "--nv" not in words
+
+
+@pytest.mark.parametrize(("run_dir", "extra"), [
+    ("/shared/runs/a", ["/shared/runs/a"]),
+    ("--run-dir=/shared/runs/b/", ["/shared/runs/b"]),
+    ("runs/inside", []),  # under the checkout: its mount covers it
+    ("../outside", ["{parent}/outside"]),  # made absolute without resolving links
+])
+def test_pyxis_and_the_other_runtimes_mount_the_run_folder_at_its_own_path(tmp_path: Path, run_dir: str,
+                                                                          extra: list[str]) -> None:
+    here = tmp_path / "checkout"
+    here.mkdir()
+    args = ["train", run_dir] if run_dir.startswith("--") else ["train", "--run-dir", run_dir]
+    mounts = [str(here), *(e.format(parent=tmp_path) for e in extra)]
+    pyxis = srun_line(here, args, IMAGE="ghcr.io#you/job:cuda", CONTAINER_RUNTIME="pyxis")
+    assert f"--container-mounts={','.join(f'{m}:{m}' for m in mounts)}" in pyxis
+    assert f"--container-workdir={here}" in pyxis
+    apptainer = srun_line(here, args, IMAGE="job.sif", CONTAINER_RUNTIME="apptainer")
+    assert [apptainer[i + 1] for i, w in enumerate(apptainer) if w == "--bind"] == mounts
+    podman = srun_line(here, args, IMAGE="job:cuda", CONTAINER_RUNTIME="podman")
+    assert [w for w in podman if w.startswith("--volume=")] == [f"--volume={m}:{m}" for m in mounts]
+
+
+def test_pyxis_refuses_a_folder_its_mount_list_cannot_hold(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "JOB_DRY_RUN": "1", "IMAGE": "img", "CONTAINER_RUNTIME": "pyxis"}
+    proc = subprocess.run(["bash", str(SBATCH_SCRIPT), "train", "--run-dir", "/shared/a,b"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "expected folders without ',' or ':'" in proc.stderr and "Fix:" in proc.stderr
+
+
+@pytest.mark.parametrize("gpus", [{}, {"SLURM_GPUS_PER_TASK": "1"}])
+def test_the_podman_runtime_runs_the_image_as_the_submitter_with_the_task_s_variables(
+        tmp_path: Path, gpus: dict[str, str]) -> None:
+    words = srun_line(tmp_path, ["train", "--steps", "5"], IMAGE="ghcr.io/you/job:cuda", CONTAINER_RUNTIME="podman",
+                      SLURM_CPUS_PER_TASK="16", **gpus)
+    uid, gid = os.getuid(), os.getgid()
+    assert words == [
+        "srun", "--kill-on-bad-exit=1", "--output=runs/slurm-logs/%j-%t.log", "--cpus-per-task=16",
+        "podman", "run", "--rm", "--init", "--network=host", "--ipc=host", f"--user={uid}:{gid}",
+        *([] if uid == 0 else ["--userns=keep-id"]), f"--volume={tmp_path}:{tmp_path}", f"--workdir={tmp_path}",
+        "--env=SLURM_*", "--env=SLURMD_NODENAME", "--env=JOB_*", "--env=JAX_*", "--env=XLA_FLAGS", "--env=NCCL_*",
+        *(["--device=nvidia.com/gpu=all", "--env=CUDA_VISIBLE_DEVICES"] if gpus else []),
+        "ghcr.io/you/job:cuda", "python", "-m", "job", "train", "--steps", "5",  # through the image's entrypoint
+    ]
+
+
+def test_the_podman_variables_reach_the_container_by_name_only(tmp_path: Path) -> None:
+    # podman expands `--env=NAME_*` from its own environment: the task's SLURM_PROCID, NCCL_* and the rest
+    words = srun_line(tmp_path, ["train"], IMAGE="img", CONTAINER_RUNTIME="podman", NCCL_IB_HCA="mlx5_0",
+                      SLURM_PROCID="3", XLA_FLAGS="--xla_dump_to=/tmp/x")
+    env_words = [w for w in words if w.startswith("--env")]
+    assert all("=" not in w.removeprefix("--env=") for w in env_words), env_words
+    assert "mlx5_0" not in " ".join(words) and "xla_dump_to" not in " ".join(words)
+
+
+@pytest.mark.parametrize("runtime", ["apptainer", "podman"])
+def test_an_explicit_runtime_that_is_missing_is_one_clear_error(tmp_path: Path, runtime: str) -> None:
+    bin_dir = tmp_path / "bin"  # a PATH with srun and the script's own tools, and no runtime
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "srun").chmod(0o755)
+    for tool_name in ("id", "realpath", "mkdir"):
+        (bin_dir / tool_name).symlink_to(shutil.which(tool_name) or f"/usr/bin/{tool_name}")
+    env = {"PATH": str(bin_dir), "IMAGE": "img", "CONTAINER_RUNTIME": runtime, "SLURM_JOB_ID": "1",
+           "SLURM_JOB_NODELIST": "n1"}
+    bash = shutil.which("bash") or "/bin/bash"
+    proc = subprocess.run([bash, str(SBATCH_SCRIPT), "train"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert f"expected {runtime} on PATH for CONTAINER_RUNTIME={runtime}, found none" in proc.stderr
+
+
+def test_an_unknown_runtime_is_refused_by_the_script_too(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "JOB_DRY_RUN": "1", "IMAGE": "img", "CONTAINER_RUNTIME": "docker"}
+    proc = subprocess.run(["bash", str(SBATCH_SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "expected CONTAINER_RUNTIME auto, pyxis, apptainer or podman" in proc.stderr

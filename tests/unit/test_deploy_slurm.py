@@ -1,30 +1,63 @@
-"""deploy.slurm without a cluster: validation, golden sbatch scripts and argv."""
+"""deploy.slurm without a cluster: validation, GPU layouts, golden sbatch scripts and argv, dry runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import submitit.slurm.slurm as submitit_slurm
 
-from deploy import slurm
-from deploy.runner import RecordingRunner
+from deploy import slurm, slurm_options
+from deploy.runner import RecordingRunner, Runner
 from job.errors import ConfigError
 
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
+NO_CONTROLLER = ("sbatch: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\n"
+                 "sbatch: fatal: Could not establish a configuration source\n")
 
 
 def check_golden(name: str, text: str) -> None:
+    """`text` must equal golden/NAME. UPDATE_GOLDEN=1 rewrites a differing file and fails this run, so a
+    test never passes by writing the file it compares against: review the diff, rerun without it."""
     path = GOLDEN / name
-    if UPDATE:
+    if UPDATE and (not path.exists() or path.read_text() != text):
         path.parent.mkdir(exist_ok=True)
         path.write_text(text)
+        pytest.fail(f"rewrote {path}: review the diff, then rerun without UPDATE_GOLDEN=1")
     assert path.exists(), f"missing golden file {path}: run with UPDATE_GOLDEN=1 once and review it"
     assert text == path.read_text(), f"{path} differs; if the change is intended, rerun with UPDATE_GOLDEN=1"
 
 
+def test_check_golden_fails_the_run_that_rewrites_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "GOLDEN", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "UPDATE", True)
+    with pytest.raises(pytest.fail.Exception, match="rerun without UPDATE_GOLDEN=1"):
+        check_golden("new.txt", "a\n")
+    assert (tmp_path / "new.txt").read_text() == "a\n"
+    check_golden("new.txt", "a\n")  # unchanged: nothing rewritten, the comparison passes
+    monkeypatch.setattr(sys.modules[__name__], "UPDATE", False)
+    with pytest.raises(AssertionError, match="differs"):
+        check_golden("new.txt", "b\n")
+
+
+def normalized(text: str) -> str:
+    """Machine paths -> fixed ones: the checkout is /repo, this interpreter /venv/bin/python."""
+    return text.replace(sys.executable, "/venv/bin/python").replace(str(ROOT), "/repo")
+
+
+@pytest.fixture(autouse=True)
+def _no_gpu_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(slurm_options.SKIP_GPU_CHECK, raising=False)
+
+
+# ---------------------------------------------------------------------------------------------------- checks
 @pytest.mark.parametrize(
     ("text", "minutes"),
     [("30", 30), ("90:30", 91), ("01:00:00", 60), ("2-00", 2880), ("1-02:30", 1590), ("0-00:00:59", 1)],
@@ -80,48 +113,338 @@ def test_bad_via_and_gpus_are_refused(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_make_style_empty_values_mean_unset() -> None:
     cfg = slurm.parse(["--nodes", "4", "--partition", "", "--time", "", "--gpus-per-node", "", "--qos", "",
+                       "--tasks-per-node", "", "--gpu-type", "", "--mem", "", "--constraint", "", "--python", "",
+                       "--container-runtime", "", "--gres=", "--exclusive=", "--dry-run=0", "--sbatch-args=",
                        "--via", "", "--", "train", "--steps", "5"])
     assert cfg == slurm.SlurmConfig(nodes=4, args=("train", "--steps", "5"))
 
 
-def _sbatch_text(cfg: slurm.SlurmConfig) -> str:
-    return submitit_slurm._make_sbatch_string(
-        command="/venv/bin/python -u -m submitit.core._submit /logs", folder="/logs",
-        **slurm.submitit_parameters(cfg),
-    )
+def test_every_make_variable_reaches_its_field() -> None:
+    cfg = slurm.parse(["--nodes=2", "--gpus-per-node=8", "--tasks-per-node=2", "--gpu-type=h100", "--gres=1",
+                       "--cpus-per-task=12", "--mem=500M", "--exclusive", "--constraint=ib", "--image=img:cuda",
+                       "--container-runtime=podman", "--python=/opt/py", "--sbatch-args=--begin=now --hold",
+                       "--dry-run=1", "--via=sbatch"])
+    assert (cfg.gpus_per_node, cfg.tasks_per_node, cfg.ntasks_per_node, cfg.gpu_type, cfg.gres) == (8, 2, 2, "h100", True)
+    assert (cfg.cpus_per_task, cfg.mem, cfg.exclusive, cfg.constraint) == (12, "500M", True, "ib")
+    assert (cfg.image, cfg.container_runtime, cfg.python, cfg.dry_run) == ("img:cuda", "podman", "/opt/py", True)
+    assert cfg.sbatch_args == ("--begin=now", "--hold")
 
 
-def test_golden_sbatch_script_cpu() -> None:
-    cfg = slurm.SlurmConfig(nodes=4, partition="debug", time="02:00:00", account="proj", qos="normal")
-    text = _sbatch_text(cfg)
-    assert "#SBATCH --ntasks-per-node=1" in text and "gpus" not in text
-    check_golden("submitit_cpu.sbatch", text)
+@pytest.mark.parametrize(("cfg", "needle"), [
+    (slurm.SlurmConfig(gpus_per_node=4, tasks_per_node=3), "TASKS_PER_NODE: expected a divisor of GPUS_PER_NODE=4"),
+    (slurm.SlurmConfig(gpu_type="a100"), "GPU_TYPE: expected GPUS_PER_NODE > 0 with it"),
+    (slurm.SlurmConfig(gres=True), "GRES: expected GPUS_PER_NODE > 0 with it"),
+    (slurm.SlurmConfig(gpus_per_node=4, gpu_type="a100:2"), "GPU_TYPE: expected one GRES type name"),
+    (slurm.SlurmConfig(mem="64GiB"), "MEM: expected memory per node in Slurm's form"),
+    (slurm.SlurmConfig(constraint="a b"), "CONSTRAINT"),
+    (slurm.SlurmConfig(container_runtime="docker", image="x"), "CONTAINER_RUNTIME: expected auto or pyxis"),
+    (slurm.SlurmConfig(container_runtime="podman"), "CONTAINER_RUNTIME: expected IMAGE with it"),
+    (slurm.SlurmConfig(python="/a,LD_PRELOAD=/x.so"), "PYTHON: expected an interpreter path"),
+])
+def test_inconsistent_values_are_one_error_naming_the_make_variable(cfg: slurm.SlurmConfig, needle: str) -> None:
+    with pytest.raises(ConfigError, match="Fix:") as caught:
+        slurm_options.check(cfg)
+    assert needle in str(caught.value)
 
 
-def test_golden_sbatch_script_gpu() -> None:
-    cfg = slurm.SlurmConfig(nodes=2, time="1-00:00:00", gpus_per_node=8, cpus_per_task=12)
-    text = _sbatch_text(cfg)
-    assert "#SBATCH --ntasks-per-node=8" in text and "#SBATCH --gpus-per-node=8" in text
-    assert "#SBATCH --signal=USR2@120" in text
-    check_golden("submitit_gpu.sbatch", text)
+# ---------------------------------------------------------------------------------------------------- GPU layouts
+LAYOUTS = [  # (G, T, GPU_TYPE, GRES) -> the tasks per node and the one option that asks for the GPUs
+    ((0, None, None, False), 1, None),
+    ((0, 4, None, False), 4, None),
+    ((4, 1, None, False), 1, ("gpus-per-node", "4")),
+    ((4, 1, "a100", False), 1, ("gpus-per-node", "a100:4")),
+    ((4, None, None, False), 4, ("gpus-per-task", "1")),
+    ((8, 4, "h100", False), 4, ("gpus-per-task", "h100:2")),
+    ((4, None, None, True), 4, ("gres", "gpu:4")),
+    ((4, 1, "a100", True), 1, ("gres", "gpu:a100:4")),
+]
 
 
-def test_golden_plain_sbatch_argv() -> None:
-    cfg = slurm.SlurmConfig(nodes=4, gpus_per_node=4, partition="gpu", image="docker://example/job:cuda",
-                            via="sbatch", args=("train", "--name", "a b; $(id)"))
+@pytest.mark.parametrize(("layout", "tasks", "asked"), LAYOUTS)
+def test_each_gpu_layout_asks_the_same_on_both_paths(layout: tuple, tasks: int, asked: tuple | None) -> None:
+    g, t, kind, gres = layout
+    cfg = slurm.SlurmConfig(gpus_per_node=g, tasks_per_node=t, gpu_type=kind, gres=gres)
+    assert cfg.ntasks_per_node == tasks and slurm_options.gpu_request(cfg) == asked
+    params = slurm.submitit_parameters(cfg, {})
     argv = slurm.sbatch_argv(cfg)
-    argv = [a.replace(str(slurm.SBATCH_SCRIPT), "slurm/train.sbatch") for a in argv]
-    argv = [a.replace(os.sys.executable, "/venv/bin/python") for a in argv]
-    assert argv[-3:] == ["train", "--name", "a b; $(id)"]  # user arguments stay separate argv items
-    check_golden("sbatch_gpu.argv", "\n".join(argv) + "\n")
+    assert params["ntasks_per_node"] == tasks and f"--ntasks-per-node={tasks}" in argv
+    gpu_words = [a for a in argv if a.startswith(("--gpus", "--gres"))]
+    gpu_params = {k: v for k, v in params.items() if k in ("gpus_per_node", "gpus_per_task", "gres")}
+    if asked is None:
+        assert gpu_words == [] and gpu_params == {}
+    else:
+        assert gpu_words == [f"--{asked[0]}={asked[1]}"]
+        assert gpu_params == {asked[0].replace("-", "_"): asked[1]}
+        line = f"#SBATCH --{asked[0]}={asked[1]}"
+        assert line in submitit_slurm._make_sbatch_string(command="x", folder="/logs", **params)
 
 
+def test_both_paths_ask_for_requeue_and_give_srun_the_cpus_per_task() -> None:
+    cfg = slurm.SlurmConfig(nodes=2, cpus_per_task=6)
+    script = slurm.submitit_script(cfg, {})
+    assert "#SBATCH --requeue" in script and "#SBATCH --export=ALL" in script
+    assert "--kill-on-bad-exit=1 --cpus-per-task=6 " in script.splitlines()[-1]  # the srun line
+    argv = slurm.sbatch_argv(dataclasses.replace(cfg, via="sbatch"))
+    assert "--requeue" in argv and "--cpus-per-task=6" in argv
+    assert "--cpus-per-task=6" in slurm.srun_line(cfg, Runner(), {"PATH": os.environ["PATH"]}).split()
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    ("", "--xla_gpu_enable_latency_hiding_scheduler=true"),
+    ("--xla_dump_to=/tmp/d", "--xla_dump_to=/tmp/d --xla_gpu_enable_latency_hiding_scheduler=true"),
+    ("--xla_gpu_enable_latency_hiding_scheduler=false", "--xla_gpu_enable_latency_hiding_scheduler=false"),
+    (" --xla_gpu_enable_latency_hiding_scheduler ", "--xla_gpu_enable_latency_hiding_scheduler"),
+])
+def test_gpu_xla_flags_join_xla_flags_without_overriding_the_users(given: str, expected: str) -> None:
+    assert slurm_options.with_gpu_xla_flags(given) == expected
+
+
+def test_gpu_xla_flags_are_set_only_on_the_gpu_path_and_on_both_paths() -> None:
+    environ = {"XLA_FLAGS": "--xla_dump_to=/tmp/d"}
+    assert slurm.submitit_parameters(slurm.SlurmConfig(), environ).get("setup") is None
+    gpu = slurm.SlurmConfig(gpus_per_node=4)
+    assert slurm.submitit_parameters(gpu, environ)["setup"] == [
+        "export XLA_FLAGS='--xla_dump_to=/tmp/d --xla_gpu_enable_latency_hiding_scheduler=true'"]
+    assert slurm_options.task_environment(gpu, environ) == {
+        "XLA_FLAGS": "--xla_dump_to=/tmp/d --xla_gpu_enable_latency_hiding_scheduler=true"}
+    assert slurm.batch_environment(gpu, environ)["XLA_FLAGS"].endswith("scheduler=true")
+
+
+def test_every_gpu_xla_flag_is_known_to_this_jaxlib() -> None:
+    # jaxlib aborts on an unknown flag in XLA_FLAGS ("Unknown flag in XLA_FLAGS"): a CPU process proves the names.
+    flags = slurm_options.with_gpu_xla_flags("")
+    proc = subprocess.run([sys.executable, "-c", "import jax; jax.numpy.zeros(1).block_until_ready()"],
+                          env={**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------------- the CUDA interpreter
+def gpu_runner(probe_exit: int) -> RecordingRunner:
+    return RecordingRunner(available=("sbatch",), responses={("/opt/cpu-only/python",): (probe_exit, "")})
+
+
+def test_gpus_without_a_cuda_interpreter_is_one_error_before_anything_is_submitted(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    runner = gpu_runner(3)
+    assert slurm.main(["--gpus-per-node=4", "--python=/opt/cpu-only/python", "--via=sbatch"], runner=runner) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "PYTHON: expected an interpreter with jax's CUDA plugin" in err
+    assert "found '/opt/cpu-only/python without jax-cuda12-plugin'" in err
+    assert "make venv FLAVOR=cuda" in err and "IMAGE=...:cuda" in err and "JOB_SKIP_GPU_CHECK=1" in err
+    assert runner.calls == [["/opt/cpu-only/python", "-c", slurm_options.GPU_PROBE]]  # the probe only: no sbatch
+
+
+def test_the_default_gpu_interpreter_is_the_cuda_venv_and_a_missing_one_says_how_to_build_it(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(slurm_options, "CUDA_PYTHON", tmp_path / ".venv-cuda" / "bin" / "python")
+    assert slurm.SlurmConfig(gpus_per_node=4).task_python == str(tmp_path / ".venv-cuda" / "bin" / "python")
+    assert slurm.SlurmConfig().task_python == sys.executable
+    assert slurm.main(["--gpus-per-node=4", "--dry-run"], runner=Runner()) == 2  # the real probe: no such file
+    err = capsys.readouterr().err
+    assert "which does not run" in err and "make venv FLAVOR=cuda" in err
+
+
+@pytest.mark.parametrize("argv", [["--image=docker://x/job:cuda"], []])
+def test_the_gpu_check_is_skipped_with_an_image_or_the_override(argv: list[str], monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    if not argv:
+        monkeypatch.setenv(slurm_options.SKIP_GPU_CHECK, "1")
+    runner = RecordingRunner(available=("sbatch",), responses={("sbatch",): (0, "7\n")})
+    assert slurm.main(["--gpus-per-node=4", "--via=sbatch", f"--log-dir={tmp_path}", *argv], runner=runner) == 0
+    assert [call[0] for call in runner.calls] == ["sbatch"]
+
+
+def test_the_gpu_probe_accepts_an_interpreter_with_the_plugin(tmp_path: Path) -> None:
+    runner = RecordingRunner(available=("sbatch",), responses={("sbatch",): (0, "7\n")})  # the probe answers 0
+    assert slurm.main(["--gpus-per-node=4", "--python=/opt/cuda/python", "--via=sbatch", f"--log-dir={tmp_path}"],
+                      runner=runner) == 0
+    assert [call[0] for call in runner.calls] == ["/opt/cuda/python", "sbatch"]
+    assert "--export=ALL,JOB_PYTHON=/opt/cuda/python,JOB_LOG_DIR=" + str(tmp_path) in runner.calls[1]
+
+
+# ---------------------------------------------------------------------------------------------------- SBATCH_ARGS
+def test_sbatch_args_reach_both_paths_word_for_word() -> None:
+    cfg = slurm.SlurmConfig(sbatch_args=("--begin=now+1hour", "--mail-type=END,FAIL", "--hold", "--comment=a b #1"))
+    argv = slurm.sbatch_argv(cfg)
+    assert argv[argv.index("--begin=now+1hour"):][:4] == list(cfg.sbatch_args)
+    script = slurm.submitit_script(cfg, {})
+    for line in ("#SBATCH --begin=now+1hour", "#SBATCH --mail-type=END,FAIL", "#SBATCH --hold",
+                 "#SBATCH --comment='a b #1'"):  # sbatch reads the quotes; '#' inside them starts no comment
+        assert line in script.splitlines()
+
+
+@pytest.mark.parametrize(("word", "fix"), [
+    ("--nodes=9", "--nodes: use NODES=N"),
+    ("--ntasks-per-node=8", "use TASKS_PER_NODE"),
+    ("--ntasks-per-n=8", "--ntasks-per-node: use TASKS_PER_NODE"),  # sbatch would take the abbreviation
+    ("--gpus-per-node=8", "use GPUS_PER_NODE"),
+    ("--gres=gpu:8", "use GRES=1"),
+    ("--mem=1G", "use MEM"),
+    ("--exclusive", "use EXCLUSIVE=1"),
+    ("--export=ALL,LD_PRELOAD=/tmp/x.so", "export the variable in the shell"),
+    ("--exp=NONE", "--export"),
+    ("--output=/tmp/x", "use --log-dir"),
+    ("--wrap=id", "use ARGS"),
+    ("--no-requeue", "make submit-slurm sets it"),
+    ("--array=0-3", "not an array"),
+])
+def test_sbatch_args_that_we_set_ourselves_are_refused_with_the_variable_to_use(word: str, fix: str) -> None:
+    with pytest.raises(ConfigError, match="SBATCH_ARGS: expected sbatch options that make submit-slurm does not") as e:
+        slurm_options.check(slurm.SlurmConfig(sbatch_args=(word,)))
+    assert fix in str(e.value)
+
+
+@pytest.mark.parametrize("word", ["-N", "-N4", "begin=now", "--Begin=now", "--begin=", "--comment=a\nb",
+                                  "--comment=a\\nb", "--comment=\x00", "--", "--=x"])
+def test_sbatch_args_words_must_be_long_options_with_plain_values(word: str) -> None:
+    with pytest.raises(ConfigError, match="SBATCH_ARGS"):
+        slurm_options.check(slurm.SlurmConfig(sbatch_args=(word,)))
+
+
+# ---------------------------------------------------------------------------------------------------- no controller
+@pytest.mark.parametrize("output", [NO_CONTROLLER, "sbatch: error: Batch job submission failed: Unable to contact "
+                                                   "slurm controller (connect failure)\n"])
+def test_no_controller_is_one_line_with_the_fix_and_exit_2(output: str, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    runner = RecordingRunner(available=("sbatch",), responses={("sbatch",): (1, output)})
+    assert slurm.main(["--via=sbatch", f"--log-dir={tmp_path}"], runner=runner) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "expected a Slurm controller that sbatch can reach" in err
+    assert "login node" in err and "make slurm-up NODES=4" in err
+
+
+def test_no_controller_for_sinfo_is_the_same_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    runner = RecordingRunner(available=("sbatch",), responses={("sinfo",): (1, NO_CONTROLLER.replace("sbatch", "sinfo"))})
+    assert slurm.main(["--partition=gpu"], runner=runner) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a Slurm controller that sinfo can reach" in err
+
+
+def test_no_controller_on_the_submitit_path_is_the_same_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name, text in {"sbatch": f"printf '{NO_CONTROLLER}' >&2; exit 1", "srun": "exit 0"}.items():
+        (stubs / name).write_text(f"#!/bin/sh\n{text}\n")
+        (stubs / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stubs}:{os.environ['PATH']}")
+    assert slurm.main([f"--log-dir={tmp_path / 'logs'}"], runner=RecordingRunner(available=("sbatch",))) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "found 'sbatch: fatal: Could not establish a configuration source'" in err
+
+
+def test_another_sbatch_failure_is_one_line_with_sbatch_s_own_words(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    said = "sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified"
+    runner = RecordingRunner(available=("sbatch",), responses={("sbatch",): (1, said + "\n")})
+    assert slurm.main(["--via=sbatch", f"--log-dir={tmp_path}"], runner=runner) == 1
+    assert capsys.readouterr().err == f"error: sbatch failed (exit 1): {said}\n"
+
+
+# ---------------------------------------------------------------------------------------------------- dry runs
+def test_dry_run_prints_submitit_s_script_and_submits_nothing(monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    import submitit
+
+    monkeypatch.setattr(submitit, "SlurmExecutor", None)  # would raise if used
+    runner = RecordingRunner(available=("sbatch",))
+    assert slurm.main(["--nodes=2", "--dry-run", "--log-dir=/logs", "--", "train", "--steps", "5"], runner=runner) == 0
+    out = capsys.readouterr().out
+    assert out == slurm.submitit_script(slurm.parse(["--nodes=2", "--log-dir=/logs"]), os.environ)
+    assert runner.calls == []
+
+
+def test_dry_run_of_the_sbatch_path_prints_the_command_and_the_srun_line(capsys: pytest.CaptureFixture[str]) -> None:
+    runner = RecordingRunner(available=())  # no Slurm here: a dry run still shows what would be sent
+    assert slurm.main(["--via=sbatch", "--dry-run=1", "--cpus-per-task=3"], runner=Runner()) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "# sbatch command" and out[1].startswith("sbatch --parsable ") and "--cpus-per-task=3" in out[1]
+    assert out[3].startswith("srun --kill-on-bad-exit=1 ") and "--cpus-per-task=3" in out[3]
+    assert slurm.main(["--via=sbatch", "--dry-run"], runner=runner) == 0
+    assert [c[:1] for c in runner.calls] == [["bash"]]  # only train.sbatch in JOB_DRY_RUN mode
+
+
+# ---------------------------------------------------------------------------------------------------- golden files
+CPU = slurm.SlurmConfig(nodes=4, partition="debug", time="02:00:00", account="proj", qos="normal", cpus_per_task=8,
+                        mem="64G", log_dir="/logs")
+GPU_PER_NODE = slurm.SlurmConfig(nodes=2, time="1-00:00:00", gpus_per_node=4, tasks_per_node=1, cpus_per_task=32,
+                                 exclusive=True, log_dir="/logs")
+GPU_PER_TASK = slurm.SlurmConfig(nodes=2, gpus_per_node=4, tasks_per_node=4, gpu_type="a100", cpus_per_task=8,
+                                 constraint="a100&ib", sbatch_args=("--mail-type=END,FAIL",), log_dir="/logs")
+GOLDEN_CASES = {"cpu": CPU, "gpu_per_node": GPU_PER_NODE, "gpu_per_task": GPU_PER_TASK}
+# On the sbatch path: the CPU job, the per-node GPU job in an image (apptainer, a run folder outside the
+# checkout, an odd job argument) and the per-task GPU job from .venv-cuda.
+SBATCH_CASES = {
+    "cpu": dataclasses.replace(CPU, via="sbatch", log_dir="runs/slurm-logs"),
+    "gpu_per_node": dataclasses.replace(GPU_PER_NODE, via="sbatch", log_dir="runs/slurm-logs",
+                                        image="docker://example/job:cuda",
+                                        container_runtime="apptainer",
+                                        args=("train", "--run-dir", "/shared/runs/a", "--name", "a b; $(id)")),
+    "gpu_per_task": dataclasses.replace(GPU_PER_TASK, via="sbatch", log_dir="runs/slurm-logs"),
+}
+ENVIRON = {"PATH": os.environ["PATH"], "XLA_FLAGS": "--xla_dump_to=/tmp/hlo"}
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN_CASES))
+def test_golden_submitit_script(case: str) -> None:
+    cfg = GOLDEN_CASES[case]
+    text = normalized(slurm.submitit_script(cfg, ENVIRON))
+    assert "#SBATCH --requeue" in text and f"#SBATCH --ntasks-per-node={cfg.ntasks_per_node}" in text
+    assert ("XLA_FLAGS" in text) == bool(cfg.gpus_per_node)
+    check_golden(f"submitit_{case}.sbatch", text)
+
+
+@pytest.mark.parametrize("case", sorted(SBATCH_CASES))
+def test_golden_sbatch_argv_and_srun_line(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # train.sbatch's $PWD
+    cfg = SBATCH_CASES[case]
+    extra = slurm_options.task_environment(cfg, ENVIRON)
+    argv = slurm.sbatch_argv(cfg)
+    assert argv[-len(cfg.args):] == list(cfg.args)  # user arguments stay separate argv items
+    srun = slurm.srun_line(cfg, Runner(), ENVIRON)
+    text = "\n".join([*(f"{k}={v}" for k, v in extra.items()), *argv]) + f"\n\n{srun}\n"
+    check_golden(f"sbatch_{case}.argv", normalized(text))
+
+
+def test_the_dry_run_shows_the_golden_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    cfg = SBATCH_CASES["gpu_per_task"]
+    lines = slurm.dry_run(cfg, Runner(), ENVIRON).splitlines()
+    extra = slurm_options.task_environment(cfg, ENVIRON)
+    assert lines[1] == shlex.join(["env", *(f"{k}={v}" for k, v in extra.items()), *slurm.sbatch_argv(cfg)])
+    assert lines[3] == slurm.srun_line(cfg, Runner(), ENVIRON)
+
+
+# ---------------------------------------------------------------------------------------------------- submitting
 def test_sbatch_submission_goes_through_the_runner(tmp_path: Path) -> None:
     runner = RecordingRunner(available=("sbatch",), responses={("sbatch",): (0, "1234\n")})
     cfg = slurm.SlurmConfig(nodes=2, via="sbatch", log_dir=str(tmp_path))
     sub = slurm.submit(cfg, runner)
     assert sub.job_id == "1234" and sub.log == tmp_path / "1234-0.log"
     assert runner.calls[0][:3] == ["sbatch", "--parsable", "--job-name=jax-job"]
+
+
+def test_the_gpu_sbatch_submission_carries_the_xla_flags_in_its_environment(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    envs: list[object] = []
+
+    class Recording(RecordingRunner):
+        def run(self, argv, **kwargs):  # type: ignore[no-untyped-def, override]
+            envs.append(kwargs.get("env"))
+            return super().run(argv, **kwargs)
+
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/d")
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")
+    runner = Recording(available=("sbatch",), responses={("sbatch",): (0, "5\n")})
+    slurm.submit(slurm.SlurmConfig(gpus_per_node=2, via="sbatch", log_dir=str(tmp_path)), runner)
+    env = envs[0]
+    assert isinstance(env, dict) and env["NCCL_DEBUG"] == "INFO"  # sbatch --export=ALL passes it on
+    assert env["XLA_FLAGS"] == "--xla_dump_to=/tmp/d --xla_gpu_enable_latency_hiding_scheduler=true"
+    slurm.submit(slurm.SlurmConfig(via="sbatch", log_dir=str(tmp_path)), runner)
+    assert envs[1] is None  # CPU: this process's own environment, nothing added
 
 
 def test_args_as_one_shell_style_string_as_make_passes_them() -> None:
@@ -132,3 +455,32 @@ def test_args_as_one_shell_style_string_as_make_passes_them() -> None:
     assert parse([]).args == ("train", "--run-dir", "runs/slurm")
     with pytest.raises(SystemExit):
         parse(["--args=train --name 'open"])
+    with pytest.raises(SystemExit):
+        parse(["--sbatch-args=--comment='open"])
+
+
+# ---------------------------------------------------------------------------------------------------- make venv FLAVOR=cuda
+def test_make_venv_flavor_cuda_builds_venv_cuda_from_the_cuda_lock_and_cpu_is_unchanged() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "VENV", "FLAVOR", "MAKEFLAGS", "MAKELEVEL")}
+
+    def recipe(*variables: str) -> list[str]:
+        proc = subprocess.run(["make", "--no-print-directory", "-n", "-B", "venv", *variables], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return [line for line in proc.stdout.splitlines() if not line.startswith("[ -n ")]  # the FLAVOR guard
+
+    assert recipe("FLAVOR=cuda") == [
+        "python3 -m venv .venv-cuda",
+        ".venv-cuda/bin/pip install --quiet --disable-pip-version-check -r docker/requirements-cuda.lock",
+        ".venv-cuda/bin/pip install --quiet --disable-pip-version-check --no-deps -e .",
+        "touch .venv-cuda/bin/.installed",
+    ]
+    assert recipe() == [
+        "python3 -m venv .venv",
+        ".venv/bin/pip install --quiet --disable-pip-version-check -r requirements.lock",
+        ".venv/bin/pip install --quiet --disable-pip-version-check --no-deps -e .",
+        "touch .venv/bin/.installed",
+    ]
+    proc = subprocess.run(["make", "venv", "FLAVOR=tpu"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "expected FLAVOR=cpu or FLAVOR=cuda, found FLAVOR=tpu" in proc.stderr

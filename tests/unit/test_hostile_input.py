@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 import job
 from deploy import slurm, tpu
 from deploy import tpu_remote as remote
+from deploy.slurm_options import GPU_PROBE, OURS
 from deploy.runner import RecordingRunner
 from job import __main__ as job_cli
 from job import config, launch, train
@@ -358,8 +359,9 @@ def slurm_submits_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def submitted(runner: RecordingRunner) -> list[list[str]]:
-    """The calls that would change something: anything but the read-only sinfo / squeue / sacct."""
-    return [c for c in runner.calls if c[0] not in ("sinfo", "squeue", "sacct")]
+    """The calls that would change something: anything but the read-only sinfo / squeue / sacct and the
+    probe of the tasks' interpreter for jax's CUDA plugin."""
+    return [c for c in runner.calls if c[0] not in ("sinfo", "squeue", "sacct") and c[1:] != ["-c", GPU_PROBE]]
 
 
 @pytest.mark.parametrize(("argv", "needles"), [
@@ -395,11 +397,62 @@ def submitted(runner: RecordingRunner) -> list[list[str]]:
     (["--image", "img,LD_PRELOAD=/tmp/x.so"], ["IMAGE"]),  # --export=ALL,IMAGE=...: a second variable
     (["--image", "a b"], ["IMAGE"]),
     (["--image", "img\n"], ["IMAGE"]),
+    (["--image=--privileged", "--container-runtime=podman"], ["IMAGE", "leading '-'"]),  # a podman option
     (["--via", "ssh"], ["VIA", "found 'ssh'"]),
     (["--via", "sbatch;id"], ["VIA"]),
     (["--log-dir", "logs,LD_PRELOAD=/tmp/x.so"], ["--log-dir"]),
     (["--log-dir", "logs\n#SBATCH --qos=high"], ["--log-dir"]),
     (["--", "train", "--name", "a\x00b"], ["ARGS", "NUL"]),
+    (["--tasks-per-node", "0"], ["TASKS_PER_NODE", "found '0'"]),
+    (["--tasks-per-node", "2;id"], ["TASKS_PER_NODE", "found '2;id'"]),
+    (["--tasks-per-node", "\u0664"], ["TASKS_PER_NODE"]),
+    (["--gpus-per-node", "4", "--tasks-per-node", "3"], ["TASKS_PER_NODE", "a divisor of GPUS_PER_NODE=4"]),
+    (["--gpus-per-node", "4", "--tasks-per-node", "8"], ["TASKS_PER_NODE", "found 8"]),
+    (["--gpu-type", "a100"], ["GPU_TYPE", "GPUS_PER_NODE > 0"]),
+    (["--gpus-per-node", "4", "--gpu-type", "a100:8"], ["GPU_TYPE", "found 'a100:8'"]),  # would ask a100:8:4
+    (["--gpus-per-node", "4", "--gpu-type", "a100,gpu:h100"], ["GPU_TYPE"]),
+    (["--gpus-per-node", "4", "--gpu-type", "a100\n#SBATCH --qos=high"], ["GPU_TYPE"]),
+    (["--gpus-per-node", "4", "--gpu-type", "$(id)"], ["GPU_TYPE"]),
+    (["--gres=1"], ["GRES", "GPUS_PER_NODE > 0"]),
+    (["--gpus-per-node", "4", "--gres=yes"], ["GRES", "expected 1 or 0", "found 'yes'"]),
+    (["--exclusive=2"], ["EXCLUSIVE", "found '2'"]),
+    (["--exclusive=1;id"], ["EXCLUSIVE"]),
+    (["--exclusive= 1"], ["EXCLUSIVE"]),
+    (["--dry-run=please"], ["DRY_RUN", "found 'please'"]),
+    (["--mem", "64GB"], ["MEM", "found '64GB'", "64G"]),
+    (["--mem", "-1"], ["MEM"]),
+    (["--mem", "lots"], ["MEM", "found 'lots'"]),
+    (["--mem", "64 G"], ["MEM"]),
+    (["--mem", "64G\n#SBATCH --qos=high"], ["MEM"]),  # submitit writes it into an #SBATCH line
+    (["--mem", "\u0664G"], ["MEM"]),
+    (["--constraint", "a100 && id"], ["CONSTRAINT"]),
+    (["--constraint", "a100\n#SBATCH --qos=high"], ["CONSTRAINT"]),
+    (["--constraint", "$(id)"], ["CONSTRAINT"]),
+    (["--constraint", "a100,LD_PRELOAD=x"], ["CONSTRAINT"]),
+    (["--constraint", "a100'"], ["CONSTRAINT"]),
+    (["--container-runtime", "docker", "--image", "img"], ["CONTAINER_RUNTIME", "found 'docker'"]),
+    (["--container-runtime", "podman;id", "--image", "img"], ["CONTAINER_RUNTIME"]),
+    (["--container-runtime", "podman"], ["CONTAINER_RUNTIME", "IMAGE"]),
+    (["--python", "/venv/bin/python,LD_PRELOAD=/tmp/x.so"], ["PYTHON"]),  # --export=ALL,JOB_PYTHON=...
+    (["--python", "/venv/bin/python\n"], ["PYTHON"]),
+    (["--python", "python -c id"], ["PYTHON"]),
+    (["--sbatch-args=--nodes=99"], ["SBATCH_ARGS", "found '--nodes=99'", "NODES"]),
+    (["--sbatch-args=--ntasks-per-node=99"], ["SBATCH_ARGS", "TASKS_PER_NODE"]),
+    (["--sbatch-args=--begin=now --gpus=8"], ["SBATCH_ARGS", "found '--gpus=8'", "GPUS_PER_NODE"]),
+    (["--sbatch-args=--time=9-00"], ["SBATCH_ARGS", "TIME"]),
+    (["--sbatch-args=--export=ALL,LD_PRELOAD=/tmp/x.so"], ["SBATCH_ARGS", "--export"]),
+    (["--sbatch-args=--exp=NONE"], ["SBATCH_ARGS", "--export"]),  # sbatch takes unique abbreviations
+    (["--sbatch-args=--export-file=/tmp/env"], ["SBATCH_ARGS", "--export-file"]),
+    (["--sbatch-args=--output=/etc/cron.d/x"], ["SBATCH_ARGS", "--log-dir"]),
+    (["--sbatch-args=--wrap='touch /tmp/pwned'"], ["SBATCH_ARGS", "ARGS"]),
+    (["--sbatch-args=--no-requeue"], ["SBATCH_ARGS", "--no-requeue"]),
+    (["--sbatch-args=-N 99"], ["SBATCH_ARGS", "found '-N'", "long form"]),
+    (["--sbatch-args=; touch /tmp/pwned"], ["SBATCH_ARGS", "found ';'"]),
+    (["--sbatch-args=$(id)"], ["SBATCH_ARGS", "found '$(id)'"]),
+    (["--sbatch-args=--comment='a\n#SBATCH --qos=high'"], ["SBATCH_ARGS", "control characters"]),
+    (["--sbatch-args=--comment=a\\\\nb"], ["SBATCH_ARGS", "backslashes"]),  # sbatch's #SBATCH reader eats them
+    (["--sbatch-args=--begin="], ["SBATCH_ARGS"]),
+    (["--sbatch-args=--Nodes=9"], ["SBATCH_ARGS"]),
 ])
 def test_submit_slurm_bad_value_is_one_clear_error_and_submits_nothing(
         argv: list[str], needles: list[str], slurm_submits_nothing: None,
@@ -433,6 +486,11 @@ def test_submit_slurm_unwritable_log_dir_is_a_clear_error(tmp_path: Path, slurm_
     (["--time=--"], "--time: expected a value, found '--'"),
     (["--partition=--"], "--partition: expected a value, found '--'"),
     (["--args=--"], "--args: expected a value, found '--'"),
+    (["--mem=--"], "--mem: expected a value, found '--'"),
+    (["--tasks-per-node=--"], "--tasks-per-node: expected a value, found '--'"),
+    (["--gres=--"], "--gres: expected a value, found '--'"),
+    (["--sbatch-args=--"], "--sbatch-args: expected a value, found '--'"),
+    (["--sbatch-args=--comment='open"], "quotes balanced"),
 ])
 def test_submit_slurm_unknown_flags_and_missing_values_are_usage_errors(
         argv: list[str], needle: str, slurm_submits_nothing: None, capsys: pytest.CaptureFixture[str]) -> None:
@@ -516,7 +574,7 @@ def test_submit_slurm_any_job_arguments_reach_sbatch_and_submitit_verbatim(
     handed: list[list[str]] = []
 
     class Executor:  # submitit's: pickles the task and its argument list, no shell
-        def __init__(self, folder: str) -> None:
+        def __init__(self, folder: str, **_options: object) -> None:
             pass
 
         def update_parameters(self, **_params: object) -> None:
@@ -532,6 +590,32 @@ def test_submit_slurm_any_job_arguments_reach_sbatch_and_submitit_verbatim(
     with pytest.raises(Launched):
         slurm.main(["--via", "submitit", "--log-dir", log_dir, "--", *words], runner=slurm_runner())
     assert handed == [words]
+
+
+@FAST
+@given(words=st.lists(ARGV_TEXT, min_size=1, max_size=4))
+@example(words=["--comment=a b #1", "--mail-type=END,FAIL"])
+@example(words=["--ntasks-per-n=2"])
+def test_submit_slurm_sbatch_args_are_long_options_we_do_not_set_or_refused(
+        words: list[str], tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    log_dir = str(tmp_path_factory.mktemp("logs"))
+    runner = RecordingRunner(available=("sbatch",), responses={("sbatch",): (0, "42\n")})
+    code = outcome(lambda: slurm.main(["--via=sbatch", f"--log-dir={log_dir}", f"--sbatch-args={shlex.join(words)}"],
+                                      runner=runner))
+    err = capsys.readouterr().err
+    if code != 0:
+        assert code == 2 and ("SBATCH_ARGS" in err or "--sbatch-args" in err), err
+        assert_clear(err)
+        assert submitted(runner) == []
+        return
+    argv = sbatch_call(runner)
+    export = next(i for i, a in enumerate(argv) if a.startswith("--export="))
+    assert argv[export - len(words):export] == words  # verbatim, each one argv word, before the script
+    for word in words:
+        name, _, value = word[2:].partition("=")
+        assert word.startswith("--") and re.fullmatch(r"[a-z][a-z0-9-]*", name), word
+        assert value.isprintable() and "\\" not in value, word
+        assert not any(ours.startswith(name) for ours in OURS), word
 
 
 # ====================================================================== make tpu-*: python -m deploy.tpu

@@ -245,30 +245,48 @@ printf '%s\\0' "$@" >"$RECORD"
 
 @pytest.fixture(scope="module")
 def slurm_stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder with stand-ins for srun (records its argv) and apptainer (only has to exist)."""
+    """A folder with stand-ins for srun (records its argv) and the container runtimes (only have to exist)."""
     stubs = tmp_path_factory.mktemp("slurm-stubs")
-    for name, text in {"srun": SRUN_STUB, "apptainer": "#!/bin/sh\nexit 99\n"}.items():
+    for name, text in {"srun": SRUN_STUB, "apptainer": "#!/bin/sh\nexit 99\n", "podman": "#!/bin/sh\nexit 99\n"}.items():
         (stubs / name).write_text(text)
         (stubs / name).chmod(0o755)
     return stubs
 
 
+def podman_argv(here: str, image: str) -> list[str]:
+    """What the podman runtime runs per task (no GPUs): the checkout at its own path, as the submitter,
+    every SLURM_* / JOB_* / JAX_* / NCCL_* variable and XLA_FLAGS by name (values from the task)."""
+    uid, gid = os.getuid(), os.getgid()
+    return ["podman", "run", "--rm", "--init", "--network=host", "--ipc=host", f"--user={uid}:{gid}",
+            *([] if uid == 0 else ["--userns=keep-id"]), f"--volume={here}:{here}", f"--workdir={here}",
+            "--env=SLURM_*", "--env=SLURMD_NODENAME", "--env=JOB_*", "--env=JAX_*", "--env=XLA_FLAGS", "--env=NCCL_*",
+            image]
+
+
 @FEW
-@given(words=ARGV, image=WORD.filter(bool), runtime=st.sampled_from(["none", "pyxis", "apptainer"]))
+@given(words=ARGV, image=WORD.filter(bool), runtime=st.sampled_from(["none", "pyxis", "apptainer", "podman"]),
+       auto=st.booleans(), cpus=st.sampled_from([None, "7"]))
 def test_the_sbatch_script_hands_every_word_to_srun_verbatim(slurm_stubs: Path, words: list[str], image: str,
-                                                             runtime: str) -> None:
+                                                             runtime: str, auto: bool, cpus: str | None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         here = str(Path(tmp).resolve())
-        bin_dir = slurm_stubs if runtime == "apptainer" else Path(tmp) / "bin"
-        if runtime != "apptainer":  # no apptainer on PATH
-            bin_dir.mkdir()
-            (bin_dir / "srun").symlink_to(slurm_stubs / "srun")
+        bin_dir = Path(tmp) / "bin"
+        bin_dir.mkdir()
+        for name in ("srun", *([runtime] if runtime in ("apptainer", "podman") else [])):
+            (bin_dir / name).symlink_to(slurm_stubs / name)
+        # pyxis and apptainer are found by themselves (auto); podman only when asked for
+        chosen = "auto" if auto and runtime != "podman" else runtime
         env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1",
                "JOB_PYTHON": "/venv/bin/python", "JOB_LOG_DIR": f"{here}/logs", "RECORD": f"{here}/argv",
-               **({"IMAGE": image} if runtime != "none" else {}), **({"STUB_PYXIS": "1"} if runtime == "pyxis" else {})}
+               **({"IMAGE": image, "CONTAINER_RUNTIME": chosen} if runtime != "none" else {}),
+               **({"STUB_PYXIS": "1"} if runtime == "pyxis" else {}), **({"SLURM_CPUS_PER_TASK": cpus} if cpus else {})}
         proc = shell(["bash", str(SBATCH_SCRIPT), *words], here, env)
         assert proc.returncode == 0, proc.stderr
         received = nul_split((Path(here) / "argv").read_bytes())
+        (Path(here) / "argv").unlink()
+        dry = shell(["bash", str(SBATCH_SCRIPT), *words], here, {**env, "JOB_DRY_RUN": "1"})
+        assert dry.returncode == 0, dry.stderr
+        assert not (Path(here) / "argv").exists(), "JOB_DRY_RUN=1 ran srun"
         assert not (Path(here) / PWNED).exists(), "a word ran as shell"
     args = words or ["train", "--run-dir", "runs/slurm"]
     expected = {
@@ -276,8 +294,12 @@ def test_the_sbatch_script_hands_every_word_to_srun_verbatim(slurm_stubs: Path, 
         "pyxis": [f"--container-image={image}", f"--container-mounts={here}:{here}", f"--container-workdir={here}",
                   "python", "-m", "job", *args],
         "apptainer": ["apptainer", "exec", "--bind", here, "--pwd", here, image, "python", "-m", "job", *args],
+        "podman": [*podman_argv(here, image), "python", "-m", "job", *args],
     }[runtime]
-    assert received == ["--kill-on-bad-exit=1", f"--output={here}/logs/%j-%t.log", *expected]
+    cpus_args = [f"--cpus-per-task={cpus}"] if cpus else []
+    assert received == ["--kill-on-bad-exit=1", f"--output={here}/logs/%j-%t.log", *cpus_args, *expected]
+    # the dry run prints the same command line, quoted so that a shell reads back the same words
+    assert shlex.split(dry.stdout.decode()) == ["srun", *received]
 
 
 PYTHON_STUB = "#!/bin/sh\nprintf '%s\\0' \"$@\" >\"$RECORD\"\n"
@@ -322,12 +344,21 @@ def test_make_tpu_targets_pass_each_value_on_as_one_word(words: list[str], zone:
     assert shlex.split(flags["--args"]) == words
 
 
+SUBMIT_PAIRS = ["--nodes", "--partition", "--time", "--gpus-per-node", "--tasks-per-node", "--gpu-type",
+                "--cpus-per-task", "--mem", "--constraint", "--account", "--qos", "--image", "--container-runtime",
+                "--via"]
+
+
 @FEW
-@given(partition=MAKE_VALUE, qos=MAKE_VALUE, account=MAKE_VALUE, image=MAKE_VALUE, words=st.lists(MAKE_WORD, max_size=6))
-def test_make_submit_slurm_passes_each_value_on_as_one_word(partition: str, qos: str, account: str,
-                                                            image: str, words: list[str]) -> None:
+@given(partition=MAKE_VALUE, qos=MAKE_VALUE, account=MAKE_VALUE, image=MAKE_VALUE, mem=MAKE_VALUE,
+       constraint=MAKE_VALUE, python=MAKE_VALUE, gres=MAKE_VALUE, sbatch_args=MAKE_VALUE,
+       words=st.lists(MAKE_WORD, max_size=6))
+def test_make_submit_slurm_passes_each_value_on_as_one_word(partition: str, qos: str, account: str, image: str,
+                                                            mem: str, constraint: str, python: str, gres: str,
+                                                            sbatch_args: str, words: list[str]) -> None:
     with tempfile.TemporaryDirectory() as here:
-        proc = make_tpu("submit-slurm", here, PARTITION=partition, QOS=qos, ACCOUNT=account, IMAGE=image,
+        proc = make_tpu("submit-slurm", here, PARTITION=partition, QOS=qos, ACCOUNT=account, IMAGE=image, MEM=mem,
+                        CONSTRAINT=constraint, PYTHON=python, GRES=gres, SBATCH_ARGS=sbatch_args,
                         ARGS=shlex.join(words))
         ran = sorted(os.listdir(here))
         if proc.returncode != 0:  # only for an unbalanced `$(`, and before anything ran
@@ -336,13 +367,14 @@ def test_make_submit_slurm_passes_each_value_on_as_one_word(partition: str, qos:
         assert ran == ["argv", "bin"], "a value ran as shell"
         received = nul_split((Path(here) / "argv").read_bytes())
     assert received[:2] == ["-m", "deploy.slurm"]
-    pairs = received[2:2 + 2 * 9]  # the recipe's nine `--flag value` pairs (a value may itself be "--")
+    end = 2 + 2 * len(SUBMIT_PAIRS)
+    pairs = received[2:end]  # the recipe's `--flag value` pairs (a value may itself be "--")
     flags = dict(zip(pairs[::2], pairs[1::2], strict=True))
-    assert list(flags) == ["--nodes", "--partition", "--time", "--gpus-per-node", "--cpus-per-task", "--account",
-                           "--qos", "--image", "--via"]
-    assert (flags["--partition"], flags["--qos"], flags["--account"], flags["--image"]) == (
-        partition, qos, account, image)
-    assert received[2 + 2 * 9:] == [f"--args={shlex.join(words)}"]
+    assert list(flags) == SUBMIT_PAIRS
+    assert [flags[f] for f in ("--partition", "--qos", "--account", "--image", "--mem", "--constraint")] == [
+        partition, qos, account, image, mem, constraint]
+    assert received[end:] == [f"--gres={gres}", "--exclusive=", "--dry-run=0", f"--python={python}",
+                              f"--sbatch-args={sbatch_args}", f"--args={shlex.join(words)}"]
     assert shlex.split(received[-1].removeprefix("--args=")) == words
 
 
@@ -647,7 +679,7 @@ def test_a_slurm_submission_writes_no_secret_from_the_environment(tmp_path: Path
     assert not leaks({"sbatch argv": "\n".join(runner.calls[0])})
     export = next(a for a in runner.calls[0] if a.startswith("--export="))
     assert [item.split("=")[0] for item in export.removeprefix("--export=").split(",")] == [
-        "ALL", "JOB_PYTHON", "JOB_LOG_DIR", "IMAGE"]
+        "ALL", "JOB_LOG_DIR", "IMAGE", "CONTAINER_RUNTIME"]
 
 
 @dataclasses.dataclass
