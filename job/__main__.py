@@ -1,8 +1,8 @@
 """`python -m job COMMAND`: the entry point every target runs.
 
-    python -m job train [--steps 200 --model.layers 2 ...]   # the example training job
-    python -m job demo                                        # cluster smoke test
-    python -m job tokenize INPUT.txt OUTPUT.npy               # text -> byte-level token file
+    python -m job train [--task lm] [--steps 200 --model.layers 2 ...]   # train a task (job/tasks/NAME/)
+    python -m job demo                                        # cluster smoke test of the library
+    python -m job tokenize INPUT.txt OUTPUT.npy               # text -> byte-level token file (the lm task's)
 """
 
 from __future__ import annotations
@@ -23,15 +23,17 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("absl", "jax._src", "orbax"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if command == "train" or command.startswith("--"):
-        from job import config, train
+        from job import config, loop, task
 
-        cfg = config.parse(rest if command == "train" else args)
+        flags = rest if command == "train" else args
         try:
-            config.validate(cfg)  # bad input: one clear line and exit 2, before anything starts
+            chosen = task.load(task.task_name(flags))
+            cfg = config.parse(flags, chosen)
+            config.validate(cfg, chosen)  # bad input: one clear line and exit 2, before anything starts
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        code = train.run(cfg)
+        code = loop.run(cfg, chosen)
         _shutdown()
         return code
     if command == "demo" and not rest:
@@ -39,16 +41,11 @@ def main(argv: list[str] | None = None) -> int:
 
         run(DemoConfig())
         return 0
-    if command == "tokenize" and len(rest) == 2:
-        from job.data import tokenize_text
+    from job import task
 
-        try:
-            count = tokenize_text(rest[0], rest[1])
-        except ConfigError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        print(f"wrote {count} byte-level tokens to {rest[1]}")
-        return 0
+    extra = task.load(task.DEFAULT_TASK).commands.get(command)
+    if extra is not None:
+        return extra(rest)
     print(f"usage:\n{USAGE}\nexpected one of the commands above, found {' '.join(args)!r}", file=sys.stderr)
     return 2
 

@@ -1,10 +1,11 @@
-"""The training job's configuration: one typed, frozen dataclass tree.
+"""The training run's configuration: one typed, frozen dataclass tree.
 
-    python -m job train --steps 200 --model.layers 4 --data.global-batch 64
+    python -m job train [--task lm] --steps 200 --model.layers 4 --data.global-batch 64
 
-Every field below is a command-line flag (nested ones as `--section.field`).
-`validate(cfg)` refuses a value that cannot work (zero steps, a NaN learning
-rate, ...) before anything starts. The resolved config is saved as
+Every field below is a command-line flag (nested ones as `--section.field`);
+`model` and `data` are the task's own config classes (job/tasks/NAME/).
+`validate(cfg, task)` refuses a value that cannot work (zero steps, a NaN
+learning rate, ...) before anything starts. The resolved config is saved as
 `config.json` in the run directory.
 """
 
@@ -13,12 +14,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from job.data import DataConfig, check_source
 from job.errors import ConfigError
-from job.model import ModelConfig
-from job.model import validate as validate_model
+
+if TYPE_CHECKING:
+    from job.task import Task
+
+M = TypeVar("M")  # the task's model config
+D = TypeVar("D")  # the task's data config
 
 MAX_STEPS = 2**31 - 1  # optax counts steps in int32
 MAX_SEED = 2**63 - 1  # jax.random.key takes a C long
@@ -43,7 +47,10 @@ class CheckpointConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(Generic[M, D]):
+    model: M  # the task's model config: --model.*
+    data: D  # the task's data config: --data.* (global_batch, eval_batches, ...)
+    task: str = "lm"  # the task to train: a folder under job/tasks/
     run_dir: str = "runs/example"  # checkpoints, metrics.jsonl, config.json, summary.json
     steps: int = 200  # total optimizer steps of the run (a resumed run continues to this)
     seed: int = 0  # parameter initialisation seed
@@ -53,9 +60,7 @@ class TrainConfig:
     model_axis: int = 1  # devices per tensor-parallel group (the mesh's "model" axis)
     resume: bool = True  # continue from the newest complete checkpoint in run_dir
     watchdog_s: float = 600.0  # no step within this many seconds: dump every stack, exit 86 (0 = off)
-    model: ModelConfig = ModelConfig()
     optim: OptimConfig = OptimConfig()
-    data: DataConfig = DataConfig()
     ckpt: CheckpointConfig = CheckpointConfig()
 
 
@@ -63,10 +68,14 @@ def _finite(x: float) -> bool:
     return isinstance(x, int | float) and math.isfinite(x)
 
 
-def validate(cfg: TrainConfig) -> None:
+def defaults(task: Task) -> TrainConfig:
+    """The config a run of `task` starts from: every field's default."""
+    return TrainConfig(model=task.model_config(), data=task.data_config(), task=task.name)
+
+
+def validate(cfg: TrainConfig, task: Task) -> None:
     """Every check that needs no devices (run before anything starts); raises ConfigError on the first bad value."""
-    validate_model(cfg.model, rule=cfg.rule, model_axis=cfg.model_axis)
-    check_source(cfg.data.source)
+    task.validate(cfg.model, cfg.data, rule=cfg.rule, model_axis=cfg.model_axis)
     o, run_dir = cfg.optim, cfg.run_dir
     checks = (  # (ok, flag, expected, found, fix); comparisons are written so that NaN fails them
         (1 <= cfg.steps <= MAX_STEPS, "--steps", f"an integer 1..{MAX_STEPS}", cfg.steps, "pass --steps 200"),
@@ -106,8 +115,10 @@ def to_json(cfg: TrainConfig) -> str:
     return json.dumps(to_dict(cfg), indent=2, sort_keys=True)
 
 
-def parse(args: list[str]) -> TrainConfig:
-    """Command-line flags -> TrainConfig; an unknown flag exits with usage (code 2)."""
+def parse(args: list[str], task: Task) -> TrainConfig:
+    """Command-line flags -> the TrainConfig of `task`; an unknown flag exits with usage (code 2)."""
     import tyro
 
-    return tyro.cli(TrainConfig, args=args, prog="python -m job train", description=__doc__.split("\n")[0])
+    kind = TrainConfig[task.model_config, task.data_config]  # type: ignore[name-defined]
+    return tyro.cli(kind, args=args, default=defaults(task), prog="python -m job train",
+                    description=__doc__.split("\n")[0])

@@ -1,4 +1,4 @@
-"""The cluster smoke test that `make run-local` runs until the training job lands.
+"""A smoke test of the library on a cluster: initialisation, both meshes, batches and sharding.
 
     python -m job.launch -n 4 --devices-per-process 2 -- python -m job demo
 

@@ -11,6 +11,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from job.multihost import only_specific_processes
@@ -19,9 +20,14 @@ log = logging.getLogger("job.train")
 
 
 class Reporter:
-    def __init__(self, run_dir: Path, *, start_step: int, total_steps: int, tokens_per_step: int) -> None:
+    """Writes every metric; the progress line shows the task's `shown` metrics and its throughput."""
+
+    def __init__(self, run_dir: Path, *, start_step: int, total_steps: int, items_per_step: int,
+                 shown: Sequence[str] = ("loss",), unit: str = "samples") -> None:
         self.run_dir = run_dir
-        self.tokens_per_step = tokens_per_step
+        self.items_per_step = items_per_step
+        self.shown = tuple(shown)
+        self.unit = unit
         self.total_steps = total_steps
         self._last_time = time.perf_counter()
         self._last_step = start_step
@@ -47,21 +53,24 @@ class Reporter:
         steps = max(step - self._last_step, 1)
         step_time = (now - self._last_time) / steps
         self._last_time, self._last_step = now, step
+        rate = self.items_per_step / step_time if step_time > 0 else 0.0
         record = {"step": step, "split": "train", **metrics, "lr": lr, "step_time_s": step_time,
-                  "tokens_per_s": self.tokens_per_step / step_time if step_time > 0 else 0.0}
+                  f"{self.unit}_per_s": rate}
         self._write(record)
         if self._bar is not None:
             self._bar.update(steps)
             self._bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{lr:.2e}")
         else:
-            log.info("step %d/%d  loss %.4f  acc %.3f  lr %.2e  %.0f tok/s  %.1f ms/step", step,
-                     self.total_steps, metrics["loss"], metrics["accuracy"], lr,
-                     record["tokens_per_s"], step_time * 1e3)
+            log.info("step %d/%d  %s  lr %.2e  %.0f %s/s  %.1f ms/step", step, self.total_steps,
+                     self._shown(metrics), lr, rate, self.unit, step_time * 1e3)
 
     @only_specific_processes()
     def eval(self, step: int, metrics: dict[str, float]) -> None:
         self._write({"step": step, "split": "eval", **metrics})
-        log.info("eval at step %d  loss %.4f  acc %.3f", step, metrics["loss"], metrics["accuracy"])
+        log.info("eval at step %d  %s", step, self._shown(metrics))
+
+    def _shown(self, metrics: dict[str, float]) -> str:
+        return "  ".join(f"{name} {metrics[name]:.4f}" for name in self.shown if name in metrics)
 
     @only_specific_processes()
     def message(self, text: str, *args: object) -> None:

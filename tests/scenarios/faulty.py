@@ -26,7 +26,7 @@ import sys
 import time
 
 from job import __main__ as entry
-from job import preflight, train
+from job import preflight, steps
 
 rank, fault = int(sys.argv[1]), sys.argv[2]
 args = sys.argv[sys.argv.index("--") + 1:]
@@ -38,16 +38,22 @@ def announce() -> None:
 
 
 def at_step(n: int, action) -> None:
-    real, calls = train.train_step, [0]
+    """Run `action` when the n-th train step of this process starts."""
+    real_jit, calls = steps.jit_train_step, [0]
 
-    def step(*a, **k):
-        calls[0] += 1
-        if calls[0] == n:
-            announce()
-            action()
-        return real(*a, **k)
+    def jit(*args, **kwargs):
+        real = real_jit(*args, **kwargs)
 
-    train.train_step = step
+        def step(*a, **k):
+            calls[0] += 1
+            if calls[0] == n:
+                announce()
+                action()
+            return real(*a, **k)
+
+        return step
+
+    steps.jit_train_step = jit
 
 
 def sleep_forever() -> None:

@@ -1,4 +1,4 @@
-"""Tests for job.data: per-host rows, topology invariance, token files, tokenizer."""
+"""Tests for the lm task's data (job.tasks.lm.data): rows, topology invariance, token files, tokenizer."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from job import data
+from job.tasks.lm import data
 from job.errors import ConfigError
 
 # --------------------------------------------------------------------------- helpers
 
 
 def global_batch(source, *, split="train", step=0, process_count=1, batch=8) -> data.Batch:
-    """The global batch as the concatenation of every process's local rows."""
-    parts = [data.local_rows(source, split=split, step=step, process_index=p, process_count=process_count,
-                             global_batch=batch) for p in range(process_count)]
+    """The global batch as the concatenation of every process's block of rows."""
+    n = batch // process_count
+    parts = [source.rows(split, step, p * n, (p + 1) * n) for p in range(process_count)]
     for part in parts:
         assert part["tokens"].shape == (batch // process_count, source.seq_len)
     return {k: np.concatenate([part[k] for part in parts]) for k in ("tokens", "mask")}
@@ -224,7 +224,7 @@ def test_split_of_exactly_seq_len_plus_one_works(tmp_path: Path) -> None:
     assert set(eval_rows[:, 0].tolist()) <= {17, 18}
 
 
-# --------------------------------------------------------------------------- make_source, local_rows, config
+# --------------------------------------------------------------------------- make_source, rows, config
 
 
 def test_make_source_checks_the_model_vocab(tmp_path: Path) -> None:
@@ -243,15 +243,12 @@ def test_make_source_missing_file_names_it(tmp_path: Path) -> None:
         data.make_source(data.DataConfig(source="revrese"), vocab_size=32, seq_len=8)
 
 
-def test_local_rows_rejects_bad_arguments() -> None:
+def test_rows_reject_bad_arguments() -> None:
     task = data.ReverseTask(16, 8, seed=0)
-    kwargs = {"split": "train", "step": 0, "process_index": 0, "process_count": 4, "global_batch": 6}
-    with pytest.raises(ConfigError, match=r"multiple of the process count 4.*found 6.*global_batch 8"):
-        data.local_rows(task, **kwargs)
-    for bad, pattern in [({"process_index": 4}, "found 4"), ({"process_count": 0}, "found 0"),
-                         ({"split": "test"}, "found 'test'"), ({"step": -1}, "found -1")]:
+    for args, pattern in [(("test", 0, 0, 4), "found 'test'"), (("train", -1, 0, 4), "found -1"),
+                          (("train", 0, 4, 2), r"found \(4, 2\)")]:
         with pytest.raises(ConfigError, match=pattern):
-            data.local_rows(task, **{**kwargs, "global_batch": 8, **bad})
+            task.rows(*args)
 
 
 @pytest.mark.parametrize(("field", "value"), [("global_batch", 0), ("eval_batches", -1), ("eval_fraction", 0.0),
@@ -293,21 +290,6 @@ def test_tokenize_text_errors_and_empty_input(tmp_path: Path) -> None:
 
 
 def test_module_imports_without_jax() -> None:
-    code = "import sys, job.data; print(sorted(m for m in sys.modules if m.split('.')[0] == 'jax'))"
+    code = "import sys, job.tasks.lm.data; print(sorted(m for m in sys.modules if m.split('.')[0] == 'jax'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
-
-
-def test_global_batch_array_matches_local_rows() -> None:
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    devices = jax.devices()[::-1]  # any device order works on one process
-    mesh = jax.make_mesh((len(devices),), ("devices",), devices=devices)
-    sharding = NamedSharding(mesh, PartitionSpec("devices"))
-    task = data.ReverseTask(16, 10, seed=4)
-    arrays = data.global_batch_array(task, sharding, split="eval", step=3, global_batch=16)
-    expected = global_batch(task, split="eval", step=3, process_count=1, batch=16)
-    for key in ("tokens", "mask"):
-        assert arrays[key].shape == (16, 10) and arrays[key].sharding == sharding
-        np.testing.assert_array_equal(np.asarray(arrays[key]), expected[key])

@@ -2,7 +2,7 @@
 
 | entry point                       | called here as                    | "nothing launched" means              |
 |-----------------------------------|-----------------------------------|---------------------------------------|
-| `python -m job` (the job CLI)     | `job.__main__.main(argv)`         | no `job.initialize`, no `train.run`   |
+| `python -m job` (the job CLI)     | `job.__main__.main(argv)`         | no `job.initialize`, no `loop.run`    |
 | `python -m job.launch`            | `job.launch.main(argv)`           | no `subprocess.Popen`, no ProcessGroup |
 | `make submit-slurm`               | `deploy.slurm.main(argv, runner)` | no `sbatch` argv, no submitit executor |
 | `make tpu-*`                      | `deploy.tpu.main(argv, runner)`   | no gcloud call at all                  |
@@ -35,7 +35,9 @@ from deploy import tpu_remote as remote
 from deploy.slurm_options import GPU_PROBE, OURS
 from deploy.runner import RecordingRunner
 from job import __main__ as job_cli
-from job import config, launch, train
+from job import config, launch, loop, task
+from job.tasks.lm import data as lm_data
+from job.tasks.lm import model as lm_model
 from job.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,7 +86,7 @@ def with_trap(word: str = "ok") -> st.SearchStrategy[str]:
 def job_launches_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(job, "initialize", _boom)
     monkeypatch.setattr(jax.distributed, "initialize", _boom)
-    monkeypatch.setattr(train, "run", _boom)
+    monkeypatch.setattr(loop, "run", _boom)
 
 
 MAX_STEPS = str(config.MAX_STEPS + 1)
@@ -223,13 +225,13 @@ def test_job_config_check_refuses_clearly_or_accepts_only_sane_numbers(
         rule: str) -> None:
     cfg = config.TrainConfig(
         steps=steps, seed=seed, watchdog_s=watchdog, rule=rule, model_axis=model_axis,
-        model=config.ModelConfig(dim=dim, heads=heads, vocab_size=vocab),
+        model=lm_model.ModelConfig(dim=dim, heads=heads, vocab_size=vocab), data=lm_data.DataConfig(),
         optim=config.OptimConfig(lr=lr, warmup_steps=warmup, min_lr_ratio=ratio, weight_decay=decay, clip_norm=clip,
                                  b1=b1, b2=b2),
         ckpt=config.CheckpointConfig(every=every, keep=keep),
     )
     try:
-        config.validate(cfg)
+        config.validate(cfg, task.load("lm"))
     except ConfigError as exc:  # never a TypeError, ZeroDivisionError, OverflowError or a hang
         assert "expected" in str(exc) and "Fix:" in str(exc)
         return
@@ -239,9 +241,9 @@ def test_job_config_check_refuses_clearly_or_accepts_only_sane_numbers(
     assert dim >= 1 and dim % heads == 0 and vocab >= 1 and model_axis >= 1 and rule in ("replicated", "fsdp", "tensor")
 
 
-def test_job_cli_still_accepts_the_defaults_and_reaches_train_run(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_job_cli_still_accepts_the_defaults_and_reaches_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     ran: list[config.TrainConfig] = []
-    monkeypatch.setattr(train, "run", lambda cfg: ran.append(cfg) or 0)
+    monkeypatch.setattr(loop, "run", lambda cfg, chosen: ran.append(cfg) or 0)
     monkeypatch.setattr(job_cli, "_shutdown", lambda: None)
     assert job_cli.main(["train", "--steps=5", "--optim.lr=1e-3", "--watchdog-s=0"]) == 0
     assert [c.steps for c in ran] == [5]

@@ -1,4 +1,4 @@
-"""Tests for job.model, the example transformer, on 8 fake CPU devices (see tests/conftest.py)."""
+"""Tests for job.tasks.lm.model, the example transformer, on 8 fake CPU devices (see tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from job import sharding as sh  # noqa: E402
 from job.errors import ConfigError  # noqa: E402
-from job.model import ModelConfig, Transformer, count_params, loss_fn, validate  # noqa: E402
+from job.loop import count_params  # noqa: E402
+from job.tasks.lm.model import ModelConfig, Transformer, loss_fn, validate  # noqa: E402
 
 # Compiled once per shape and reused: eager op-by-op dispatch would dominate the runtime.
 forward = nnx.jit(Transformer.__call__)

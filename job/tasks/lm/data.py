@@ -1,14 +1,11 @@
-"""The training job's input pipeline: every process makes only its own rows.
+"""The example LM's input: token rows, synthetic or from a token file; a process makes only its own rows.
 
-    from job import data
+    from job.tasks.lm import data
     cfg = data.DataConfig(source="reverse", global_batch=32)   # or "tokens.npy"
     source = data.make_source(cfg, vocab_size=32, seq_len=32)
-    rows = data.local_rows(source, split="train", step=step,
-                           process_index=jax.process_index(),
-                           process_count=jax.process_count(),
-                           global_batch=cfg.global_batch)
-    sharding = multihost.create_dp_sharding(mesh)
-    batch = {k: jax.make_array_from_process_local_data(sharding, v) for k, v in rows.items()}
+    rows = source.rows("train", step, start, stop)             # {"tokens", "mask"}, rows [start, stop)
+
+The loop turns rows into global arrays with `job.batches.global_batch`.
 
 Row ``r`` of step ``s`` is a pure function of (seed, split, s, r): it is drawn
 from ``np.random.default_rng([seed, split_id, s, r])``. So every topology
@@ -23,14 +20,11 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TypedDict
 
 import numpy as np
 
 from job.errors import ConfigError
-
-if TYPE_CHECKING:
-    import jax
 
 SPLITS = ("train", "eval")  # a split's index is its id in the row seed
 TOKEN_DTYPES = ("uint16", "uint32")
@@ -207,40 +201,6 @@ def make_source(cfg: DataConfig, *, vocab_size: int, seq_len: int) -> ReverseTas
              f"at least the file's vocab_size {source.vocab_size} (its largest token + 1)",
              f"model.vocab_size {vocab_size}", f"pass --model.vocab_size {source.vocab_size} (or more)")
     return source
-
-
-def local_rows(source: ReverseTask | TokenFile, *, split: str, step: int, process_index: int,
-               process_count: int, global_batch: int) -> Batch:
-    """This process's rows [p * n, (p + 1) * n) of the global batch, n = global_batch // process_count."""
-    _require(process_count >= 1 and 0 <= process_index < process_count, "process_index",
-             f"0 <= process_index < process_count={process_count}", process_index,
-             "pass jax.process_index() and jax.process_count()")
-    nearest = max(process_count, round(global_batch / process_count) * process_count)
-    _require(global_batch >= 1 and global_batch % process_count == 0, "data.global_batch",
-             f"a positive multiple of the process count {process_count}", global_batch,
-             f"pass --data.global_batch {nearest}")
-    n = global_batch // process_count
-    return source.rows(split, step, process_index * n, (process_index + 1) * n)
-
-
-def global_batch_array(source: ReverseTask | TokenFile, sharding: Any, *, split: str, step: int,
-                       global_batch: int) -> dict[str, jax.Array]:
-    """The global batch as jax.Arrays laid out by `sharding`; this process makes only the rows it holds.
-
-    The rows come from the sharding itself, so any device order works, as long as
-    each process's rows are one contiguous block.
-    """
-    import jax
-
-    shape = (global_batch, source.seq_len)
-    spans = sorted({idx[0].indices(global_batch)[:2]
-                    for idx in sharding.addressable_devices_indices_map(shape).values()})
-    start, stop = spans[0][0], max(end for _, end in spans)
-    covered = all(a_end >= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
-    _require(covered, "batch sharding", "each process's rows in one contiguous block", spans,
-             "order the mesh's devices by process (jax.make_mesh does)")
-    rows = source.rows(split, step, start, stop)
-    return {k: jax.make_array_from_process_local_data(sharding, v, shape) for k, v in rows.items()}
 
 
 def tokenize_text(text_path: str | os.PathLike[str], out_path: str | os.PathLike[str]) -> int:

@@ -143,11 +143,6 @@ def loss_fn(model: Transformer, tokens: jax.Array, mask: jax.Array) -> tuple[jax
     return loss, {"loss": loss, "accuracy": accuracy, "tokens": count}
 
 
-def count_params(model: nnx.Module) -> int:
-    """Number of scalar entries over all `nnx.Param`s."""
-    return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-
-
 def _flag(field: str) -> str:
     """The command-line flag of a ModelConfig field (tyro spells "_" as "-"; both parse)."""
     return "--model." + field.replace("_", "-")
@@ -209,4 +204,4 @@ def validate(cfg: ModelConfig, *, rule: str, model_axis: int) -> None:
                               found=value, fix=f"{axis_fix}, or {_flag(field)} {up}")
 
 
-__all__ = ["DTYPES", "ModelConfig", "Transformer", "count_params", "loss_fn", "validate"]
+__all__ = ["DTYPES", "ModelConfig", "Transformer", "loss_fn", "validate"]

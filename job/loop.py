@@ -1,10 +1,11 @@
-"""The example training job: a small transformer LM, trained data-parallel.
+"""The training loop, for any task: resume, train, evaluate, checkpoint, stop cleanly on preemption.
 
     python -m job.launch -n 4 --devices-per-process 2 -- python -m job train --steps 200
+    python -m job train --task classify --run-dir runs/classify
 
-Fork point: replace `job.model` (the model and its loss) and `job.data` (the
-per-host input) with yours; this loop, the checkpoints and the preemption
-protocol stay as they are.
+The task (job/tasks/NAME/, see job/task.py) gives the model, its loss and the
+rows of each batch; this loop, the checkpoints and the preemption protocol
+are the same for every task.
 """
 
 from __future__ import annotations
@@ -20,38 +21,24 @@ import jax
 from flax import nnx
 
 import job
-from job import config, model
+from job import config
 from job.config import TrainConfig, to_dict, to_json
 from job.errors import ConfigError
 from job.preemption import REQUEUE_EXIT_CODE, PreemptionGuard
+from job.task import Task
 from job.watchdog import Watchdog
 
 log = logging.getLogger("job.train")
 
 
-def train_step_fn(m: model.Transformer, opt: nnx.Optimizer, tokens: jax.Array, mask: jax.Array) -> dict:
-    """One optimizer step over the global batch; returns the batch's metrics. `train_step` is its jit."""
-    (_, metrics), grads = nnx.value_and_grad(model.loss_fn, has_aux=True)(m, tokens, mask)
-    opt.update(m, grads)
-    return metrics
+def count_params(model: nnx.Module) -> int:
+    """Number of scalar entries over all `nnx.Param`s."""
+    return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
-train_step = nnx.jit(train_step_fn)
-
-
-@nnx.jit
-def eval_step(m: model.Transformer, tokens: jax.Array, mask: jax.Array) -> dict:
-    return model.loss_fn(m, tokens, mask)[1]
-
-
-def validate(cfg: TrainConfig) -> None:
-    """Checks that need no devices: run before anything starts."""
-    config.validate(cfg)
-
-
-def run(cfg: TrainConfig) -> int:
-    """Train to cfg.steps (resuming if possible). Returns 0, or REQUEUE_EXIT_CODE when preempted."""
-    validate(cfg)
+def run(cfg: TrainConfig, task: Task) -> int:
+    """Train `task` to cfg.steps (resuming if possible). Returns 0, or REQUEUE_EXIT_CODE when preempted."""
+    config.validate(cfg, task)
     info = job.initialize()
     log.info("process %d of %d (%s) on %s", info.process_id, info.num_processes, info.kind,
              os.environ.get("SLURMD_NODENAME") or socket.gethostname())
@@ -59,11 +46,13 @@ def run(cfg: TrainConfig) -> int:
     import optax
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from job import data, preflight, sharding
+    from job import preflight, sharding
+    from job.batches import global_batch
     from job.checkpoint import Checkpointer
     from job.fingerprint import fingerprint
     from job.multihost import only_specific_processes
     from job.report import Reporter
+    from job.steps import jit_eval_step, jit_train_step, make_optimizer
 
     run_dir = Path(cfg.run_dir)
     checked = preflight.check(to_dict(cfg), run_dir / "checkpoints")
@@ -75,64 +64,54 @@ def run(cfg: TrainConfig) -> int:
             found=cfg.data.global_batch,
             fix=f"use --data.global-batch {divisor * max(1, -(-cfg.data.global_batch // divisor))}",
         )
-    source = data.make_source(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len)
+    source = task.source(cfg.data, cfg.model)
     only_specific_processes()(_save_config)(run_dir, cfg)
 
-    lm = model.Transformer(cfg.model, rngs=nnx.Rngs(cfg.seed))
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, cfg.optim.lr, cfg.optim.warmup_steps, max(cfg.steps, cfg.optim.warmup_steps + 1),
-        end_value=cfg.optim.lr * cfg.optim.min_lr_ratio,
-    )
-    tx = optax.chain(
-        optax.clip_by_global_norm(cfg.optim.clip_norm),
-        optax.adamw(schedule, b1=cfg.optim.b1, b2=cfg.optim.b2, weight_decay=cfg.optim.weight_decay),
-    )
-    optimizer = nnx.Optimizer(lm, tx, wrt=nnx.Param)
-    sharding.shard_model(lm, mesh, rule=cfg.rule)
+    model = task.build(cfg.model, nnx.Rngs(cfg.seed))
+    tx, schedule = make_optimizer(cfg.optim, cfg.steps)
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    sharding.shard_model(model, mesh, rule=cfg.rule)
     sharding.shard_model(optimizer, mesh, rule=cfg.rule)
+    params = count_params(model)
+    graphdef, state = nnx.split({"model": model, "optimizer": optimizer})
+    del model, optimizer  # from here on `state` is the one copy; the steps donate it
 
     checkpoints = Checkpointer(run_dir / "checkpoints", cfg.ckpt)
     start = 0
     if cfg.resume and checkpoints.all_steps():
-        start, restored = checkpoints.restore_newest({"model": nnx.state(lm), "optimizer": nnx.state(optimizer)})
-        nnx.update(lm, restored["model"])
-        nnx.update(optimizer, restored["optimizer"])
+        start, state = checkpoints.restore_newest(state)
+    train_step, eval_step = jit_train_step(task.loss, graphdef, state), jit_eval_step(task.loss, graphdef)
 
     batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh)))
 
-    def global_batch(split: str, step: int) -> dict[str, jax.Array]:
-        # rows from the sharding: processes of one model group (tensor parallelism across
-        # processes, e.g. one process per GPU) hold the same rows
-        return data.global_batch_array(source, batch_sharding, split=split, step=step,
-                                       global_batch=cfg.data.global_batch)
+    def batch(split: str, step: int) -> dict[str, jax.Array]:
+        return global_batch(source, batch_sharding, split=split, step=step, size=cfg.data.global_batch)
 
     def evaluate() -> dict[str, float]:
-        totals = {"loss": 0.0, "accuracy": 0.0, "tokens": 0.0}
+        """Every metric averaged over the eval batches (weighted by the task's weight metric)."""
+        sums: dict[str, float] = {}
+        total = 0.0
         for i in range(cfg.data.eval_batches):
-            batch = global_batch("eval", i)
-            metrics = jax.device_get(eval_step(lm, batch["tokens"], batch["mask"]))
-            weight = float(metrics["tokens"])
-            totals["loss"] += float(metrics["loss"]) * weight
-            totals["accuracy"] += float(metrics["accuracy"]) * weight
-            totals["tokens"] += weight
-        weight = max(totals["tokens"], 1.0)
-        return {"loss": totals["loss"] / weight, "accuracy": totals["accuracy"] / weight}
+            metrics = {k: float(v) for k, v in jax.device_get(eval_step(state, batch("eval", i))).items()}
+            weight = metrics.pop(task.weight) if task.weight else 1.0
+            for name, value in metrics.items():
+                sums[name] = sums.get(name, 0.0) + value * weight
+            total += weight
+        return {name: value / max(total, 1e-12) if total else 0.0 for name, value in sums.items()}
 
-    tokens_per_step = cfg.data.global_batch * cfg.model.seq_len
-    report = Reporter(run_dir, start_step=start, total_steps=cfg.steps, tokens_per_step=tokens_per_step)
+    report = Reporter(run_dir, start_step=start, total_steps=cfg.steps, shown=task.shown, unit=task.unit,
+                      items_per_step=cfg.data.global_batch * task.items_per_row(cfg.model))
     if start:
         report.message("resumed from step %d (%s)", start, run_dir / "checkpoints")
     report.message("%s", checked.line())
-    report.message("%s; %d parameters; mesh %s; rule %s", info.summary(), model.count_params(lm),
+    report.message("%s; task %s; %d parameters; mesh %s; rule %s", info.summary(), task.name, params,
                    dict(mesh.shape), cfg.rule)
-    state = lambda: {"model": nnx.state(lm), "optimizer": nnx.state(optimizer)}  # noqa: E731
     began, last_saved, metrics, eval_metrics = time.perf_counter(), start, {}, {}
     code = 0
     with contextlib.ExitStack() as stack, sharding.mesh_context(mesh), PreemptionGuard() as guard:
         dog = None
         for step in range(start, cfg.steps):
-            batch = global_batch("train", step)
-            metrics = train_step(lm, optimizer, batch["tokens"], batch["mask"])
+            state, metrics = train_step(state, batch("train", step))
             done = step + 1
             if done % cfg.log_every == 0 or done == cfg.steps:
                 values = {k: float(v) for k, v in jax.device_get(metrics).items()}
@@ -141,11 +120,11 @@ def run(cfg: TrainConfig) -> int:
                 eval_metrics = evaluate()
                 report.eval(done, eval_metrics)
             if done % cfg.ckpt.every == 0 or done == cfg.steps:
-                checkpoints.save(done, state())
+                checkpoints.save(done, state)
                 last_saved = done
             if guard.should_stop():
                 if last_saved != done:
-                    checkpoints.save(done, state())
+                    checkpoints.save(done, state)
                     last_saved = done
                 report.message("preempted: saved step %d; exiting with %d (requeue)", done, REQUEUE_EXIT_CODE)
                 code = REQUEUE_EXIT_CODE
@@ -157,15 +136,16 @@ def run(cfg: TrainConfig) -> int:
     checkpoints.wait()
     checkpoints.close()
     final = jax.device_get(metrics)
+    trained = nnx.state(nnx.merge(graphdef, state)["model"], nnx.Param)
     report.close({
         "final_step": last_saved,
         "completed": code == 0,
+        "task": task.name,
         "train_loss": float(final["loss"]) if final else None,
-        "eval_loss": eval_metrics.get("loss"),
-        "eval_accuracy": eval_metrics.get("accuracy"),
+        **{f"eval_{name}": eval_metrics.get(name) for name in task.shown},
         "seconds": round(time.perf_counter() - began, 3),
-        "params_norm": float(optax.global_norm(nnx.state(lm, nnx.Param))),
-        "params_sha256": fingerprint(nnx.state(lm, nnx.Param)),
+        "params_norm": float(optax.global_norm(trained)),
+        "params_sha256": fingerprint(trained),
     })
     return code
 

@@ -1,0 +1,97 @@
+"""What the training loop needs from a task, and how a task is found by name.
+
+A task is one folder, `job/tasks/NAME/`, whose `task.py` defines
+`TASK = Task(...)`; `python -m job train --task NAME` runs it (default `lm`).
+The loop, checkpoints, reporting and benchmarks see only this interface:
+
+    TASK = Task(
+        name="mine",
+        model_config=ModelConfig,          # frozen dataclass: the --model.* flags
+        data_config=DataConfig,            # frozen dataclass: the --data.* flags (global_batch, eval_batches)
+        build=lambda model_cfg, rngs: Net(model_cfg, rngs=rngs),
+        loss=loss,                         # (model, batch) -> (scalar loss, {"loss": ..., other metrics})
+        source=lambda data_cfg, model_cfg: MyRows(...),  # .rows(split, step, start, stop) -> {name: array}
+    )
+
+`rows` must be a pure function of (split, step, row range): every topology
+then sees the same global batches, and a resumed run the very batches an
+uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from job.errors import ConfigError
+
+TASKS_PACKAGE = "job.tasks"
+DEFAULT_TASK = "lm"
+SPLITS = ("train", "eval")  # eval batches are numbered from 0 like steps
+
+
+class Rows(Protocol):
+    def rows(self, split: str, step: int, start: int, stop: int) -> Mapping[str, Any]:
+        """Global rows [start, stop) of batch `step` of `split`: arrays with a leading row axis."""
+        ...
+
+
+def _no_checks(model_cfg: Any, data_cfg: Any, *, rule: str, model_axis: int) -> None:
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    name: str  # the folder under job/tasks/, and the value of --task
+    model_config: type  # frozen dataclass of the model's sizes: --model.* flags
+    data_config: type  # frozen dataclass with at least global_batch and eval_batches: --data.* flags
+    build: Callable[[Any, Any], Any]  # (model config, nnx.Rngs) -> the nnx.Module to train
+    loss: Callable[[Any, Mapping[str, Any]], tuple[Any, dict[str, Any]]]  # (model, batch) -> (loss, metrics)
+    source: Callable[[Any, Any], Rows]  # (data config, model config) -> the batches, by row
+    validate: Callable[..., None] = _no_checks  # (model cfg, data cfg, rule=, model_axis=): ConfigError if bad
+    shown: Sequence[str] = ("loss",)  # the metrics the progress line shows, in order
+    weight: str | None = None  # metric that weighs eval batches (e.g. "tokens"); None: equal weights
+    items_per_row: Callable[[Any], int] = lambda model_cfg: 1  # throughput unit per row (tokens for an LM)
+    unit: str = "samples"  # what items_per_row counts, for the progress line (tok, samples)
+    commands: Mapping[str, Callable[[list[str]], int]] = dataclasses.field(default_factory=dict)  # python -m job X
+
+
+def names() -> list[str]:
+    """The tasks under job/tasks/."""
+    package = importlib.import_module(TASKS_PACKAGE)
+    return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.ispkg)
+
+
+def load(name: str) -> Task:
+    """The TASK of job/tasks/NAME/, or one clear error listing the tasks there are."""
+    if name not in names():
+        raise ConfigError("--task", expected=f"one of {', '.join(names())} (folders under job/tasks/)", found=name,
+                          fix=f"pass --task {DEFAULT_TASK}, or add the folder job/tasks/{name}/ with a TASK")
+    try:
+        module = importlib.import_module(f"{TASKS_PACKAGE}.{name}.task")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{TASKS_PACKAGE}.{name}.task":
+            raise
+        module = None
+    task = getattr(module, "TASK", None)
+    if not isinstance(task, Task):
+        raise ConfigError(f"job/tasks/{name}/task.py", expected="a module-level TASK = job.task.Task(...)",
+                          found=type(task).__name__, fix="define TASK there (see job/tasks/lm/task.py)")
+    return task
+
+
+def task_name(args: Sequence[str]) -> str:
+    """The value of --task in a command line (the last one given), else the default."""
+    name = DEFAULT_TASK
+    for i, arg in enumerate(args):
+        if arg == "--task" and i + 1 < len(args):
+            name = args[i + 1]
+        elif arg.startswith("--task="):
+            name = arg.split("=", 1)[1]
+    return name
+
+
+__all__ = ["DEFAULT_TASK", "Rows", "SPLITS", "Task", "load", "names", "task_name"]
