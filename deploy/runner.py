@@ -2,7 +2,7 @@
 
 Commands are argv lists, never shell strings. A dry run prints each command
 (shell-quoted, so it can be pasted) instead of running it. Tests substitute a
-`RecordingRunner` to check the exact argv.
+subclass that records each argv, to check it exactly.
 """
 
 from __future__ import annotations
@@ -56,25 +56,3 @@ class Runner:
             argv, check=check, text=True, timeout=timeout, env=None if env is None else dict(env),
             stdout=subprocess.PIPE if capture else None, stderr=subprocess.PIPE if capture else None,
         )
-
-
-@dataclasses.dataclass
-class RecordingRunner(Runner):
-    """Records every argv; answers from `responses` (first matching argv prefix) or with success."""
-
-    calls: list[list[str]] = dataclasses.field(default_factory=list)
-    responses: dict[tuple[str, ...], tuple[int, str]] = dataclasses.field(default_factory=dict)
-    available: tuple[str, ...] = ()  # programs `which` finds
-
-    def which(self, program: str) -> str | None:
-        return f"/usr/bin/{program}" if program in self.available else None
-
-    def run(self, argv: Sequence[str], **kwargs: object) -> subprocess.CompletedProcess[str]:  # type: ignore[override]
-        argv = [str(a) for a in argv]
-        self.calls.append(argv)
-        for prefix, (code, out) in self.responses.items():
-            if tuple(argv[: len(prefix)]) == prefix:
-                if code and kwargs.get("check", True):
-                    raise subprocess.CalledProcessError(code, argv, out, "")
-                return subprocess.CompletedProcess(argv, code, out, "")
-        return subprocess.CompletedProcess(argv, 0, "", "")

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import math
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -35,7 +34,7 @@ from deploy.runner import Runner, shell_words
 from deploy.tpu_config import DEFAULT_SHIP, TpuConfig, validate_job
 from deploy.tpu_gcloud import GCLOUD, INSTALL_HINT
 from deploy.tpu_slice import Slice, TpuError
-from job.errors import ConfigError, refuse_dash_values
+from job.errors import ConfigError, positive_seconds, refuse_dash_values
 from job.preemption import REQUEUE_EXIT_CODE
 
 log = logging.getLogger("deploy.tpu")
@@ -180,16 +179,6 @@ def _count(text: str) -> int:
     return value
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, found {text!r}")
-    return value
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m deploy.tpu", description=__doc__.split("\n")[0],
                                 epilog="job arguments go after --args '...' or after `--`",
@@ -213,8 +202,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--source-dir", default=".", help="the checkout to ship (default: .)")
     p.add_argument("--ship", nargs="+", default=list(DEFAULT_SHIP), help="paths to ship")
     p.add_argument("--setup", default=None, help="shell lines run on every worker before the job")
-    p.add_argument("--poll-seconds", type=_seconds, default=10.0, help="between state queries")
-    p.add_argument("--ready-timeout", type=_seconds, default=3600.0, help="seconds to wait for READY")
+    p.add_argument("--poll-seconds", type=positive_seconds, default=10.0, help="between state queries")
+    p.add_argument("--ready-timeout", type=positive_seconds, default=3600.0, help="seconds to wait for READY")
     p.add_argument("--stop-grace", type=_count, default=60, help="seconds between SIGTERM and SIGKILL")
     return p
 

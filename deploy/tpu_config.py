@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 from deploy.tpu_accelerators import Accelerator, parse_accelerator
-from job.errors import ConfigError
+from job.errors import ConfigError, require
 
 log = logging.getLogger("deploy.tpu")
 
@@ -86,36 +86,34 @@ def run_dir_of(job_args: tuple[str, ...]) -> str | None:
     return found
 
 
-def _check(ok: bool, what: str, expected: str, found: object, fix: str) -> None:
-    if not ok:
-        raise ConfigError(what, expected=expected, found=found, fix=fix)
-
-
 def validate(cfg: TpuConfig) -> None:
     """Every check that needs no network; raises ConfigError on the first bad value."""
-    _check(bool(_NAME.fullmatch(cfg.name or "")), "TPU_NAME (--name)",
-           "a slice name: lowercase letters, digits and hyphens, starting with a letter, at most 63",
-           cfg.name, "make tpu-pod TPU_NAME=my-pod ZONE=us-central2-b ...")
-    _check(bool(_ZONE.fullmatch(cfg.zone or "")), "ZONE (--zone)", "a Cloud TPU zone such as us-central2-b",
-           cfg.zone, "make tpu-pod ZONE=us-central2-b ... (see `gcloud compute tpus locations list`)")
+    require(bool(_NAME.fullmatch(cfg.name or "")), "TPU_NAME (--name)",
+            "a slice name: lowercase letters, digits and hyphens, starting with a letter, at most 63",
+            cfg.name, "make tpu-pod TPU_NAME=my-pod ZONE=us-central2-b ...")
+    require(bool(_ZONE.fullmatch(cfg.zone or "")), "ZONE (--zone)", "a Cloud TPU zone such as us-central2-b",
+            cfg.zone, "make tpu-pod ZONE=us-central2-b ... (see `gcloud compute tpus locations list`)")
     accel = parse_accelerator(cfg.accelerator)
     if cfg.runtime is not None:
-        _check(bool(_TOKEN.fullmatch(cfg.runtime)), "RUNTIME (--runtime)",
-               "a TPU software version such as tpu-ubuntu2204-base", cfg.runtime,
-               f"leave RUNTIME empty for the {accel.generation.name} default ({accel.default_runtime})")
+        require(bool(_TOKEN.fullmatch(cfg.runtime)), "RUNTIME (--runtime)",
+                "a TPU software version such as tpu-ubuntu2204-base", cfg.runtime,
+                f"leave RUNTIME empty for the {accel.generation.name} default ({accel.default_runtime})")
     if cfg.project is not None:
-        _check(bool(_PROJECT.fullmatch(cfg.project)), "PROJECT (--project)", "a GCP project id such as my-project",
-               cfg.project, "leave PROJECT empty to use gcloud's configured project")
+        require(bool(_PROJECT.fullmatch(cfg.project)), "PROJECT (--project)", "a GCP project id such as my-project",
+                cfg.project, "leave PROJECT empty to use gcloud's configured project")
     if cfg.image is not None:
-        _check(bool(_TOKEN.fullmatch(cfg.image)), "IMAGE (--image)",
-               "a container image reference such as us-docker.pkg.dev/my-proj/repo/job:tag", cfg.image,
-               "leave IMAGE empty to ship the code instead")
-    _check(cfg.retries >= 0, "RETRIES (--retries)", "an integer >= 0", cfg.retries, "RETRIES=3")
-    _check(bool(_DIR.fullmatch(cfg.remote_dir)), "--remote-dir", "one folder name under the workers' home",
-           cfg.remote_dir, "use a plain name such as jax-cluster-job")
-    _check(0 < cfg.poll_s < math.inf and 0 < cfg.ready_timeout_s < math.inf and cfg.stop_grace_s >= 0,
-           "--poll-seconds / --ready-timeout / --stop-grace", "finite positive numbers", (cfg.poll_s,
-           cfg.ready_timeout_s, cfg.stop_grace_s), "pass positive values")
+        require(bool(_TOKEN.fullmatch(cfg.image)), "IMAGE (--image)",
+                "a container image reference such as us-docker.pkg.dev/my-proj/repo/job:tag", cfg.image,
+                "leave IMAGE empty to ship the code instead")
+    require(cfg.retries >= 0, "RETRIES (--retries)", "an integer >= 0", cfg.retries, "RETRIES=3")
+    require(bool(_DIR.fullmatch(cfg.remote_dir)), "--remote-dir", "one folder name under the workers' home",
+            cfg.remote_dir, "use a plain name such as jax-cluster-job")
+    require(0 < cfg.poll_s < math.inf, "--poll-seconds", "a finite number of seconds > 0", cfg.poll_s,
+            "pass --poll-seconds 10")
+    require(0 < cfg.ready_timeout_s < math.inf, "--ready-timeout", "a finite number of seconds > 0",
+            cfg.ready_timeout_s, "pass --ready-timeout 3600")
+    require(cfg.stop_grace_s >= 0, "--stop-grace", "a whole number of seconds >= 0", cfg.stop_grace_s,
+            "pass --stop-grace 60")
 
 
 def validate_job(cfg: TpuConfig) -> None:
@@ -123,11 +121,11 @@ def validate_job(cfg: TpuConfig) -> None:
     if cfg.image is None:
         # Each path is also removed on the workers before unpacking (`rm -rf -- PATH` in REMOTE_DIR).
         outside = [p for p in cfg.ship if not Path(p).parts or Path(p).is_absolute() or ".." in Path(p).parts]
-        _check(not outside, "--ship", f"paths inside {cfg.source_dir} (relative, without '..')", outside,
-               "list the checkout's own files and folders, such as job deploy pyproject.toml")
+        require(not outside, "--ship", f"paths inside {cfg.source_dir} (relative, without '..')", outside,
+                "list the checkout's own files and folders, such as job deploy pyproject.toml")
         missing = [p for p in cfg.ship if not (Path(cfg.source_dir) / p).exists()]
-        _check(bool(cfg.ship) and not missing, "--ship", f"paths that exist under {cfg.source_dir}",
-               missing or "nothing", "run from the checkout's root, or pass existing paths to --ship")
+        require(bool(cfg.ship) and not missing, "--ship", f"paths that exist under {cfg.source_dir}",
+                missing or "nothing", "run from the checkout's root, or pass existing paths to --ship")
     trains = not cfg.job_args or cfg.job_args[0] == "train" or cfg.job_args[0].startswith("--")
     if trains:  # `python -m job demo`, `tokenize`, ...: no run dir
         _check_run_dir(cfg, cfg.accel)

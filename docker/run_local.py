@@ -29,7 +29,8 @@ import sys
 import uuid
 from pathlib import Path
 
-from job.launch import LaunchConfig, child_environments, local_count, seconds
+from job.errors import seconds
+from job.launch import LaunchConfig, child_environments, coordinator_port, local_count
 from job.procgroup import ProcessGroup
 
 log = logging.getLogger("job.launch")
@@ -140,12 +141,7 @@ def launch(run: ContainerRun) -> int:
     user = image_user(run.engine, run.image)
     run.runs_dir.mkdir(parents=True, exist_ok=True)
     users = user_options(run.engine, user, run.runs_dir, euid=os.geteuid(), uid=os.getuid(), gid=os.getgid())
-    if run.port is None:
-        import portpicker
-
-        port = portpicker.pick_unused_port()
-    else:
-        port = run.port
+    port = coordinator_port(run.port)
     envs = rank_environments(run, port, dict(os.environ))
     token = uuid.uuid4().hex[:12]
     argv = container_argv(run, forwarded(envs[0]), token, users)

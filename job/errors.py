@@ -1,8 +1,10 @@
-"""Errors that say what was expected, what was found, and how to fix it."""
+"""Errors that say what was expected, what was found, and how to fix it, and the checks that raise them
+(`require` for a config value, `seconds` and `positive_seconds` for a duration flag)."""
 
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 
 
@@ -31,6 +33,12 @@ class ConfigError(JobError, ValueError):
         )
 
 
+def require(ok: bool, what: str, expected: str, found: object, fix: str) -> None:
+    """Raise `ConfigError(what, expected=..., found=..., fix=...)` unless `ok`."""
+    if not ok:
+        raise ConfigError(what, expected=expected, found=found, fix=fix)
+
+
 class InitOrderError(JobError, RuntimeError):
     """`job.initialize` was called after JAX had already started its backends."""
 
@@ -42,3 +50,24 @@ def refuse_dash_values(parser: argparse.ArgumentParser, argv: Sequence[str]) -> 
         if option.startswith("--") and eq and value == "--":
             parser.error(f"{option}: expected a value, found '--'. Fix: give {option} a real value, "
                          "or leave it out for the default")
+
+
+def seconds(text: str) -> float:
+    """A duration flag: a finite number of seconds >= 0 (NaN, inf and negatives are typos)."""
+    return _duration(text, positive=False)
+
+
+def positive_seconds(text: str) -> float:
+    """A duration flag that cannot be 0 (a poll interval, a timeout): a finite number of seconds > 0."""
+    return _duration(text, positive=True)
+
+
+def _duration(text: str, *, positive: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds {'>' if positive else '>='} 0, "
+                                         f"found {text!r}")
+    return value

@@ -20,7 +20,6 @@ import argparse
 import dataclasses
 import ipaddress
 import logging
-import math
 import os
 import re
 import shlex
@@ -31,7 +30,7 @@ from pathlib import Path
 
 from job.cluster.base import CUDA_VISIBLE_DEVICES, visible_gpus
 from job.cluster.local import LocalLauncher
-from job.errors import ConfigError, refuse_dash_values
+from job.errors import ConfigError, refuse_dash_values, seconds
 from job.procgroup import ProcessGroup
 
 log = logging.getLogger("job.launch")
@@ -89,17 +88,6 @@ def _port(text: str) -> int:
     value = positive_int(text)
     if value > 65535:
         raise argparse.ArgumentTypeError(f"expected a TCP port 1..65535, found {text!r}")
-    return value
-
-
-def seconds(text: str) -> float:
-    """A duration flag: a finite number of seconds >= 0 (NaN, inf and negatives are typos)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, found {text!r}")
     return value
 
 
@@ -245,14 +233,18 @@ def child_environments(cfg: LaunchConfig, port: int, base: dict[str, str]) -> li
     return envs
 
 
+def coordinator_port(port: int | None) -> int:
+    """`port`, or a free one on this machine when it is None."""
+    if port is not None:
+        return port
+    import portpicker
+
+    return portpicker.pick_unused_port()
+
+
 def launch(cfg: LaunchConfig) -> int:
     """Run the processes to the end; return the exit code the launcher should use."""
-    if cfg.port is None:
-        import portpicker
-
-        port = portpicker.pick_unused_port()
-    else:
-        port = cfg.port
+    port = coordinator_port(cfg.port)
     envs = child_environments(cfg, port, dict(os.environ))
     if cfg.gpus:
         log.info("%d processes, GPUs (CUDA_VISIBLE_DEVICES) %s", cfg.num_processes, " | ".join(cfg.gpus))

@@ -30,6 +30,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from job.errors import JobError
 from job.mesh import hybrid_mesh, spans_slices
+from job.trees import is_array, path_str
 
 DATA_PARALLELISM_AXIS_NAME = "devices"
 _ORBAX_SYNC = "orbax.checkpoint._src.multihost.multihost.should_skip_process_sync"
@@ -178,14 +179,6 @@ def barrier(name: str, timeout_s: float | None = None) -> None:
 # ---------------------------------------------------------------- pytree checks
 
 
-def _path(keys: tuple[Any, ...]) -> str:
-    return jax.tree_util.keystr(keys, simple=True, separator="/") or "<root>"
-
-
-def _is_array(leaf: Any) -> bool:
-    return isinstance(leaf, (np.ndarray, np.generic, jax.Array))
-
-
 def _local_value(leaf: Any) -> np.ndarray | None:
     """What this host can compare: None for a sharded global array (its shards differ by design)."""
     if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
@@ -198,10 +191,10 @@ def _signature(tree: Any) -> dict[str, Any]:
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
     entries = {}
     for keys, leaf in leaves:
-        if _is_array(leaf):
-            entries[_path(keys)] = ["array", list(np.shape(leaf)), str(leaf.dtype)]
+        if is_array(leaf, scalars=True):
+            entries[path_str(keys)] = ["array", list(np.shape(leaf)), str(leaf.dtype)]
         else:
-            entries[_path(keys)] = ["value", repr(leaf)]
+            entries[path_str(keys)] = ["value", repr(leaf)]
     return {"treedef": str(jax.tree_util.tree_structure(tree)), "leaves": entries}
 
 
@@ -238,7 +231,7 @@ def _value_differences(paths: list[str], a: list[Any], b: list[Any]) -> list[str
 
 def _array_leaves(tree: Any) -> tuple[list[str], list[Any]]:
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    pairs = [(_path(keys), leaf) for keys, leaf in leaves if _is_array(leaf)]
+    pairs = [(path_str(keys), leaf) for keys, leaf in leaves if is_array(leaf, scalars=True)]
     return [p for p, _ in pairs], [_local_value(leaf) for _, leaf in pairs]
 
 

@@ -32,6 +32,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from job.errors import ConfigError
 from job.mesh import check_model_axis, equal_slices, hybrid_mesh, spans_slices
+from job.trees import is_array, path_str
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ RULES: Mapping[str, tuple[tuple[str, str | None], ...]] = types.MappingProxyType
     "tensor": tuple((name, _TENSOR.get(name)) for name in LOGICAL_AXES),
 })
 del _FSDP, _TENSOR
+UNANNOTATED = "an nnx.Param without a sharding annotation"
 
 
 def axes(*names: str | None) -> dict[str, Any]:
@@ -135,20 +137,14 @@ def _spec_for(names: Any, shape: tuple[int, ...], rule: Mapping[str, str | None]
     return PartitionSpec(*spec), ""
 
 
-def _path(path: Sequence[Any]) -> str:
-    return "/".join(str(key) for key in path)
-
-
-def _is_array(x: Any) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray))
-
-
 def shard_model(node: Any, mesh: Mesh, rule: str = "replicated") -> Any:
     """Place every variable of an NNX graph node (model, Optimizer, EMA) on `mesh`, in place.
 
-    Annotated variables follow `RULES[rule]`; unannotated ones replicate. An
-    annotation that cannot be used replicates too, and all of those are
-    reported in one UserWarning. Idempotent. Returns `node`.
+    Annotated variables follow `RULES[rule]`; unannotated ones replicate, and so
+    does a variable whose annotation cannot be used. One UserWarning lists
+    those annotations and, under every rule but "replicated", each `nnx.Param`
+    that has no annotation (other variables, such as RNG state and optimizer
+    moments, replicate silently). Idempotent. Returns `node`.
     """
     if rule not in RULES:
         raise ConfigError("sharding rule", expected=f"one of {sorted(RULES)}", found=rule,
@@ -164,14 +160,17 @@ def shard_model(node: Any, mesh: Mesh, rule: str = "replicated") -> Any:
     placed = 0
     for path, var in nnx.to_flat_state(nnx.state(node)):
         value = var.get_value()
-        if not _is_array(value):
+        if not is_array(value):
             continue
         names = var.get_metadata().get("out_sharding")
         spec = PartitionSpec()
-        if names:
+        if names is None:
+            if rule != "replicated" and isinstance(var, nnx.Param):
+                fallbacks.append(f"{path_str(path)}: {UNANNOTATED}")
+        else:
             found, why = _spec_for(names, tuple(value.shape), mapping, mesh)
             if found is None:
-                fallbacks.append(f"{_path(path)}: {why}")
+                fallbacks.append(f"{path_str(path)}: {why}")
             else:
                 spec = found
         var.set_value(jax.device_put(value, NamedSharding(mesh, spec)))
@@ -182,7 +181,8 @@ def shard_model(node: Any, mesh: Mesh, rule: str = "replicated") -> Any:
             f"shard_model(rule={rule!r}): {len(fallbacks)} variable(s) fell back to replicated:\n  "
             + "\n  ".join(fallbacks)
             + "\nFix: annotate with job.sharding.axes(...) using one name per dimension from "
-            f"{LOGICAL_AXES}, and sizes divisible by the mesh axes {dict(mesh.shape)}",
+            f"{LOGICAL_AXES} (None for a dimension kept whole), and sizes divisible by the mesh axes "
+            f"{dict(mesh.shape)}",
             UserWarning, stacklevel=2)
     return node
 
@@ -207,7 +207,7 @@ def shard_batch(batch: T, mesh: Mesh) -> T:
     replicated = NamedSharding(mesh, PartitionSpec())
 
     def place(path: Any, x: Any) -> Any:
-        if not _is_array(x):
+        if not is_array(x):
             return x
         if x.ndim == 0:
             return jax.device_put(x, replicated)
@@ -229,7 +229,7 @@ def shard_sample_init(x: T, mesh: Mesh) -> T:
 def replicate(tree: T, mesh: Mesh) -> T:
     """Put every array leaf of `tree` fully replicated on `mesh`."""
     sharding = NamedSharding(mesh, PartitionSpec())
-    return jax.tree.map(lambda x: jax.device_put(x, sharding) if _is_array(x) else x, tree)
+    return jax.tree.map(lambda x: jax.device_put(x, sharding) if is_array(x) else x, tree)
 
 
 def _size_fix(size: int, divisor: int) -> str:
@@ -242,7 +242,7 @@ def check_batch_divisible(batch: Any, mesh: Mesh, what: str = "batch") -> int:
 
     Returns that leading size (0 when the batch has no array leaves with a leading axis).
     """
-    sizes = {int(x.shape[0]) for x in jax.tree.leaves(batch) if _is_array(x) and x.ndim > 0}
+    sizes = {int(x.shape[0]) for x in jax.tree.leaves(batch) if is_array(x) and x.ndim > 0}
     if len(sizes) > 1:
         raise ConfigError(what, expected="array leaves with one common leading size",
                           found=sorted(sizes), fix="give every array in the batch the same first dimension")
@@ -259,7 +259,7 @@ def check_batch_divisible(batch: Any, mesh: Mesh, what: str = "batch") -> int:
 
 def sharding_of(node: Any) -> dict[str, Any]:
     """{"a/b/c": sharding} for every state leaf of an NNX node (None for non-arrays)."""
-    return {_path(path): getattr(var.get_value(), "sharding", None)
+    return {path_str(path): getattr(var.get_value(), "sharding", None)
             for path, var in nnx.to_flat_state(nnx.state(node))}
 
 

@@ -2,38 +2,27 @@
 
 Each golden file is the JSON list of the argv lists one command runs, in
 order, against an in-process stand-in for gcloud. After an intended change,
-regenerate them with JOB_UPDATE_GOLDEN=1 and review the diff.
+rerun with UPDATE_GOLDEN=1 (see tests/golden.py) and review the diff.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from deploy import tpu
 from deploy.tpu_config import TpuConfig
+from tests.golden import check_golden
 from tests.tpu.harness import ROOT
 from tests.tpu.sim_runner import SimRunner
 
 GOLDEN = Path(__file__).with_name("golden")
-UPDATE = os.environ.get("JOB_UPDATE_GOLDEN") == "1"
 HOSTILE = ("train", "--run-dir", "/mnt/bucket/run 1", "--name", "a b; touch /tmp/pwned $(id)", "it's \"x\"")
 BASE = TpuConfig(name="pod-1", zone="us-central2-b", accelerator="v4-32", source_dir=str(ROOT),
                  job_args=("train", "--run-dir", "/mnt/bucket/run1", "--steps", "100"))
-
-
-def check_golden(name: str, calls: list[list[str]]) -> None:
-    path = GOLDEN / f"{name}.json"
-    text = json.dumps(calls, indent=1) + "\n"
-    if UPDATE:
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(text)
-    assert path.exists(), f"no golden file {path}; create it with JOB_UPDATE_GOLDEN=1 and review it"
-    assert calls == json.loads(path.read_text()), f"argv differs from {path}; got:\n{text}"
 
 
 @pytest.fixture(autouse=True)
@@ -73,7 +62,7 @@ def test_gcloud_argv_matches_golden_file(name: str) -> None:
     cfg = dataclasses.replace(BASE, **changes)
     runner = SimRunner(**state)
     assert run(command, cfg, runner) == 0
-    check_golden(name, runner.calls)
+    check_golden(GOLDEN / f"{name}.json", json.dumps(runner.calls, indent=1) + "\n")
 
 
 def test_user_arguments_travel_as_one_quoted_argv_element() -> None:

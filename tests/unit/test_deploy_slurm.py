@@ -13,38 +13,15 @@ import pytest
 import submitit.slurm.slurm as submitit_slurm
 
 from deploy import slurm, slurm_options
-from deploy.runner import RecordingRunner, Runner
+from deploy.runner import Runner
 from job.errors import ConfigError
+from tests.doubles import RecordingRunner
+from tests.golden import check_golden
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
-UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 NO_CONTROLLER = ("sbatch: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\n"
                  "sbatch: fatal: Could not establish a configuration source\n")
-
-
-def check_golden(name: str, text: str) -> None:
-    """`text` must equal golden/NAME. UPDATE_GOLDEN=1 rewrites a differing file and fails this run, so a
-    test never passes by writing the file it compares against: review the diff, rerun without it."""
-    path = GOLDEN / name
-    if UPDATE and (not path.exists() or path.read_text() != text):
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(text)
-        pytest.fail(f"rewrote {path}: review the diff, then rerun without UPDATE_GOLDEN=1")
-    assert path.exists(), f"missing golden file {path}: run with UPDATE_GOLDEN=1 once and review it"
-    assert text == path.read_text(), f"{path} differs; if the change is intended, rerun with UPDATE_GOLDEN=1"
-
-
-def test_check_golden_fails_the_run_that_rewrites_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys.modules[__name__], "GOLDEN", tmp_path)
-    monkeypatch.setattr(sys.modules[__name__], "UPDATE", True)
-    with pytest.raises(pytest.fail.Exception, match="rerun without UPDATE_GOLDEN=1"):
-        check_golden("new.txt", "a\n")
-    assert (tmp_path / "new.txt").read_text() == "a\n"
-    check_golden("new.txt", "a\n")  # unchanged: nothing rewritten, the comparison passes
-    monkeypatch.setattr(sys.modules[__name__], "UPDATE", False)
-    with pytest.raises(AssertionError, match="differs"):
-        check_golden("new.txt", "b\n")
 
 
 def normalized(text: str) -> str:
@@ -394,7 +371,7 @@ def test_golden_submitit_script(case: str) -> None:
     text = normalized(slurm.submitit_script(cfg, ENVIRON))
     assert "#SBATCH --requeue" in text and f"#SBATCH --ntasks-per-node={cfg.ntasks_per_node}" in text
     assert ("XLA_FLAGS" in text) == bool(cfg.gpus_per_node)
-    check_golden(f"submitit_{case}.sbatch", text)
+    check_golden(GOLDEN / f"submitit_{case}.sbatch", text)
 
 
 @pytest.mark.parametrize("case", sorted(SBATCH_CASES))
@@ -406,7 +383,7 @@ def test_golden_sbatch_argv_and_srun_line(case: str, monkeypatch: pytest.MonkeyP
     assert argv[-len(cfg.args):] == list(cfg.args)  # user arguments stay separate argv items
     srun = slurm.srun_line(cfg, Runner(), ENVIRON)
     text = "\n".join([*(f"{k}={v}" for k, v in extra.items()), *argv]) + f"\n\n{srun}\n"
-    check_golden(f"sbatch_{case}.argv", normalized(text))
+    check_golden(GOLDEN / f"sbatch_{case}.argv", normalized(text))
 
 
 def test_the_dry_run_shows_the_golden_command(monkeypatch: pytest.MonkeyPatch) -> None:

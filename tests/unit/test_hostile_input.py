@@ -33,12 +33,12 @@ import job
 from deploy import slurm, tpu
 from deploy import tpu_remote as remote
 from deploy.slurm_options import GPU_PROBE, OURS
-from deploy.runner import RecordingRunner
 from job import __main__ as job_cli
 from job import config, launch, loop, task
 from job.tasks.lm import data as lm_data
 from job.tasks.lm import model as lm_model
 from job.errors import ConfigError
+from tests.doubles import RecordingRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = settings(max_examples=60, deadline=None, database=None,

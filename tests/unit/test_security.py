@@ -41,8 +41,8 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from deploy import slurm, tpu, tpu_gcloud, tpu_job, tpu_remote
-from deploy.runner import RecordingRunner
 from deploy.tpu_config import TpuConfig
+from tests.doubles import RecordingRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 # Each example starts a shell; no example database is written into the checkout.

@@ -178,8 +178,10 @@ EXPECTED = {
     "tensor": {"up/kernel": P(None, "model"), "up/bias": P("model"), "down/kernel": P("model"),
                "down/bias": P(), "bad_div": P(None, "model")},
 }
-BAD = {"replicated": {"bad_rank", "bad_name"}, "fsdp": {"bad_rank", "bad_name", "bad_div"},
-       "tensor": {"bad_rank", "bad_name"}}
+UNANNOTATED_PARAMS = {"plain", "down/bias"}  # listed under every rule but "replicated"
+BAD = {"replicated": {"bad_rank", "bad_name"},
+       "fsdp": {"bad_rank", "bad_name", "bad_div"} | UNANNOTATED_PARAMS,
+       "tensor": {"bad_rank", "bad_name"} | UNANNOTATED_PARAMS}
 
 
 @pytest.mark.parametrize("rule", ["replicated", "fsdp", "tensor"])
@@ -201,6 +203,8 @@ def test_shard_model_specs_and_single_warning(rule: str, mesh42: Mesh) -> None:
     assert "1 names ('embed',) for an array of rank 2" in fell[0]
     assert "unknown logical axis 'bogus'" in fell[0]
     assert ("not divisible by mesh size 4" in fell[0]) == (rule == "fsdp")
+    assert (f"plain: {sh.UNANNOTATED}" in fell[0]) == (rule != "replicated")
+    assert f"{len(BAD[rule])} variable(s) fell back to replicated" in fell[0]
     assert len([m for m in msgs if "experimental" in m]) == (rule != "replicated")
     assert len(msgs) == 1 + (rule != "replicated")
     for k, v in before.items():
@@ -212,6 +216,45 @@ def test_shard_model_warns_with_pytest_warns(mesh42: Mesh) -> None:
     with pytest.warns(UserWarning, match=r"2 variable\(s\) fell back to replicated") as rec:
         assert sh.shard_model(net, mesh42) is net
     assert len(rec) == 1
+
+
+class Mixed(nnx.Module):
+    """One unannotated nnx.Param beside unannotated variables of other kinds."""
+
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.kernel = nnx.Param(jnp.ones((4, 8)), **sh.axes("embed", "mlp"))
+        self.scale = nnx.Param(jnp.ones((8,)))
+        self.temperature = nnx.Param(jnp.float32(1.0), **sh.axes())  # a scalar, annotated: nothing to split
+        self.whole = nnx.Param(jnp.ones((8,)), **sh.axes(None))  # replicated on purpose
+        self.mean = nnx.BatchStat(jnp.zeros((8,)))
+        self.counter = nnx.Variable(jnp.zeros((3,)))
+        self.rngs = rngs
+
+
+@pytest.mark.parametrize("rule", ["fsdp", "tensor"])
+def test_unannotated_params_are_named_in_the_one_fallback_warning(rule: str, mesh42: Mesh) -> None:
+    mixed = Mixed(nnx.Rngs(0))
+    msgs = shard_quietly(mixed, mesh42, rule)
+    assert len(msgs) == 2 and "experimental" in msgs[0]
+    lines = msgs[1].splitlines()
+    assert lines[0] == f"shard_model(rule={rule!r}): 1 variable(s) fell back to replicated:"
+    assert [line for line in lines if line.startswith("  ")] == [f"  scale: {sh.UNANNOTATED}"]
+    assert lines[-1].startswith("Fix: annotate with job.sharding.axes(...)")
+    got = specs(mixed)
+    assert got["scale"] == P() and got["whole"] == P() and got["temperature"] == P()
+    assert got["kernel"] == (P("data") if rule == "fsdp" else P(None, "model"))
+
+
+def test_the_replicated_rule_says_nothing_about_unannotated_params(mesh42: Mesh) -> None:
+    mixed = Mixed(nnx.Rngs(0))
+    assert shard_quietly(mixed, mesh42, "replicated") == []
+    assert all(s.spec == P() for s in sh.sharding_of(mixed).values())
+
+
+def test_an_empty_annotation_on_a_matrix_is_a_bad_annotation_not_a_missing_one(mesh42: Mesh) -> None:
+    node = nnx.Dict(w=nnx.Param(jnp.ones((4, 8)), **sh.axes()))
+    fell = [m for m in shard_quietly(node, mesh42, "replicated") if "fell back" in m]
+    assert len(fell) == 1 and "w: 0 names () for an array of rank 2 (4, 8)" in fell[0]
 
 
 def test_shard_model_idempotent(mesh42: Mesh) -> None:
@@ -255,7 +298,9 @@ def test_optimizer_state_follows_params(mesh42: Mesh) -> None:
     opt = nnx.Optimizer(net, optax.adam(1e-2), wrt=nnx.Param)
     shard_quietly(net, mesh42, "tensor")
     msgs = shard_quietly(opt, mesh42, "tensor")
-    assert len([m for m in msgs if "fell back" in m]) == 1
+    fell = [m for m in msgs if "fell back" in m]
+    assert len(fell) == 1
+    assert "bad_rank" in fell[0] and "plain" not in fell[0]  # moments are not nnx.Params
     params, state = specs(net), specs(opt)
     for moment in ("mu", "nu"):
         for k in ("up/kernel", "up/bias", "down/kernel", "bad_div", "plain"):

@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,32 @@ def _print(text: str) -> None:
         print(text, flush=True)
 
 
+# Each kind of record: how the Cloud looks one up, and its collection in API resource names.
+_LOOKUP = {"nodes": Cloud.node, "queued": Cloud.queued}
+_COLLECTION = {"nodes": "nodes", "queued": "queuedResources"}
+
+
+def _record_or_fail(cloud: Cloud, parsed: Parsed, kind: str, name: str) -> dict[str, Any]:
+    project, zone = where(parsed)
+    with cloud.lock():
+        cloud.refresh(project, zone)
+        record = _LOOKUP[kind](cloud, project, zone, name)
+    if record is None:
+        raise CloudError(parsed, f"NOT_FOUND: Resource "
+                         f"'{_resource_name(_COLLECTION[kind], project, zone, name)}' was not found")
+    return record
+
+
+def _list(cloud: Cloud, parsed: Parsed, kind: str, view: Callable[[dict[str, Any]], dict[str, Any]]) -> int:
+    """`list`: every record of `kind` in the zone, as `view` shows it."""
+    project, zone = where(parsed)
+    with cloud.lock():
+        cloud.refresh(project, zone)
+        items = [view(r) for r in cloud.all(kind, project, zone)]
+    _print(render(parsed, items))
+    return 0
+
+
 # ---------------------------------------------------------------------- tpu-vm
 def _workers_of(parsed: Parsed, accelerator: str) -> int:
     from deploy.tpu_accelerators import parse_accelerator  # the table the launcher uses
@@ -111,13 +138,7 @@ def node_create(cloud: Cloud, parsed: Parsed) -> int:
 
 
 def _node_or_fail(cloud: Cloud, parsed: Parsed, name: str) -> dict[str, Any]:
-    project, zone = where(parsed)
-    with cloud.lock():
-        cloud.refresh(project, zone)
-        record = cloud.node(project, zone, name)
-    if record is None:
-        raise CloudError(parsed, f"NOT_FOUND: Resource '{_resource_name('nodes', project, zone, name)}' was not found")
-    return record
+    return _record_or_fail(cloud, parsed, "nodes", name)
 
 
 def node_describe(cloud: Cloud, parsed: Parsed) -> int:
@@ -126,12 +147,7 @@ def node_describe(cloud: Cloud, parsed: Parsed) -> int:
 
 
 def node_list(cloud: Cloud, parsed: Parsed) -> int:
-    project, zone = where(parsed)
-    with cloud.lock():
-        cloud.refresh(project, zone)
-        items = [node_view(r) for r in cloud.all("nodes", project, zone)]
-    _print(render(parsed, items))
-    return 0
+    return _list(cloud, parsed, "nodes", node_view)
 
 
 def node_delete(cloud: Cloud, parsed: Parsed) -> int:
@@ -168,15 +184,7 @@ def queued_create(cloud: Cloud, parsed: Parsed) -> int:
 
 
 def _queued_or_fail(cloud: Cloud, parsed: Parsed) -> dict[str, Any]:
-    project, zone = where(parsed)
-    name = parsed.positionals[0]
-    with cloud.lock():
-        cloud.refresh(project, zone)
-        record = cloud.queued(project, zone, name)
-    if record is None:
-        raise CloudError(parsed, f"NOT_FOUND: Resource "
-                         f"'{_resource_name('queuedResources', project, zone, name)}' was not found")
-    return record
+    return _record_or_fail(cloud, parsed, "queued", parsed.positionals[0])
 
 
 def queued_describe(cloud: Cloud, parsed: Parsed) -> int:
@@ -185,12 +193,7 @@ def queued_describe(cloud: Cloud, parsed: Parsed) -> int:
 
 
 def queued_list(cloud: Cloud, parsed: Parsed) -> int:
-    project, zone = where(parsed)
-    with cloud.lock():
-        cloud.refresh(project, zone)
-        items = [queued_view(r) for r in cloud.all("queued", project, zone)]
-    _print(render(parsed, items))
-    return 0
+    return _list(cloud, parsed, "queued", queued_view)
 
 
 def queued_delete(cloud: Cloud, parsed: Parsed) -> int:

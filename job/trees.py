@@ -1,0 +1,26 @@
+"""How pytree leaves are named and told apart in messages and checks.
+
+    path_str(("blocks", 0, "mlp", "kernel"))   # "blocks/0/mlp/kernel"
+    is_array(np.zeros(3)), is_array(np.float32(1.0))                   # True, False
+    is_array(np.float32(1.0), scalars=True)                            # True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+
+def path_str(keys: Sequence[Any]) -> str:
+    """A leaf's path as "a/b/0": jax key paths and NNX state paths alike; "<root>" for the empty path."""
+    return jax.tree_util.keystr(tuple(keys), simple=True, separator="/") or "<root>"
+
+
+def is_array(leaf: Any, *, scalars: bool = False) -> bool:
+    """True for a jax.Array or a NumPy array (the leaves sharding places); with `scalars`, NumPy scalars
+    too (every leaf with a shape and dtype, as the cross-host pytree checks compare them)."""
+    kinds = (jax.Array, np.ndarray, np.generic) if scalars else (jax.Array, np.ndarray)
+    return isinstance(leaf, kinds)
