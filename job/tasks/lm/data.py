@@ -24,18 +24,13 @@ from typing import TypedDict
 
 import numpy as np
 
-from job.errors import ConfigError
+from job.errors import ConfigError, require
+from job.task import SPLITS  # a split's index is its id in the row seed
 
-SPLITS = ("train", "eval")  # a split's index is its id in the row seed
 TOKEN_DTYPES = ("uint16", "uint32")
 CHUNK_TOKENS = 1 << 24  # tokens (or bytes) touched at once when scanning or writing a file
 PAD, BOS, SEP = 0, 1, 2
 _TOKENIZE = "`python -m job tokenize INPUT.txt OUTPUT.npy`"
-
-
-def _require(ok: bool, what: str, expected: str, found: object, fix: str) -> None:
-    if not ok:
-        raise ConfigError(what, expected=expected, found=found, fix=fix)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,14 +45,14 @@ class DataConfig:
     seed: int = 0  # data seed
 
     def __post_init__(self) -> None:
-        _require(self.global_batch >= 1, "data.global_batch", "an integer >= 1", self.global_batch,
+        require(self.global_batch >= 1, "data.global_batch", "an integer >= 1", self.global_batch,
                  "pass --data.global_batch N with N >= 1")
-        _require(self.eval_batches >= 0, "data.eval_batches", "an integer >= 0", self.eval_batches,
+        require(self.eval_batches >= 0, "data.eval_batches", "an integer >= 0", self.eval_batches,
                  "pass --data.eval_batches N with N >= 0")
-        _require(0.0 < self.eval_fraction < 1.0, "data.eval_fraction", "a fraction strictly between 0 and 1",
+        require(0.0 < self.eval_fraction < 1.0, "data.eval_fraction", "a fraction strictly between 0 and 1",
                  self.eval_fraction, "pass e.g. --data.eval_fraction 0.1")
-        _require(self.seed >= 0, "data.seed", "an integer >= 0", self.seed, "pass --data.seed 0 or any N >= 0")
-        _require(self.dtype in TOKEN_DTYPES, "data.dtype", " or ".join(TOKEN_DTYPES), self.dtype,
+        require(self.seed >= 0, "data.seed", "an integer >= 0", self.seed, "pass --data.seed 0 or any N >= 0")
+        require(self.dtype in TOKEN_DTYPES, "data.dtype", " or ".join(TOKEN_DTYPES), self.dtype,
                  "pass --data.dtype uint16 (or uint32 for vocabularies above 65536)")
 
 
@@ -81,9 +76,9 @@ class _Source:
 
     def rows(self, split: str, step: int, start: int, stop: int) -> Batch:
         """Global rows [start, stop) of batch `step` of `split` ("train", or "eval" with step = eval batch)."""
-        _require(split in SPLITS, "split", " or ".join(map(repr, SPLITS)), split, "pass split='train' or 'eval'")
-        _require(step >= 0, "step", "an integer >= 0", step, "count steps from 0")
-        _require(0 <= start <= stop, "row range", "0 <= start <= stop", (start, stop), "pass a valid row range")
+        require(split in SPLITS, "split", " or ".join(map(repr, SPLITS)), split, "pass split='train' or 'eval'")
+        require(step >= 0, "step", "an integer >= 0", step, "count steps from 0")
+        require(0 <= start <= stop, "row range", "0 <= start <= stop", (start, stop), "pass a valid row range")
         split_id = SPLITS.index(split)
         tokens = np.empty((stop - start, self.seq_len), np.int32)
         for i in range(stop - start):
@@ -99,11 +94,11 @@ class ReverseTask(_Source):
     """
 
     def __init__(self, vocab_size: int, seq_len: int, seed: int = 0) -> None:
-        _require(vocab_size >= 4, "model.vocab_size for the reverse task",
+        require(vocab_size >= 4, "model.vocab_size for the reverse task",
                  ">= 4 (PAD, BOS, SEP and at least one symbol)", vocab_size, "pass --model.vocab_size 4 or more")
-        _require(seq_len >= 4, "model.seq_len for the reverse task", ">= 4 (BOS, a symbol, SEP, its reverse)",
+        require(seq_len >= 4, "model.seq_len for the reverse task", ">= 4 (BOS, a symbol, SEP, its reverse)",
                  seq_len, "pass --model.seq_len 4 or more")
-        _require(seed >= 0, "data.seed", "an integer >= 0", seed, "pass --data.seed 0 or any N >= 0")
+        require(seed >= 0, "data.seed", "an integer >= 0", seed, "pass --data.seed 0 or any N >= 0")
         self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
         self.k = (seq_len - 2) // 2
         self._mask = np.zeros(seq_len, np.float32)
@@ -122,7 +117,7 @@ def check_source(source: str) -> None:
     """What can be checked of --data.source without reading it: the synthetic task, or an existing file."""
     if source == "reverse":
         return
-    _require(Path(source).is_file(), "data.source (token file)", "an existing .npy or .bin file", source,
+    require(Path(source).is_file(), "data.source (token file)", "an existing .npy or .bin file", source,
              "check the path (or pass --data.source reverse for the synthetic task), "
              f"or make one with {_TOKENIZE}")
 
@@ -137,15 +132,15 @@ def _open_tokens(path: Path, dtype: str) -> np.ndarray:
         except (ValueError, OSError) as err:
             raise ConfigError(f"token file {path}", expected="a readable .npy array", found=str(err),
                               fix=f"write it with np.save(path, tokens.astype(np.uint16)) or {_TOKENIZE}") from err
-        _require(tokens.dtype.name in TOKEN_DTYPES and tokens.ndim == 1, f"token file {path}",
+        require(tokens.dtype.name in TOKEN_DTYPES and tokens.ndim == 1, f"token file {path}",
                  "a 1-D uint16 or uint32 array", f"{tokens.dtype} array of shape {tokens.shape}",
                  f"save it as np.save(path, tokens.reshape(-1).astype(np.uint16 or np.uint32)) or use {_TOKENIZE}")
         return tokens
     if suffix == ".bin":
-        _require(dtype in TOKEN_DTYPES, "data.dtype", " or ".join(TOKEN_DTYPES), dtype,
+        require(dtype in TOKEN_DTYPES, "data.dtype", " or ".join(TOKEN_DTYPES), dtype,
                  "pass --data.dtype with the dtype the .bin file was written with")
         size, itemsize = path.stat().st_size, np.dtype(dtype).itemsize
-        _require(size % itemsize == 0, f"token file {path}",
+        require(size % itemsize == 0, f"token file {path}",
                  f"a size that is a multiple of {itemsize} bytes (--data.dtype {dtype})", f"{size} bytes",
                  "pass the --data.dtype the file was written with (uint16 or uint32), or rewrite the file")
         return np.memmap(path, dtype=dtype, mode="r") if size else np.zeros(0, dtype)
@@ -169,16 +164,16 @@ class TokenFile(_Source):
 
     def __init__(self, path: str | os.PathLike[str], *, seq_len: int, seed: int = 0, dtype: str = "uint16",
                  eval_fraction: float = 0.1) -> None:
-        _require(0.0 < eval_fraction < 1.0, "data.eval_fraction", "a fraction strictly between 0 and 1",
+        require(0.0 < eval_fraction < 1.0, "data.eval_fraction", "a fraction strictly between 0 and 1",
                  eval_fraction, "pass e.g. --data.eval_fraction 0.1")
-        _require(seed >= 0, "data.seed", "an integer >= 0", seed, "pass --data.seed 0 or any N >= 0")
+        require(seed >= 0, "data.seed", "an integer >= 0", seed, "pass --data.seed 0 or any N >= 0")
         self.path, self.seq_len, self.seed = Path(path), seq_len, seed
         self.tokens = _open_tokens(self.path, dtype)
         n = len(self.tokens)
         boundary = n - int(round(n * eval_fraction))
         self.splits = {"train": (0, boundary), "eval": (boundary, n)}
         for name, (lo, hi) in self.splits.items():
-            _require(hi - lo >= seq_len + 1, f"the {name} split of token file {self.path}",
+            require(hi - lo >= seq_len + 1, f"the {name} split of token file {self.path}",
                      f"at least seq_len + 1 = {seq_len + 1} tokens",
                      f"{hi - lo} tokens ({n} in the file, eval_fraction={eval_fraction})",
                      "use a longer file, a smaller --model.seq_len, or another --data.eval_fraction")
@@ -197,7 +192,7 @@ def make_source(cfg: DataConfig, *, vocab_size: int, seq_len: int) -> ReverseTas
         return ReverseTask(vocab_size, seq_len, cfg.seed)
     source = TokenFile(cfg.source, seq_len=seq_len, seed=cfg.seed, dtype=cfg.dtype,
                        eval_fraction=cfg.eval_fraction)
-    _require(source.vocab_size <= vocab_size, f"model.vocab_size for token file {source.path}",
+    require(source.vocab_size <= vocab_size, f"model.vocab_size for token file {source.path}",
              f"at least the file's vocab_size {source.vocab_size} (its largest token + 1)",
              f"model.vocab_size {vocab_size}", f"pass --model.vocab_size {source.vocab_size} (or more)")
     return source
@@ -209,8 +204,8 @@ def tokenize_text(text_path: str | os.PathLike[str], out_path: str | os.PathLike
     Any bytes are kept as they are; the output appears only once complete.
     """
     src, dst = Path(text_path), Path(out_path)
-    _require(src.is_file(), "text file to tokenize", "an existing file", str(src), "check the input path")
-    _require(dst.suffix == ".npy", "tokenized output path", "a path ending in .npy", str(dst),
+    require(src.is_file(), "text file to tokenize", "an existing file", str(src), "check the input path")
+    require(dst.suffix == ".npy", "tokenized output path", "a path ending in .npy", str(dst),
              f"use {dst.with_suffix('.npy')}")
     n = src.stat().st_size
     partial = dst.with_name(dst.name + ".partial")
