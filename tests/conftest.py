@@ -14,8 +14,14 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import logging  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 import pytest  # noqa: E402
+
+if TYPE_CHECKING:
+    from tests.container.conftest import Built
 
 REQUIRE_ALL_TIERS = os.environ.get("JOB_REQUIRE_ALL_TIERS") == "1"
 
@@ -39,6 +45,50 @@ def _root_logging_restored() -> object:
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+# The CPU image, built once per session: the container tier runs it with podman, the Slurm tier
+# submits it to the local cluster (CONTAINER_RUNTIME=podman). The helpers live with the container tier.
+@pytest.fixture(scope="session")
+def podman_env() -> dict[str, str]:
+    from tests.container.conftest import HERE, engine_env
+
+    env = engine_env()
+    needed = ("podman", "runc") if env["CONTAINERS_CONF"] == str(HERE / "containers.conf") else ("podman",)
+    missing = [tool for tool in needed if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"no {' and no '.join(missing)}: the container tier needs it "
+                    "(apt-get install podman runc catatonit mmdebstrap)")
+    probe = subprocess.run(["podman", "info", "--format", "{{.Host.OCIRuntime.Name}}"],
+                           env=env, capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.fail(f"podman does not work here (CONTAINERS_CONF={env['CONTAINERS_CONF']}): {probe.stderr.strip()}")
+    return env
+
+
+@pytest.fixture(scope="session")
+def base_image(podman_env: dict[str, str], pytestconfig: pytest.Config) -> str:
+    """The Dockerfile's default base, made locally when it is not there (root + mmdebstrap)."""
+    from tests.container import standin
+    from tests.container.conftest import figure
+
+    if standin.existing_label(podman_env) is None and (os.geteuid() != 0 or shutil.which("mmdebstrap") is None):
+        pytest.skip(f"no {standin.NAME} and no way to make one: needs root and mmdebstrap "
+                    "(apt-get install mmdebstrap)")
+    name, seconds = standin.ensure(podman_env)
+    if seconds is not None:
+        figure(pytestconfig, "stand-in base (mmdebstrap | podman import)", seconds)
+    return name
+
+
+@pytest.fixture(scope="session")
+def cpu_image(base_image: str, podman_env: dict[str, str], pytestconfig: pytest.Config) -> Built:
+    """The real CPU image, built from this checkout (the layer cache may make it quick)."""
+    from tests.container.conftest import ROOT, TAG, build, figure
+
+    built = build(ROOT, TAG, base_image, podman_env)
+    figure(pytestconfig, "CPU image build", built.seconds)
+    return built
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ARG001

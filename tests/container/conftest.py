@@ -7,21 +7,20 @@ a failure). podman reads `containers.conf` from this folder unless
 CONTAINERS_CONF is already set.
 
 Figures (stand-in, build, code-only rebuild, run) are printed at the end of
-the session.
+the session. The session fixtures `podman_env`, `base_image` and `cpu_image`
+are in tests/conftest.py: the Slurm tier submits the same image.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.container import standin
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -57,33 +56,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
             terminalreporter.write_line(f"{name}: {seconds:.1f} s")
 
 
-@pytest.fixture(scope="session")
-def podman_env() -> dict[str, str]:
-    env = engine_env()
-    needed = ("podman", "runc") if env["CONTAINERS_CONF"] == str(HERE / "containers.conf") else ("podman",)
-    missing = [tool for tool in needed if shutil.which(tool) is None]
-    if missing:
-        pytest.skip(f"no {' and no '.join(missing)}: the container tier needs it "
-                    "(apt-get install podman runc catatonit mmdebstrap)")
-    probe = subprocess.run(["podman", "info", "--format", "{{.Host.OCIRuntime.Name}}"],
-                           env=env, capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.fail(f"podman does not work here (CONTAINERS_CONF={env['CONTAINERS_CONF']}): {probe.stderr.strip()}")
-    return env
-
-
-@pytest.fixture(scope="session")
-def base_image(podman_env: dict[str, str], pytestconfig: pytest.Config) -> str:
-    """The Dockerfile's default base, made locally when it is not there (root + mmdebstrap)."""
-    if standin.existing_label(podman_env) is None and (os.geteuid() != 0 or shutil.which("mmdebstrap") is None):
-        pytest.skip(f"no {standin.NAME} and no way to make one: needs root and mmdebstrap "
-                    "(apt-get install mmdebstrap)")
-    name, seconds = standin.ensure(podman_env)
-    if seconds is not None:
-        figure(pytestconfig, "stand-in base (mmdebstrap | podman import)", seconds)
-    return name
-
-
 def build(context: Path, tag: str, base: str, env: dict[str, str], timeout: float = 600) -> Built:
     """docker/build.sh of `context` (a repository root), CPU flavour, offline base."""
     argv = ["bash", str(context / "docker" / "build.sh"), "cpu", tag, "--pull=never", f"--build-arg=BASE={base}"]
@@ -93,14 +65,6 @@ def build(context: Path, tag: str, base: str, env: dict[str, str], timeout: floa
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"image build failed (exit {proc.returncode}):\n{log[-6000:]}"
     return Built(tag, seconds, log)
-
-
-@pytest.fixture(scope="session")
-def cpu_image(base_image: str, podman_env: dict[str, str], pytestconfig: pytest.Config) -> Built:
-    """The real CPU image, built from this checkout (the layer cache may make it quick)."""
-    built = build(ROOT, TAG, base_image, podman_env)
-    figure(pytestconfig, "CPU image build", built.seconds)
-    return built
 
 
 def podman(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.slurm
 SMALL = ["--model.layers", "1", "--model.dim", "32", "--model.mlp-dim", "64", "--eval-every", "1000"]
 
 
-def deploy_argv(tmp: Path, *options: str, job: list[str]) -> list[str]:
-    return [sys.executable, "-m", "deploy.slurm", "--nodes", "4", "--log-dir", str(tmp / "logs"), *options,
+def deploy_argv(tmp: Path, *options: str, job: list[str], nodes: int = 4) -> list[str]:
+    return [sys.executable, "-m", "deploy.slurm", "--nodes", str(nodes), "--log-dir", str(tmp / "logs"), *options,
             "--", *job]
 
 
