@@ -36,19 +36,19 @@ def run(cfg: DemoConfig) -> float:
     from flax import nnx
 
     from job import multihost, sharding
+    from job.batches import row_span
 
     flat_mesh = multihost.create_device_mesh()
     model_axis = cfg.model_axis if jax.device_count() % cfg.model_axis == 0 else 1
     mesh = sharding.make_mesh(model_axis=model_axis)
 
-    # Each process builds only its own rows: value = global row index.
-    local_rows = cfg.rows_per_device * jax.local_device_count()
-    first = jax.process_index() * local_rows
-    values = np.arange(first, first + local_rows, dtype=np.float32)
-    local = np.repeat(values[:, None], cfg.width, axis=1)
-    batch = jax.make_array_from_process_local_data(
-        jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(sharding.batch_axes(mesh))), local
-    )
+    # Each process builds only the rows its devices hold (value = global row index); processes of
+    # one model group (the model axis across processes) build the same rows.
+    rows_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(sharding.batch_axes(mesh)))
+    size = cfg.rows_per_device * jax.device_count()
+    first, last = row_span(rows_sharding, size)
+    local = np.repeat(np.arange(first, last, dtype=np.float32)[:, None], cfg.width, axis=1)
+    batch = jax.make_array_from_process_local_data(rows_sharding, local, (size, cfg.width))
 
     layer = nnx.Linear(
         cfg.width, cfg.hidden, rngs=nnx.Rngs(0),

@@ -267,8 +267,10 @@ def initialize(
         bind = bind_address(info.coordinator_address, env)
     listens = f", listening on {bind or 'every interface'}" if info.is_coordinator else ""
     # printed, not logged: it must show whether or not the program configured logging
+    devices = "all" if info.local_device_ids is None else ",".join(map(str, info.local_device_ids))
     print(f"job.initialize: joining: process {info.process_id} of {info.num_processes}, coordinator "
-          f"{info.coordinator_address}{listens} (init timeout {timeouts.init_s} s)", file=sys.stderr, flush=True)
+          f"{info.coordinator_address}{listens}, local devices {devices} (init timeout {timeouts.init_s} s)",
+          file=sys.stderr, flush=True)
     with _explain_init_timeout(info, timeouts.init_s):
         jax.distributed.initialize(
             coordinator_address=info.coordinator_address,

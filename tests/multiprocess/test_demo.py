@@ -29,3 +29,13 @@ def test_demo_in_a_single_process_needs_no_launcher() -> None:
     assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
     assert "single cluster: process 0 of 1" in proc.stdout
     assert "demo OK" in proc.stdout
+
+
+def test_demo_with_the_model_axis_across_processes_feeds_each_group_the_same_rows() -> None:
+    # 2 processes x 1 device: the mesh is {'data': 1, 'model': 2}, one model group over both processes
+    proc = run(launcher_argv(2, [sys.executable, "-m", "job", "demo"], devices=1))
+    assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
+    assert "[rank 0]   mesh: {'data': 1, 'model': 2}; flat mesh: {'devices': 2}" in proc.stdout
+    # closed form: 0.01 * 8 * 16 * sum(range(8)) = 35.84
+    assert "[rank 0]   tensor-parallel layer over the global batch: 35.8400" in proc.stdout
+    assert "local devices all" in proc.stderr  # each process's joining line says which devices it takes
