@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.multiprocess.test_train import REQUEUE, _preempt, summary, train, train_losses
+from tests.multiprocess.test_train import REQUEUE, _preempt, losses_on_every_topology, summary, train
 
 pytestmark = pytest.mark.multiprocess
 
@@ -27,16 +27,7 @@ def test_the_classifier_learns_its_spirals(tmp_path: Path) -> None:
 
 
 def test_the_classifier_gives_the_same_losses_on_every_topology(tmp_path: Path) -> None:
-    flags = (*TASK, "--steps", "6", "--log-every", "1", "--eval-every", "6")
-    runs = {}
-    for n, devices in [(1, 4), (4, 1), (2, 2)]:
-        train(n, devices, tmp_path / f"{n}x{devices}", *flags)
-        runs[(n, devices)] = train_losses(tmp_path / f"{n}x{devices}")
-    reference = runs[(1, 4)]
-    assert sorted(reference) == [1, 2, 3, 4, 5, 6]
-    for topology, losses in runs.items():
-        for step, loss in reference.items():
-            assert losses[step] == pytest.approx(loss, rel=1e-5), (topology, step)
+    losses_on_every_topology(tmp_path, *TASK)
 
 
 def test_the_classifier_resumes_exactly_after_a_preemption(tmp_path: Path) -> None:

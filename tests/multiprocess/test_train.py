@@ -51,17 +51,24 @@ def test_synthetic_task_converges(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "config.json").read_text())["steps"] == 80
 
 
-def test_same_losses_on_every_topology_and_bitwise_reruns(tmp_path: Path) -> None:
-    flags = ("--steps", "6", "--log-every", "1", "--eval-every", "6", *SMALL)
+def losses_on_every_topology(tmp_path: Path, *flags: str) -> dict[tuple[int, int], dict[int, float]]:
+    """Train 6 steps as 1x4, 4x1 and 2x2 (processes x devices); assert equal losses; return them."""
     runs = {}
     for n, devices in [(1, 4), (4, 1), (2, 2)]:
-        train(n, devices, tmp_path / f"{n}x{devices}", *flags)
+        train(n, devices, tmp_path / f"{n}x{devices}", "--steps", "6", "--log-every", "1", "--eval-every", "6",
+              *flags)
         runs[(n, devices)] = train_losses(tmp_path / f"{n}x{devices}")
     reference = runs[(1, 4)]
     assert sorted(reference) == [1, 2, 3, 4, 5, 6]
     for topology, losses in runs.items():
         for step, loss in reference.items():
             assert losses[step] == pytest.approx(loss, rel=1e-5), (topology, step)
+    return runs
+
+
+def test_same_losses_on_every_topology_and_bitwise_reruns(tmp_path: Path) -> None:
+    flags = ("--steps", "6", "--log-every", "1", "--eval-every", "6", *SMALL)
+    runs = losses_on_every_topology(tmp_path, *SMALL)
     # 4x1 and 2x2 compute bitwise equal values: their fingerprints, made without gathering, agree
     assert summary(tmp_path / "4x1")["params_sha256"] == summary(tmp_path / "2x2")["params_sha256"]
     train(2, 2, tmp_path / "2x2-again", *flags)
