@@ -2,13 +2,14 @@
 
     python -m bench.ckpt [--quick]
 
-One process, 2 CPU devices, the train state (model + AdamW state) of a
-~10M-parameter example transformer, replicated as train.py places it. Timed,
-interleaved:
+One process, 2 CPU devices, the train state of a ~10M-parameter lm-task
+transformer as `job.loop.run` holds and saves it: `nnx.split` of the model
+and its `nnx.Optimizer` (AdamW state), replicated. Timed, interleaved:
 
 - blocking: how long `Checkpointer.save(step, state)` holds the training loop
   (it returns once the write runs in the background), against a train step of
-  the same model; and the first train step taken while the write is running;
+  the same model (`job.steps.jit_train_step`, which donates the state, as in
+  the loop); and the first train step taken while the write is running;
 - throughput: save + `wait()` (the whole write) against writing the same
   arrays with numpy (`jax.device_get` + one `np.save` per leaf);
 - restore: `Checkpointer.restore(step, like)` against `np.load` of those files
@@ -33,6 +34,7 @@ from bench.timing import fmt_mb, fmt_pct, fmt_ratio, fmt_s, fmt_x, interleave, m
 NAME = "ckpt"
 TITLE = "4. Checkpointing: async orbax save/restore vs step time and numpy"
 
+TASK = "lm"
 MODEL = {"vocab_size": 256, "seq_len": 64, "dim": 384, "heads": 6, "layers": 6, "mlp_dim": 1536}
 QUICK_MODEL = {"vocab_size": 256, "seq_len": 64, "dim": 128, "heads": 4, "layers": 2, "mlp_dim": 512}
 BATCH = 8
@@ -44,40 +46,46 @@ def worker(argv: list[str]) -> None:
     import jax
     import numpy as np
     from flax import nnx
+    from jax.sharding import NamedSharding, PartitionSpec
 
-    from bench.step import _optimizer
-    from job import data, model, sharding
+    from job import sharding, task as tasks
+    from job.batches import global_batch
     from job.checkpoint import Checkpointer
-    from job.config import CheckpointConfig
+    from job.config import CheckpointConfig, OptimConfig
+    from job.loop import count_params
+    from job.steps import jit_train_step, make_optimizer
 
-    cfg = model.ModelConfig(**(QUICK_MODEL if quick else MODEL))
+    task = tasks.load(TASK)
+    cfg = task.model_config(**(QUICK_MODEL if quick else MODEL))
     mesh = sharding.make_mesh()
-    lm = model.Transformer(cfg, rngs=nnx.Rngs(0))
-    opt = nnx.Optimizer(lm, _optimizer(1000), wrt=nnx.Param)
-    sharding.shard_model(lm, mesh)
-    sharding.shard_model(opt, mesh)
-    source = data.ReverseTask(cfg.vocab_size, cfg.seq_len)
-    batch = sharding.shard_batch(data.local_rows(source, split="train", step=0, process_index=0,
-                                                 process_count=1, global_batch=BATCH), mesh)
+    model = task.build(cfg, nnx.Rngs(0))
+    tx, _ = make_optimizer(OptimConfig(), 1000)
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    sharding.shard_model(model, mesh)
+    sharding.shard_model(optimizer, mesh)
+    params = count_params(model)
+    graphdef, train_state = nnx.split({"model": model, "optimizer": optimizer})
+    del model, optimizer
+    train_step = jit_train_step(task.loss, graphdef, train_state)
+    source = task.source(task.data_config(global_batch=BATCH), cfg)
+    batch = global_batch(source, NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh))),
+                         split="train", step=0, size=BATCH)
+    held = {"state": train_state}
 
-    @nnx.jit
-    def train_step(m, o, tokens, mask):  # noqa: ANN001, ANN202 - train.py's body
-        (_, metrics), grads = nnx.value_and_grad(model.loss_fn, has_aux=True)(m, tokens, mask)
-        o.update(m, grads)
-        return metrics
-
-    def state() -> dict:
-        return {"model": nnx.state(lm), "optimizer": nnx.state(opt)}
+    def state() -> nnx.State:
+        """The loop's current train state (each step donates the previous one)."""
+        return held["state"]
 
     def one_step() -> float:
         start = time.perf_counter()
         with sharding.mesh_context(mesh):
-            jax.block_until_ready(train_step(lm, opt, batch["tokens"], batch["mask"]))
+            held["state"], metrics = train_step(held["state"], batch)
+            jax.block_until_ready(metrics)
         return time.perf_counter() - start
 
     leaves = jax.tree.leaves(state())
     nbytes = sum(x.nbytes for x in leaves)
-    print(f"[bench ckpt] train state: {model.count_params(lm):,} parameters, {nbytes / 2**20:.0f} MiB "
+    print(f"[bench ckpt] train state: {params:,} parameters, {nbytes / 2**20:.0f} MiB "
           f"in {len(leaves)} arrays; {reps} repetitions", file=sys.stderr, flush=True)
     root = Path(tempfile.mkdtemp(prefix="bench-ckpt-"))
     ckpt = Checkpointer(root / "orbax", CheckpointConfig(every=1, keep=2, async_save=True))
@@ -153,7 +161,7 @@ def worker(argv: list[str]) -> None:
                 for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state()), strict=True))
     ckpt.close()
     shutil.rmtree(root, ignore_errors=True)
-    result = {"params": model.count_params(lm), "bytes": nbytes, "arrays": len(leaves), "reps": reps,
+    result = {"params": params, "bytes": nbytes, "arrays": len(leaves), "reps": reps,
               "batch": BATCH, "seq_len": cfg.seq_len, "blocking": blocking, "step_during_write": after_save,
               "writes": writes, "restores": restores, "restore_exact": exact, "tmp": str(root.parent)}
     emit(dataclasses.asdict(section(result)))

@@ -6,11 +6,11 @@ Runs only where a CUDA device is present (`jax.default_backend() == "gpu"`);
 elsewhere it records "skipped: no CUDA device". `--force` runs it on any
 backend (with `--tiny`, a small config: a smoke test of this file on CPU).
 
-Model: `job.model.Transformer` with vocab 50304, seq 1024, dim 768, 12 heads,
-12 layers, MLP 3072, bfloat16 activations (float32 parameters and AdamW
-state, as train.py keeps them). 123.5M parameters sit in matmuls; the untied
-output head adds 38.6M in the embedding table (GPT-2 small ties them), 163M
-in all. Random tokens, already on the device: no input pipeline.
+Model: the lm task's transformer (job/tasks/lm/model.py) with vocab 50304,
+seq 1024, dim 768, 12 heads, 12 layers, MLP 3072, bfloat16 activations
+(float32 parameters and AdamW state, as the loop keeps them). 123.5M
+parameters sit in matmuls; the untied output head adds 38.6M in the
+embedding table (GPT-2 small ties them), 163M in all. Random tokens, already on the device: no input pipeline.
 
 FLOPs per trained token (PaLM, appendix B): 6 N + 12 L d T, with N the
 matmul parameters (embedding lookups cost no FLOPs), L layers, d width, T
@@ -18,8 +18,10 @@ the sequence length; causal masking is not discounted. MFU = FLOPs per
 token x tokens/s / the chip's dense bf16 peak (the table below, keyed by
 `device_kind`; `--peak-tflops` overrides it).
 
-Both the template step (train.py's `nnx.jit` step) and a hand-written
-`jax.jit` step are timed, interleaved. Attention: `job.model` calls
+Both the template step (`job.steps.jit_train_step` over the split model +
+optimizer state, as `job.loop.run` steps) and the hand-written `jax.jit` step
+of bench/step.py, with the same `job.steps.make_optimizer` transform, are
+timed, interleaved. Attention: the lm model calls
 `jax.nn.dot_product_attention` without `implementation`, which jax 0.10
 lowers with XLA; `--attention cudnn` (or `auto`, the default: cuDNN if it
 compiles, else XLA) makes the benchmark process call it with
@@ -114,45 +116,54 @@ def worker(argv: list[str]) -> None:
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from bench.step import _optimizer, handwritten_step
-    from job.train import train_step_fn
-    from job import model, sharding
+    from bench.step import handwritten_step
+    from job import sharding, task as tasks
+    from job.config import OptimConfig
+    from job.loop import count_params
+    from job.steps import jit_train_step, make_optimizer
 
-    cfg = model.ModelConfig(**(TINY if args.tiny else GPT2_SMALL))
+    task = tasks.load("lm")
+    cfg = task.model_config(**(TINY if args.tiny else GPT2_SMALL))
     device = jax.devices()[0]
     mesh = sharding.make_mesh(devices=[device])
     reps, block = (3, 3) if args.quick else (7, 5)
-    tx = _optimizer(1000)
+    tx, _ = make_optimizer(OptimConfig(), 1000)
 
     rng = np.random.default_rng(0)
     tokens = jax.device_put(rng.integers(0, cfg.vocab_size, (args.batch, cfg.seq_len), dtype=np.int32),
                             NamedSharding(mesh, PartitionSpec("data")))
-    mask = jnp.ones(tokens.shape, jnp.float32, device=tokens.sharding)
+    batch = {"tokens": tokens, "mask": jnp.ones(tokens.shape, jnp.float32, device=tokens.sharding)}
+    shapes = nnx.eval_shape(lambda: task.build(cfg, nnx.Rngs(0)))
+    params = count_params(shapes)
+    matmul_params = sum(int(x.get_value().size) for path, x in nnx.to_flat_state(nnx.state(shapes, nnx.Param))
+                        if path[-1] == "kernel")
 
     def build(impl: str | None):  # noqa: ANN202
         """Both steps, compiled once with attention `impl`; raises if it does not compile."""
         _use_attention(impl)
-        lm = model.Transformer(cfg, rngs=nnx.Rngs(0))
-        opt = nnx.Optimizer(lm, tx, wrt=nnx.Param)
-        sharding.shard_model(lm, mesh)
-        sharding.shard_model(opt, mesh)
-        jitted = nnx.jit(train_step_fn)  # a fresh jit per attention implementation
+        model = task.build(cfg, nnx.Rngs(0))
+        optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+        sharding.shard_model(model, mesh)
+        sharding.shard_model(optimizer, mesh)
+        graphdef, state = nnx.split({"model": model, "optimizer": optimizer})
+        jitted = jit_train_step(task.loss, graphdef, state)  # a fresh jit per attention implementation
+        template = {"state": state}
         with sharding.mesh_context(mesh):
-            jax.block_until_ready(jitted(lm, opt, tokens, mask))
-        graphdef, params = nnx.split(model.Transformer(cfg, rngs=nnx.Rngs(0)))
-        state = {"p": params, "s": tx.init(params)}
-
-        step = handwritten_step(graphdef, tx)
-        state["p"], state["s"], metrics = step(state["p"], state["s"], tokens, mask)
+            template["state"], metrics = jitted(state, batch)
+            jax.block_until_ready(metrics)
+        graphdef_b, params_b = nnx.split(task.build(cfg, nnx.Rngs(0)))
+        baseline = {"p": params_b, "s": tx.init(params_b)}
+        step = handwritten_step(graphdef_b, task.loss, tx)
+        baseline["p"], baseline["s"], metrics = step(baseline["p"], baseline["s"], batch)
         jax.block_until_ready(metrics)
-        return lm, opt, jitted, step, state
+        return jitted, template, step, baseline
 
     impls = {"auto": ["cudnn", None], "cudnn": ["cudnn"], "xla": [None]}[args.attention]
     errors = []
     for impl in impls:
         try:
             compile_start = time.perf_counter()
-            lm, opt, jitted, step, state = build(impl)
+            jitted, template, step, baseline = build(impl)
             compile_s = time.perf_counter() - compile_start
             attention = impl or "xla (jax default)"
             break
@@ -163,33 +174,32 @@ def worker(argv: list[str]) -> None:
         raise SystemExit("no attention implementation compiled:\n" + "\n".join(errors))
 
     def run_template() -> float:
+        state = template["state"]
         with sharding.mesh_context(mesh):
             start = time.perf_counter()
             for _ in range(block):
-                metrics = jitted(lm, opt, tokens, mask)
+                state, metrics = jitted(state, batch)
             jax.block_until_ready(metrics)
+        template["state"] = state
         return (time.perf_counter() - start) / block
 
     def run_baseline() -> float:
-        p, s = state["p"], state["s"]
+        p, s = baseline["p"], baseline["s"]
         start = time.perf_counter()
         for _ in range(block):
-            p, s, metrics = step(p, s, tokens, mask)
+            p, s, metrics = step(p, s, batch)
         jax.block_until_ready(metrics)
-        state["p"], state["s"] = p, s
+        baseline["p"], baseline["s"] = p, s
         return (time.perf_counter() - start) / block
 
     print(f"[bench mfu] {device.device_kind}: attention {attention}, batch {args.batch}, "
           f"{reps} x {block} steps", file=sys.stderr, flush=True)
     times = interleave({"template": run_template, "baseline": run_baseline}, reps=reps, warmup=1)
-    kernels = nnx.state(lm, nnx.Param)
-    matmul_params = sum(int(x.get_value().size) for path, x in nnx.to_flat_state(kernels)
-                        if path[-1] == "kernel")
     peak, peak_from = peak_flops(device.device_kind, args.peak_tflops)
     result = {
         "device_kind": device.device_kind, "backend": backend, "attention": attention,
         "attention_errors": errors, "batch": args.batch, "seq_len": cfg.seq_len,
-        "tokens_per_step": args.batch * (cfg.seq_len - 1), "params": model.count_params(lm),
+        "tokens_per_step": args.batch * (cfg.seq_len - 1), "params": params,
         "matmul_params": matmul_params, "flops_per_token": flops_per_token(cfg, matmul_params),
         "peak_flops": peak, "peak_from": peak_from, "times": times, "reps": reps, "block": block,
         "compile_s": compile_s, "config": dataclasses.asdict(cfg),
@@ -200,7 +210,7 @@ def worker(argv: list[str]) -> None:
 def section(r: dict) -> Section:
     s = Section(NAME, TITLE, columns=["step", "step time", "tokens/s", "model TFLOP/s", "MFU"], data=r)
     mfus = {}
-    for kind, label in (("template", "template (nnx.jit, as train.py)"), ("baseline", "hand-written jax.jit")):
+    for kind, label in (("template", "template (job.steps.jit_train_step)"), ("baseline", "hand-written jax.jit")):
         t = median(r["times"][kind])
         tps = r["tokens_per_step"] / t
         achieved = tps * r["flops_per_token"]

@@ -2,15 +2,16 @@
 
     python -m bench.pipeline [--quick]
 
-One process, 2 CPU devices, the example model and batch (train.py's
-defaults). The batch is assembled as train.py does it: `data.local_rows`
-(this process's rows) then `jax.make_array_from_process_local_data` per
-field. For each source (the synthetic `reverse` task and a memory-mapped
-token file), interleaved:
+One process, 2 CPU devices, the lm task's default model and batch. The
+batch is assembled as `job.loop.run` does it: `job.batches.global_batch`
+(the task's `source.rows` for this process's rows, then
+`jax.make_array_from_process_local_data` per field), and stepped with
+`job.steps.jit_train_step`. For each source (the synthetic `reverse` task
+and a memory-mapped token file), interleaved:
 
 - assembly only: building a block of batches, per batch;
 - pre-built: the train step on batches built beforehand (no input work);
-- in loop: build the batch, then step, as train.py's loop does.
+- in loop: build the batch, then step, as the loop does.
 
 Input stall = (in loop - pre-built) / in loop: the share of a step the loop
 waits for its input. Assembly / step is the cost if nothing overlapped.
@@ -31,6 +32,7 @@ from bench.timing import fmt_pct, fmt_s, interleave, median
 
 NAME = "pipeline"
 TITLE = "5. Input pipeline: global batch assembly vs step time"
+TASK = "lm"
 TOKENS = 1 << 21  # token file length
 
 
@@ -42,46 +44,44 @@ def worker(argv: list[str]) -> None:
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from bench.step import _optimizer
-    from job import data, model, sharding
+    from job import sharding, task as tasks
+    from job.batches import global_batch
+    from job.config import OptimConfig
+    from job.steps import jit_train_step, make_optimizer
 
-    cfg = model.ModelConfig()
-    dcfg = data.DataConfig()
+    task = tasks.load(TASK)
+    cfg, dcfg = task.model_config(), task.data_config()
     mesh = sharding.make_mesh()
     batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh)))
-    lm = model.Transformer(cfg, rngs=nnx.Rngs(0))
-    opt = nnx.Optimizer(lm, _optimizer(1000), wrt=nnx.Param)
-    sharding.shard_model(lm, mesh)
-    sharding.shard_model(opt, mesh)
-
-    @nnx.jit
-    def train_step(m, o, tokens, mask):  # noqa: ANN001, ANN202 - train.py's body
-        (_, metrics), grads = nnx.value_and_grad(model.loss_fn, has_aux=True)(m, tokens, mask)
-        o.update(m, grads)
-        return metrics
+    model = task.build(cfg, nnx.Rngs(0))
+    tx, _ = make_optimizer(OptimConfig(), 1000)
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    sharding.shard_model(model, mesh)
+    sharding.shard_model(optimizer, mesh)
+    graphdef, state = nnx.split({"model": model, "optimizer": optimizer})
+    del model, optimizer
+    train_step = jit_train_step(task.loss, graphdef, state)
+    held = {"state": state}
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
     token_file = tmp / "tokens.npy"
     np.save(token_file, np.random.default_rng(0).integers(0, cfg.vocab_size, TOKENS, dtype=np.uint16))
     sources = {
-        "reverse (synthetic)": data.make_source(dcfg, vocab_size=cfg.vocab_size, seq_len=cfg.seq_len),
-        "token file (.npy, memory-mapped)": data.make_source(
-            dataclasses.replace(dcfg, source=str(token_file)), vocab_size=cfg.vocab_size, seq_len=cfg.seq_len),
+        "reverse (synthetic)": task.source(dcfg, cfg),
+        "token file (.npy, memory-mapped)": task.source(dataclasses.replace(dcfg, source=str(token_file)), cfg),
     }
     results = []
     for name, source in sources.items():
         counter = iter(range(10**9))
 
-        def global_batch(step: int, source=source) -> dict:  # noqa: ANN001 - train.py's global_batch
-            rows = data.local_rows(source, split="train", step=step, process_index=0, process_count=1,
-                                   global_batch=dcfg.global_batch)
-            return {k: jax.make_array_from_process_local_data(batch_sharding, v) for k, v in rows.items()}
+        def batch(step: int, source=source) -> dict:  # noqa: ANN001
+            return global_batch(source, batch_sharding, split="train", step=step, size=dcfg.global_batch)
 
-        prebuilt = [global_batch(next(counter)) for _ in range(block)]
+        prebuilt = [batch(next(counter)) for _ in range(block)]
 
         def assembly() -> float:
             start = time.perf_counter()
-            batches = [global_batch(next(counter)) for _ in range(block)]
+            batches = [batch(next(counter)) for _ in range(block)]
             jax.block_until_ready(batches)
             return (time.perf_counter() - start) / block
 
@@ -89,8 +89,7 @@ def worker(argv: list[str]) -> None:
             start = time.perf_counter()
             with sharding.mesh_context(mesh):
                 for i in range(block):
-                    b = make(i)
-                    metrics = train_step(lm, opt, b["tokens"], b["mask"])
+                    held["state"], metrics = train_step(held["state"], make(i))
                 jax.block_until_ready(metrics)
             return (time.perf_counter() - start) / block
 
@@ -98,7 +97,7 @@ def worker(argv: list[str]) -> None:
         times = interleave({
             "assembly": assembly,
             "pre-built": lambda: steps(lambda i: prebuilt[i]),
-            "in loop": lambda: steps(lambda i: global_batch(next(counter))),
+            "in loop": lambda: steps(lambda i: batch(next(counter))),
         }, reps=reps, warmup=1)
         results.append({"source": name, "times": times, "reps": reps, "block": block})
     del sources

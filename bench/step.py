@@ -1,21 +1,23 @@
-"""1. Step overhead: the template's train step vs a hand-written `jax.jit` step.
+"""1. Step overhead: the loop's train step vs a hand-written `jax.jit` step.
 
     python -m bench.step [--quick]
 
-One process, 2 CPU devices, mesh ("data": 2, "model": 1). The same model
-(`job.model.Transformer`, same init), the same optimizer (train.py's AdamW
-chain) and the same batches, stepped three ways, interleaved:
+One process, 2 CPU devices, mesh ("data": 2, "model": 1), the lm task. Both
+sides start from the same model (same init), use the same optimizer
+(`job.steps.make_optimizer` with the default OptimConfig) and take the same
+steps on the same batches, interleaved:
 
-- template: what `job/train.py` does: `sharding.shard_model` on model and
-  optimizer, `sharding.shard_batch`, the `nnx.jit` train step (its body copied
-  from train.py, where it is a closure inside `run`), under `mesh_context`;
-- cached: the same step through `nnx.cached_partial(train_step, model, optimizer)`,
-  which caches NNX's graph traversal (a possible fix, shown for comparison);
-- baseline: `nnx.split` once, then a plain `jax.jit` of a pure function over
-  (params, opt_state, tokens, mask) with donated state, params replicated and
-  the batch split over "data" by `jax.device_put`.
+- template: what `job.loop.run` runs: `sharding.shard_model` on model and
+  optimizer, `nnx.split({"model": ..., "optimizer": ...})` once,
+  `job.steps.jit_train_step` (a `jax.jit` over the split state, donated, with
+  its shardings as out_shardings), batches from `job.batches.global_batch`,
+  called as `state, metrics = step(state, batch)` under `mesh_context`;
+- baseline: `nnx.split(model)` once, then a hand-written `jax.jit` of a pure
+  function over (params, optax state, batch) with params and optax state
+  donated, both replicated by `jax.device_put`, the batch split over "data".
 
-A repetition times a block of steps and blocks on the last step's output.
+A repetition times a block of steps and blocks on the last step's output;
+the host time of a call is how long it takes to return (dispatch).
 """
 
 from __future__ import annotations
@@ -31,42 +33,29 @@ from bench.timing import fmt_ratio, fmt_s, fmt_x, interleave, median, ratio
 
 NAME = "step"
 TITLE = "1. Step overhead: template train step vs hand-written jax.jit"
+TASK = "lm"
+STEPS = 1000  # the schedule's length: only its shape within the first steps matters
 
 # name -> (ModelConfig kwargs, global batch, steps per block)
 SIZES = {
-    "example": ({}, 32, 6),  # train.py's defaults: 104,768 parameters, 32 x 32 tokens
+    "example": ({}, 32, 6),  # the lm task's defaults: 104,768 parameters, 32 x 32 tokens
     "medium": ({"vocab_size": 256, "seq_len": 64, "dim": 128, "heads": 4, "layers": 4, "mlp_dim": 512},
                32, 2),  # 861,312 parameters, 32 x 64 tokens
 }
 
 
-def _optimizer(steps: int):  # noqa: ANN202 - optax types
-    """train.py's optimizer with its default OptimConfig."""
-    import optax
-
-    from job.config import OptimConfig
-
-    o = OptimConfig()
-    schedule = optax.warmup_cosine_decay_schedule(0.0, o.lr, o.warmup_steps, max(steps, o.warmup_steps + 1),
-                                                  end_value=o.lr * o.min_lr_ratio)
-    return optax.chain(optax.clip_by_global_norm(o.clip_norm),
-                       optax.adamw(schedule, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay))
-
-
-def handwritten_step(graphdef, tx):  # noqa: ANN001, ANN201 - nnx graphdef, optax transform
-    """The baseline: a plain `jax.jit` data-parallel step over pure pytrees (params, opt state donated)."""
+def handwritten_step(graphdef, loss, tx):  # noqa: ANN001, ANN201 - nnx graphdef, task loss, optax transform
+    """The baseline: a plain `jax.jit` step over (params, optax state, batch); params and optax state donated."""
     import jax
     import optax
     from flax import nnx
 
-    from job import model
-
-    def loss(p, tokens, mask):  # noqa: ANN001, ANN202
-        return model.loss_fn(nnx.merge(graphdef, p), tokens, mask)
+    def objective(p, batch):  # noqa: ANN001, ANN202
+        return loss(nnx.merge(graphdef, p), batch)
 
     @functools.partial(jax.jit, donate_argnums=(0, 1))
-    def step(p, s, tokens, mask):  # noqa: ANN001, ANN202
-        (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(p, tokens, mask)
+    def step(p, s, batch):  # noqa: ANN001, ANN202
+        (_, metrics), grads = jax.value_and_grad(objective, has_aux=True)(p, batch)
         updates, s = tx.update(grads, s, p)
         return optax.apply_updates(p, updates), s, metrics
 
@@ -79,91 +68,78 @@ def measure(size: str, reps: int) -> dict:
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from job import data, model, sharding
+    from job import sharding, task as tasks
+    from job.batches import global_batch
+    from job.config import OptimConfig
+    from job.loop import count_params
+    from job.steps import jit_train_step, make_optimizer
 
-    overrides, global_batch, block = SIZES[size]
-    cfg = model.ModelConfig(**overrides)
+    task = tasks.load(TASK)
+    overrides, size_rows, block = SIZES[size]
+    cfg = task.model_config(**overrides)
+    source = task.source(task.data_config(global_batch=size_rows), cfg)
     mesh = sharding.make_mesh()
-    source = data.ReverseTask(cfg.vocab_size, cfg.seq_len)
-    host_batches = [data.local_rows(source, split="train", step=s, process_index=0, process_count=1,
-                                    global_batch=global_batch) for s in range(4)]
-    tx = _optimizer(1000)
+    batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh)))
+    tx, _ = make_optimizer(OptimConfig(), STEPS)
+    host: dict[str, list[float]] = {"template": [], "baseline": []}
 
-    # ---- template: exactly train.py's step
-    from job.train import train_step as jitted
-
-    def template_state():  # noqa: ANN202
-        lm = model.Transformer(cfg, rngs=nnx.Rngs(0))
-        opt = nnx.Optimizer(lm, tx, wrt=nnx.Param)
-        sharding.shard_model(lm, mesh, rule="replicated")
-        sharding.shard_model(opt, mesh, rule="replicated")
-        return lm, opt
-
-    lm_t, opt_t = template_state()
-    batches_t = [sharding.shard_batch(b, mesh) for b in host_batches]
-    lm_c, opt_c = template_state()
-    with nnx.set_graph_mode(True), nnx.set_graph_updates(True):
-        cached = nnx.cached_partial(jitted, lm_c, opt_c)
+    # ---- template: job.loop.run's state, step and batches
+    model = task.build(cfg, nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    sharding.shard_model(model, mesh, rule="replicated")
+    sharding.shard_model(optimizer, mesh, rule="replicated")
+    params = count_params(model)
+    graphdef, state = nnx.split({"model": model, "optimizer": optimizer})
+    del model, optimizer
+    train_step = jit_train_step(task.loss, graphdef, state)
+    batches_t = [global_batch(source, batch_sharding, split="train", step=s, size=size_rows) for s in range(4)]
+    template = {"state": state}
 
     def run_template() -> float:
+        state = template["state"]
         with sharding.mesh_context(mesh):
             start = time.perf_counter()
             for i in range(block):
-                b = batches_t[i % len(batches_t)]
                 t0 = time.perf_counter()
-                metrics = jitted(lm_t, opt_t, b["tokens"], b["mask"])
+                state, metrics = train_step(state, batches_t[i % len(batches_t)])
                 host["template"].append(time.perf_counter() - t0)
             jax.block_until_ready(metrics)
+        template["state"] = state
         return (time.perf_counter() - start) / block
 
-    def run_cached() -> float:
-        with sharding.mesh_context(mesh):
-            start = time.perf_counter()
-            for i in range(block):
-                b = batches_t[i % len(batches_t)]
-                t0 = time.perf_counter()
-                metrics = cached(b["tokens"], b["mask"])
-                host["cached"].append(time.perf_counter() - t0)
-            jax.block_until_ready(metrics)
-        return (time.perf_counter() - start) / block
-
-    # ---- baseline: nnx.split once, plain jax.jit over pure pytrees
-    graphdef, params = nnx.split(model.Transformer(cfg, rngs=nnx.Rngs(0)))
-    params = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
-    opt_state = jax.device_put(tx.init(params), NamedSharding(mesh, PartitionSpec()))
+    # ---- baseline: nnx.split once, a hand-written jax.jit over pure pytrees
+    graphdef_b, params_b = nnx.split(task.build(cfg, nnx.Rngs(0)))
+    replicated = NamedSharding(mesh, PartitionSpec())
     split = NamedSharding(mesh, PartitionSpec("data"))
-    batches_b = [{k: jax.device_put(v, split) for k, v in b.items()} for b in host_batches]
-
-    step = handwritten_step(graphdef, tx)
-
-    state = {"params": params, "opt": opt_state}
+    baseline = {"params": jax.device_put(params_b, replicated)}
+    baseline["opt"] = jax.device_put(tx.init(baseline["params"]), replicated)
+    batches_b = [{k: jax.device_put(np.asarray(v), split) for k, v in source.rows("train", s, 0, size_rows).items()}
+                 for s in range(4)]
+    step = handwritten_step(graphdef_b, task.loss, tx)
 
     def run_baseline() -> float:
-        p, s = state["params"], state["opt"]
+        p, s = baseline["params"], baseline["opt"]
         start = time.perf_counter()
         for i in range(block):
-            b = batches_b[i % len(batches_b)]
             t0 = time.perf_counter()
-            p, s, metrics = step(p, s, b["tokens"], b["mask"])
+            p, s, metrics = step(p, s, batches_b[i % len(batches_b)])
             host["baseline"].append(time.perf_counter() - t0)
         jax.block_until_ready(metrics)
-        seconds = (time.perf_counter() - start) / block
-        state["params"], state["opt"] = p, s
-        return seconds
+        baseline["params"], baseline["opt"] = p, s
+        return (time.perf_counter() - start) / block
 
-    host: dict[str, list[float]] = {"template": [], "baseline": [], "cached": []}
     compile_start = time.perf_counter()
-    times = interleave({"template": run_template, "baseline": run_baseline, "cached": run_cached},
-                       reps=reps, warmup=1)
+    times = interleave({"template": run_template, "baseline": run_baseline}, reps=reps, warmup=1)
     host = {k: v[block:] for k, v in host.items()}  # drop the warmup block (compilation)
-    # every variant took the same steps on the same batches: the parameters should agree
-    final_t = nnx.state(lm_t, nnx.Param)
+    # both sides took the same steps on the same batches: the parameters should agree
+    final_t = nnx.state(nnx.merge(graphdef, template["state"])["model"], nnx.Param)
+    final_b = nnx.state(nnx.merge(graphdef_b, baseline["params"]), nnx.Param)
     diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-               for a, b in zip(jax.tree.leaves(final_t), jax.tree.leaves(state["params"]), strict=True))
+               for a, b in zip(jax.tree.leaves(final_t), jax.tree.leaves(final_b), strict=True))
     return {
-        "size": size, "params": model.count_params(lm_t), "global_batch": global_batch,
-        "seq_len": cfg.seq_len, "block": block, "reps": reps, "times": times, "host": host,
-        "max_param_diff": diff, "total_s": time.perf_counter() - compile_start,
+        "size": size, "params": params, "global_batch": size_rows, "seq_len": cfg.seq_len, "block": block,
+        "reps": reps, "times": times, "host": host, "max_param_diff": diff,
+        "total_s": time.perf_counter() - compile_start,
     }
 
 
@@ -180,7 +156,7 @@ def worker(argv: list[str]) -> None:
 def section(results: list[dict]) -> Section:
     s = Section(NAME, TITLE, columns=[
         "model", "params", "batch x seq", "template step", "hand-written jax.jit", "ratio",
-        "host time per call: template / jax.jit", "cached_partial step", "ratio (cached)",
+        "host time per call: template / jax.jit",
     ])
     for r in results:
         t, h = r["times"], r["host"]
@@ -189,7 +165,6 @@ def section(results: list[dict]) -> Section:
             fmt_s(median(t["template"])), fmt_s(median(t["baseline"])),
             fmt_ratio(t["template"], t["baseline"]),
             f"{fmt_s(median(h['template']))} / {fmt_s(median(h['baseline']))}",
-            fmt_s(median(t["cached"])), fmt_ratio(t["cached"], t["baseline"]),
         ])
         s.headline.append((f"step time ratio, {r['size']} model ({r['params']:,} params)",
                            fmt_x(ratio(t["template"], t["baseline"])), "<= 1.03"))
@@ -204,13 +179,14 @@ def section(results: list[dict]) -> Section:
     ex = results[0]
     extra_host = median(ex["host"]["template"]) - median(ex["host"]["baseline"])
     s.notes.append(
-        "One process, 2 CPU devices, replicated parameters, batch split over 'data'. Every variant ran the "
-        "same steps on the same batches. 'Host time per call' is how long the Python call takes to return "
-        f"(dispatch). For the {ex['size']} model the template's call takes {fmt_s(extra_host)} longer: "
-        "`nnx.jit` flattens the model and optimizer graphs into pytrees and back (flax `graphlib` "
-        "flatten/unflatten) on every call, in Python. That cost is fixed per step, so it shows on small "
-        "models and fades on large ones. The last two columns step through "
-        "`nnx.cached_partial(train_step, model, optimizer)`, which caches that traversal.")
+        "One process, 2 CPU devices, replicated parameters, batch split over 'data'. Both sides ran the same "
+        "steps on the same batches with the same optax transform. The template step is "
+        "`job.steps.jit_train_step`: a `jax.jit` over the split model + optimizer state (donated, its "
+        "shardings given as out_shardings); `nnx.merge` runs only while tracing, so a call flattens one "
+        "`nnx.State` pytree where the hand-written step flattens its params (also an `nnx.State`) and optax "
+        "state. 'Host time per call' is how long the Python call takes to return (dispatch, and any wait "
+        f"for the runtime before it returns): for the {ex['size']} model the template's call returns "
+        f"{fmt_s(abs(extra_host))} {'later' if extra_host >= 0 else 'sooner'} than the hand-written one's.")
     return s
 
 
