@@ -103,7 +103,7 @@ def _process_rows(mesh: Mesh) -> dict[int, list[int]]:
 
 
 def _assert_loader_order(mesh: Mesh) -> None:
-    """Each process's rows are one block, and the blocks follow process order (job/data.py)."""
+    """Each process's rows are one block, and the blocks follow process order (job.batches)."""
     blocks = _process_rows(mesh)
     for p, rows in blocks.items():
         assert rows == list(range(rows[0], rows[-1] + 1)), f"process {p} holds rows {rows}"
@@ -165,7 +165,7 @@ def test_process_rows_are_blocks_in_process_order_for_the_loader(case: tuple[Top
     topo, m = case
     mesh = sh.make_mesh(topo.gpus(), model_axis=m)
     _assert_loader_order(mesh)
-    if m <= topo.per_process:  # each row inside one process: process p holds data.local_rows' block p
+    if m <= topo.per_process:  # each row inside one process: process p holds block p of the batch
         n = mesh.shape["data"] // topo.processes
         assert _process_rows(mesh) == {p: list(range(p * n, (p + 1) * n)) for p in range(topo.processes)}
 
