@@ -47,7 +47,7 @@ def run(cfg: TrainConfig, task: Task) -> int:
     from jax.sharding import NamedSharding, PartitionSpec
 
     from job import preflight, sharding
-    from job.batches import global_batch
+    from job.batches import Prefetch, global_batch
     from job.checkpoint import Checkpointer
     from job.fingerprint import fingerprint
     from job.multihost import only_specific_processes
@@ -97,7 +97,7 @@ def run(cfg: TrainConfig, task: Task) -> int:
             for name, value in metrics.items():
                 sums[name] = sums.get(name, 0.0) + value * weight
             total += weight
-        return {name: value / max(total, 1e-12) if total else 0.0 for name, value in sums.items()}
+        return {name: value / total if total else 0.0 for name, value in sums.items()}
 
     report = Reporter(run_dir, start_step=start, total_steps=cfg.steps, shown=task.shown, unit=task.unit,
                       items_per_step=cfg.data.global_batch * task.items_per_row(cfg.model))
@@ -109,9 +109,11 @@ def run(cfg: TrainConfig, task: Task) -> int:
     began, last_saved, metrics, eval_metrics = time.perf_counter(), start, {}, {}
     code = 0
     with contextlib.ExitStack() as stack, sharding.mesh_context(mesh), PreemptionGuard() as guard:
+        # the next 2 batches (rows and transfer) are made on a thread while this step runs; it stops with the loop
+        upcoming = stack.enter_context(Prefetch(lambda s: batch("train", s), range(start, cfg.steps)))
         dog = None
         for step in range(start, cfg.steps):
-            state, metrics = train_step(state, batch("train", step))
+            state, metrics = train_step(state, upcoming.get(step))
             done = step + 1
             if done % cfg.log_every == 0 or done == cfg.steps:
                 values = {k: float(v) for k, v in jax.device_get(metrics).items()}

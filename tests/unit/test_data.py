@@ -105,6 +105,17 @@ def test_same_global_batch_for_every_topology(source, split: str) -> None:
             np.testing.assert_array_equal(other["mask"], one["mask"])
 
 
+@pytest.mark.parametrize("split", data.SPLITS)
+def test_rows_do_not_depend_on_how_the_range_is_cut(source, split: str) -> None:
+    for step in (0, 1, 9, 2**40):
+        whole = source.rows(split, step, 0, 8)
+        for cut in (0, 1, 3, 7, 8):
+            head, tail = source.rows(split, step, 0, cut), source.rows(split, step, cut, 8)
+            for key in ("tokens", "mask"):
+                np.testing.assert_array_equal(np.concatenate([head[key], tail[key]]), whole[key])
+        np.testing.assert_array_equal(source.rows(split, step, 5, 6)["tokens"], whole["tokens"][5:6])
+
+
 def test_steps_splits_and_seeds_differ(source) -> None:
     base = global_batch(source, step=0)["tokens"]
     assert not np.array_equal(global_batch(source, step=1)["tokens"], base)

@@ -1,8 +1,9 @@
 """Generated data for the classifier: points on interleaved spiral arms, one class per arm.
 
 Row ``r`` of step ``s`` is a pure function of (seed, split, s, r), drawn from
-``np.random.default_rng([seed, split_id, s, r])``: the same global batches on
-every topology, and after a resume. Coordinates beyond the first two are noise.
+``job.batches.row_bits`` (a counter-based hash, computed for a block of rows at
+once): the same global batches on every topology, and after a resume.
+Coordinates beyond the first two are noise.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import dataclasses
 
 import numpy as np
 
+from job.batches import below, row_bits, uniform
 from job.errors import ConfigError
 from job.task import SPLITS
 
@@ -30,24 +32,26 @@ class Spirals:
     def __init__(self, cfg: DataConfig, *, features: int, classes: int) -> None:
         self.cfg, self.features, self.classes = cfg, features, classes
 
-    def _row(self, rng: np.random.Generator) -> tuple[np.ndarray, int]:
-        label = int(rng.integers(self.classes))
-        t = rng.uniform(0.1, 1.0)
-        angle = 2 * np.pi * (self.cfg.turns * t + label / self.classes)
-        x = rng.normal(0.0, self.cfg.noise, self.features)
-        x[:2] += t * np.cos(angle), t * np.sin(angle)
-        return x, label
-
     def rows(self, split: str, step: int, start: int, stop: int) -> dict[str, np.ndarray]:
         if split not in SPLITS or step < 0 or not 0 <= start <= stop:
             raise ConfigError("rows", expected=f"split in {SPLITS}, step >= 0, 0 <= start <= stop",
                               found=(split, step, start, stop), fix="pass split='train' or 'eval' and a row range")
-        split_id = SPLITS.index(split)
-        x = np.empty((stop - start, self.features), np.float32)
-        label = np.empty(stop - start, np.int32)
-        for i in range(stop - start):
-            x[i], label[i] = self._row(np.random.default_rng([self.cfg.seed, split_id, step, start + i]))
-        return {"x": x, "label": label}
+        # words a row: its arm, its position along the arm, then one per coordinate's noise
+        bits = row_bits(self.cfg.seed, SPLITS.index(split), step, start, stop, 2 + self.features)
+        label = below(bits[:, 0], self.classes)
+        t = 0.1 + 0.9 * uniform(bits[:, 1])
+        angle = 2 * np.pi * (self.cfg.turns * t + label / self.classes)
+        x = self.cfg.noise * _normal(bits[:, 2:])
+        x[:, 0] += t * np.cos(angle)
+        x[:, 1] += t * np.sin(angle)
+        return {"x": x.astype(np.float32), "label": label.astype(np.int32)}
+
+
+def _normal(bits: np.ndarray) -> np.ndarray:
+    """Standard normal float64, one per word (Box-Muller on its two 32-bit halves)."""
+    u1 = ((bits >> np.uint64(32)).astype(np.float64) + 0.5) * 2.0**-32  # in (0, 1): the log is finite
+    u2 = (bits & np.uint64(0xFFFFFFFF)).astype(np.float64) * 2.0**-32
+    return np.sqrt(-2.0 * np.log(u1)) * np.cos(2 * np.pi * u2)
 
 
 def validate(cfg: DataConfig) -> None:

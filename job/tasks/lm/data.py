@@ -8,9 +8,10 @@
 The loop turns rows into global arrays with `job.batches.global_batch`.
 
 Row ``r`` of step ``s`` is a pure function of (seed, split, s, r): it is drawn
-from ``np.random.default_rng([seed, split_id, s, r])``. So every topology
-(1 x 4, 2 x 2, 4 x 1 processes x devices) sees the same global batches, and a
-run resumed at step s sees exactly the batches an uninterrupted run would.
+from ``job.batches.row_bits`` (a counter-based hash of seed, split_id, s, r and
+the position in the row), computed for a process's whole block of rows at once.
+So every topology (1 x 4, 2 x 2, 4 x 1 processes x devices) sees the same global
+batches, and a run resumed at step s sees exactly the batches an uninterrupted run would.
 No host holds the dataset or the global batch: token files are memory-mapped
 and a host reads only the windows of its own rows.
 """
@@ -24,8 +25,9 @@ from typing import TypedDict
 
 import numpy as np
 
+from job.batches import below, row_bits
 from job.errors import ConfigError, require
-from job.task import SPLITS  # a split's index is its id in the row seed
+from job.task import SPLITS  # a split's index is its id in the row hash
 
 TOKEN_DTYPES = ("uint16", "uint32")
 CHUNK_TOKENS = 1 << 24  # tokens (or bytes) touched at once when scanning or writing a file
@@ -64,14 +66,16 @@ class Batch(TypedDict):
 
 
 class _Source:
-    """Rows keyed by (seed, split, step, global row index); subclasses draw one row from its rng."""
+    """Rows keyed by (seed, split, step, global row index); subclasses turn `width` random words a row into tokens."""
 
     seed: int
     seq_len: int
     vocab_size: int
+    width: int  # random words (uint64) each row is drawn from
     _mask: np.ndarray
 
-    def _row(self, rng: np.random.Generator, split: str) -> np.ndarray:
+    def _tokens(self, bits: np.ndarray, split: str) -> np.ndarray:
+        """int32 [n, seq_len] from uint64 bits [n, width], row by row (row i only from bits[i])."""
         raise NotImplementedError
 
     def rows(self, split: str, step: int, start: int, stop: int) -> Batch:
@@ -79,12 +83,9 @@ class _Source:
         require(split in SPLITS, "split", " or ".join(map(repr, SPLITS)), split, "pass split='train' or 'eval'")
         require(step >= 0, "step", "an integer >= 0", step, "count steps from 0")
         require(0 <= start <= stop, "row range", "0 <= start <= stop", (start, stop), "pass a valid row range")
-        split_id = SPLITS.index(split)
-        tokens = np.empty((stop - start, self.seq_len), np.int32)
-        for i in range(stop - start):
-            tokens[i] = self._row(np.random.default_rng([self.seed, split_id, step, start + i]), split)
+        bits = row_bits(self.seed, SPLITS.index(split), step, start, stop, self.width)
         mask = np.repeat(self._mask[None, :], stop - start, axis=0)
-        return {"tokens": tokens, "mask": mask}
+        return {"tokens": self._tokens(bits, split), "mask": mask}
 
 
 class ReverseTask(_Source):
@@ -100,17 +101,17 @@ class ReverseTask(_Source):
                  seq_len, "pass --model.seq_len 4 or more")
         require(seed >= 0, "data.seed", "an integer >= 0", seed, "pass --data.seed 0 or any N >= 0")
         self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
-        self.k = (seq_len - 2) // 2
+        self.k = self.width = (seq_len - 2) // 2
         self._mask = np.zeros(seq_len, np.float32)
         self._mask[2 + self.k:2 + 2 * self.k] = 1.0
 
-    def _row(self, rng: np.random.Generator, split: str) -> np.ndarray:
+    def _tokens(self, bits: np.ndarray, split: str) -> np.ndarray:
         k = self.k
-        x = rng.integers(3, self.vocab_size, size=k)
-        row = np.full(self.seq_len, PAD, np.int32)
-        row[0], row[1 + k] = BOS, SEP
-        row[1:1 + k], row[2 + k:2 + 2 * k] = x, x[::-1]
-        return row
+        x_nk = 3 + below(bits, self.vocab_size - 3)
+        tokens = np.full((len(bits), self.seq_len), PAD, np.int32)
+        tokens[:, 0], tokens[:, 1 + k] = BOS, SEP
+        tokens[:, 1:1 + k], tokens[:, 2 + k:2 + 2 * k] = x_nk, x_nk[:, ::-1]
+        return tokens
 
 
 def check_source(source: str) -> None:
@@ -179,11 +180,13 @@ class TokenFile(_Source):
                      "use a longer file, a smaller --model.seq_len, or another --data.eval_fraction")
         self.vocab_size = _max_token(self.tokens) + 1
         self._mask = np.ones(seq_len, np.float32)
+        self.width = 1
 
-    def _row(self, rng: np.random.Generator, split: str) -> np.ndarray:
+    def _tokens(self, bits: np.ndarray, split: str) -> np.ndarray:
         lo, hi = self.splits[split]
-        start = lo + int(rng.integers(0, hi - lo - self.seq_len + 1))
-        return np.asarray(self.tokens[start:start + self.seq_len])
+        offsets = lo + below(bits[:, 0], hi - lo - self.seq_len + 1)
+        windows = offsets[:, None] + np.arange(self.seq_len)  # fancy indexing reads only these windows' pages
+        return np.asarray(self.tokens[windows]).astype(np.int32)
 
 
 def make_source(cfg: DataConfig, *, vocab_size: int, seq_len: int) -> ReverseTask | TokenFile:
