@@ -57,7 +57,7 @@ test-local: $(BIN)/.installed ## the whole test suite: unit, multi-process, Slur
 test-unit: $(BIN)/.installed ## only the fast single-process tests
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-bench: $(BIN)/.installed ## benchmarks vs hand-written JAX (~5-10 min on 2 cores): bench/RESULTS.md + launch plot; BENCH_ARGS=--quick
+bench: $(BIN)/.installed ## benchmarks vs hand-written JAX (~10-15 min on 2 cores): bench/RESULTS.md + launch plot; BENCH_ARGS=--quick
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 slurm-up: ## start a real Slurm cluster on this machine (NODES=4 slurmd, slurmctld, munge; root)

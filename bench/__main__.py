@@ -1,11 +1,11 @@
 """Run the benchmarks; write bench/RESULTS.md and bench/launch_scaling.png.
 
-    python -m bench                      # everything (~6-10 min on 2 cores); writes the results
-    python -m bench --quick              # a fast smoke run (~2 min); prints, writes nothing
+    python -m bench                      # everything (~10-15 min on 2 cores); writes the results
+    python -m bench --quick              # a fast smoke run (~5 min); prints, writes nothing
     python -m bench --only step,ckpt     # some of them; prints, writes nothing
     python -m bench --quick --out /tmp/r.md   # write anyway (the plot goes next to it)
 
-Benchmarks: step, scaling, hostsync, ckpt, pipeline, mfu (see bench/__init__.py).
+Benchmarks: step, scaling, hostsync, ckpt, pipeline, mfu, growth (see bench/__init__.py).
 A partial or quick run writes files only with --out, so it never replaces
 the full results. Exit status 1 when a benchmark failed to run (speed is never
 asserted).
