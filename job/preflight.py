@@ -27,6 +27,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from etils import epath
+
+from job import storage
 from job.cluster.base import visible_gpus
 from job.cluster.slurm import SlurmJob
 from job.errors import ConfigError, JobError
@@ -71,33 +74,27 @@ def _version(package: str) -> str:
         return "absent"
 
 
-def probe_path(directory: Path, process: int) -> Path:
+def probe_path(directory: epath.Path, process: int) -> epath.Path:
     return directory / f".preflight-{process}"
 
 
-def writable(directory: Path, process: int, *, keep: bool = False) -> str:
-    """WRITABLE, or why this process cannot create and write a file in `directory`.
+def writable(directory: epath.Path, process: int, *, keep: bool = False) -> str:
+    """WRITABLE, or why this process cannot create and write a file (a gs:// object) in `directory`.
     With `keep`, the probe file stays (for the shared-folder check); `remove_probe` deletes it."""
-    probe = probe_path(directory, process)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"ok")
-        if not keep:
-            probe.unlink()
-    except OSError as exc:
-        return f"{type(exc).__name__}: {exc.strerror or exc}"
-    return WRITABLE
+    reason = storage.probe(directory, probe_path(directory, process).name, keep=keep)
+    return WRITABLE if reason is None else reason
 
 
-def remove_probe(directory: Path, process: int) -> None:
+def remove_probe(directory: epath.Path, process: int) -> None:
     try:
         probe_path(directory, process).unlink(missing_ok=True)
-    except OSError:  # a folder this process could not write (already reported): nothing was left there
+    except Exception:  # noqa: BLE001 - a folder this process could not write (already reported): nothing there
         pass
 
 
-def sees_process_0(directory: Path) -> str:
-    """Whether process 0's probe is visible here: orbax needs one folder every host shares."""
+def sees_process_0(directory: epath.Path) -> str:
+    """Whether process 0's probe is visible here: orbax needs one folder (or bucket) every host shares."""
+    storage.forget_listings(directory)  # listed before process 0 wrote there: ask the store again
     if probe_path(directory, 0).is_file():
         return SHARED
     return f"cannot see process 0's {probe_path(directory, 0).name}: not a folder the hosts share"
@@ -146,7 +143,8 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def local_facts(config: Mapping[str, Any], run_dir: Path, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+def local_facts(config: Mapping[str, Any], run_dir: epath.Path,
+                env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """This process's facts (needs jax initialised: it reads the local devices)."""
     import jax
     from jax._src import xla_bridge
@@ -169,7 +167,7 @@ def local_facts(config: Mapping[str, Any], run_dir: Path, env: Mapping[str, str]
     return facts
 
 
-def exchange(facts: dict[str, Any], run_dir: Path, decide: Callable[[list[dict[str, Any]]], Any]) -> Any:
+def exchange(facts: dict[str, Any], run_dir: epath.Path, decide: Callable[[list[dict[str, Any]]], Any]) -> Any:
     """Process 0 gets every process's facts and returns `decide(rows)` on every process. Collective.
 
     Through the coordination service's key-value store, not a device collective:
@@ -212,9 +210,14 @@ def _order(field: str) -> tuple[int, str]:
     return (1 if field.startswith("config.") else 0, field)
 
 
-def report(rows: Sequence[Mapping[str, Any]], fields: Sequence[str], run_dir: Path) -> str:
+def report(rows: Sequence[Mapping[str, Any]], fields: Sequence[str], run_dir: epath.Path) -> str:
     """A line per differing fact: a column per process, or (above COLUMNS_UP_TO processes) the
-    processes grouped by value, the most common first."""
+    processes grouped by value, the most common first. A bucket that no process can write,
+    for the same reason on all, is the one line of job.storage (expected, found, fix)."""
+    reasons = {str(row.get("run dir")) for row in rows}
+    if storage.is_remote(run_dir) and list(fields) == ["run dir"] and len(reasons) == 1:
+        return (f"preflight: stopping before training: all {len(rows)} process(es) cannot write the run dir. "
+                + storage.explain(run_dir, reasons.pop()))
     if len(rows) <= COLUMNS_UP_TO:
         heads = [f"process {row['process']} ({row['host']})" for row in rows]
         table = [["", *heads]] + [[f, *(_show(row.get(f, "-")) for row in rows)] for f in fields]
@@ -236,7 +239,10 @@ def report(rows: Sequence[Mapping[str, Any]], fields: Sequence[str], run_dir: Pa
                      "with JAX_PLATFORMS unset; found another GPU count, check CUDA_VISIBLE_DEVICES and "
                      "JAX_LOCAL_DEVICE_IDS; to run on the CPU on purpose, hide the GPUs (CUDA_VISIBLE_DEVICES=); "
                      f"stand-in GPUs: {SKIP_GPU_CHECK}=1")
-    if "run dir" in fields or "run dir shared" in fields:
+    if ("run dir" in fields or "run dir shared" in fields) and storage.is_remote(run_dir):
+        fixes.append(f"give every host's service account {storage.BUCKET_ROLE} on gs://{storage.bucket_of(run_dir)} "
+                     "(python -m job check-run-dir RUN_DIR on a host says why it cannot write), or pass --run-dir")
+    elif "run dir" in fields or "run dir shared" in fields:
         fixes.append(f"make {run_dir} one folder every host can write (a filesystem they share), or pass --run-dir")
     return (f"preflight: stopping before training: {len(rows)} processes, these facts differ or fail.\n  "
             + "\n  ".join(lines) + "\nFix: " + "; ".join(fixes))
@@ -278,7 +284,7 @@ def config_hash(facts: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def check(config: Mapping[str, Any], run_dir: Path) -> Summary:
+def check(config: Mapping[str, Any], run_dir: epath.Path) -> Summary:
     """Compare every process's facts; raise PreflightError on every process if they differ or fail.
     Collective: every process calls it once, after job.initialize."""
     import jax

@@ -12,6 +12,8 @@ import os
 # In-process unit tests see 8 CPU devices; must precede any jax import.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# gcsfs picks its client class when first imported: the Cloud Storage tier's emulator needs the plain one.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 import logging  # noqa: E402
 import shutil  # noqa: E402

@@ -1,0 +1,135 @@
+"""Training with --run-dir gs://BUCKET/FOLDER on real processes against the Cloud Storage emulator:
+preemption and exact resume from the bucket, a save killed mid-commit, a bucket the job cannot
+use, and an unreadable checkpoint moved aside. What the job wrote is read back through the
+emulator's own JSON API, not through the job's code."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.gcs.conftest import BUCKET
+from tests.gcs_emulator import Emulator
+from tests.launching import ROOT, child_env, explain, launcher_argv, rank_pids, run, wait_for_line
+
+pytestmark = [pytest.mark.gcs, pytest.mark.multiprocess, pytest.mark.slow]
+
+JOB = [sys.executable, "-m", "job", "train"]
+REQUEUE = 75
+FLAGS = ("--steps", "12", "--ckpt.every", "2", "--ckpt.keep", "10", "--log-every", "1", "--eval-every", "12",
+         "--model.layers", "1", "--model.dim", "32", "--model.mlp-dim", "64")
+RUN = f"gs://{BUCKET}/run1"
+
+
+def train(run_dir: str, *flags: str, env: dict[str, str] | None = None, n: int = 2,
+          fails: bool = False) -> subprocess.CompletedProcess[str]:
+    proc = run(launcher_argv(n, [*JOB, "--run-dir", run_dir, *FLAGS, *flags], devices=1), timeout=300,
+               **(env or {}))
+    assert (proc.returncode != 0) if fails else (proc.returncode == 0), explain(proc, proc.stdout, proc.stderr)
+    return proc
+
+
+def objects(gcs: Emulator, under: str = "run1/") -> list[str]:
+    return gcs.objects(under)
+
+
+def summary(gcs: Emulator) -> dict:
+    return json.loads(gcs.read("run1/summary.json"))
+
+
+def committed(gcs: Emulator) -> list[int]:
+    """Steps whose commit marker is in the bucket (what orbax lists in gs://)."""
+    names = objects(gcs, "run1/checkpoints/")
+    return sorted(int(n.split("/")[2]) for n in names if n.split("/")[2].isdigit()
+                  and n.endswith(f"/{n.split('/')[2]}/commit_success.txt"))
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """params_sha256 of the same run, uninterrupted, on a local disk."""
+    run_dir = tmp_path_factory.mktemp("straight")
+    train(str(run_dir))
+    return json.loads((run_dir / "summary.json").read_text())["params_sha256"]
+
+
+def test_preempted_run_resumes_from_the_bucket_bitwise_equal_to_a_local_run(gcs: Emulator, straight: str) -> None:
+    argv = launcher_argv(2, [*JOB, "--run-dir", RUN, *FLAGS], devices=1)
+    proc = subprocess.Popen(argv, env=child_env(**gcs.env), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = wait_for_line(proc, "step 5/", timeout=240)
+    os.kill(rank_pids(proc.pid)[1], signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    output = "".join(lines) + out
+    assert proc.returncode == REQUEUE, output
+    stopped = summary(gcs)
+    assert stopped["completed"] is False and 5 <= stopped["final_step"] < 12, output
+    assert stopped["final_step"] in committed(gcs)
+
+    resumed = train(RUN, env=gcs.env)
+    assert f"resumed from step {stopped['final_step']}" in resumed.stderr
+    final = summary(gcs)
+    assert final["completed"] is True and final["final_step"] == 12
+    assert final["params_sha256"] == straight
+    assert json.loads(gcs.read("run1/config.json"))["run_dir"] == RUN
+    records = [json.loads(line) for line in gcs.read("run1/metrics.jsonl").decode().splitlines()]
+    assert max(r["step"] for r in records if r["split"] == "train") == 12
+    assert committed(gcs) == [2, 4, 6, 8, 10, 12]
+    assert not [n for n in objects(gcs) if ".preflight-" in n]  # every probe removed
+
+
+def test_a_save_killed_mid_commit_is_never_restored(gcs: Emulator, straight: str) -> None:
+    command = [sys.executable, str(Path(__file__).with_name("kill_in_commit.py")), "6", "--", "train",
+               "--run-dir", RUN, *FLAGS]
+    killed = run(launcher_argv(2, command, devices=1), timeout=300, **gcs.env)
+    assert killed.returncode != 0 and "KILLED while committing step 6" in killed.stdout, \
+        explain(killed, killed.stdout, killed.stderr)
+    # every array of step 6 is in the bucket, but not its marker: orbax must not list it
+    assert any(n.startswith("run1/checkpoints/6/default/") for n in objects(gcs))
+    assert 6 not in committed(gcs) and 4 in committed(gcs)
+
+    resumed = train(RUN, env=gcs.env)
+    assert "resumed from step 4" in resumed.stderr, resumed.stderr
+    assert summary(gcs)["params_sha256"] == straight
+    assert committed(gcs) == [2, 4, 6, 8, 10, 12]  # step 6 written again over what the kill left
+
+
+@pytest.mark.parametrize(("run_dir", "says", "where"), [
+    ("gs://no-such-bucket/run1", "bucket does not exist (404)", "preflight"),
+    ("gs://Not_A_Bucket/run1", "lowercase letters", "config"),
+])
+def test_a_bucket_the_job_cannot_use_is_one_error_on_every_process(gcs: Emulator, run_dir: str, says: str,
+                                                                   where: str) -> None:
+    # the emulator has no permissions to refuse with (403): a missing bucket and an invalid name stand in
+    proc = train(run_dir, env=gcs.env, fails=True)
+    output = proc.stdout + proc.stderr
+    assert "Fix:" in output and says in output, output
+    for rank in (0, 1):
+        assert f"[rank {rank}]" in output and "step 1/" not in output
+    if where == "preflight":
+        assert f"expected a bucket the job can write, found {run_dir}/checkpoints" in output
+        assert output.count("PreflightError") >= 2, output  # every process stops on it
+    assert gcs.buckets() == [BUCKET]  # nothing created a bucket on the way
+    assert objects(gcs, "") == []
+
+
+def test_an_unreadable_checkpoint_in_the_bucket_is_moved_aside(gcs: Emulator) -> None:
+    train(RUN, "--steps", "8", "--ckpt.every", "4", env=gcs.env)
+    arrays = [n for n in objects(gcs, "run1/checkpoints/8/") if "/d/" in n]
+    assert arrays
+    for name in arrays:
+        gcs.write(name, b"\0garbage" * 4)
+    proc = train(RUN, "--steps", "12", "--ckpt.every", "4", env=gcs.env)
+    assert "checkpoint step 8 in" in proc.stderr and "is unreadable" in proc.stderr
+    assert "resumed from step 4" in proc.stderr
+    assert summary(gcs)["final_step"] == 12
+    aside = {n.split("/")[2] for n in objects(gcs, "run1/checkpoints/") if ".unreadable-" in n}
+    assert len(aside) == 1 and aside.pop().startswith("8.unreadable-")
+    moved = [n for n in objects(gcs, "run1/checkpoints/") if ".unreadable-" in n and "/d/" in n]
+    assert sorted(n.split("/", 3)[3] for n in moved) == sorted(n.split("/", 3)[3] for n in arrays)
+    assert committed(gcs) == [4, 8, 12]  # step 8 trained and saved again
