@@ -3,6 +3,8 @@
     python -m job train [--task lm] [--steps 200 --model.layers 2 ...]   # train a task (job/tasks/NAME/)
     python -m job demo                                        # cluster smoke test of the library
     python -m job tokenize INPUT.txt OUTPUT.npy               # text -> byte-level token file (the lm task's)
+    python -m job plot RUN_DIR                                # loss, lr, throughput -> RUN_DIR/metrics.png
+    python -m job check-run-dir gs://BUCKET/run1              # can this host write there? exit 0, or why and 2
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = (args[0], args[1:]) if args else ("train", [])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
-    for noisy in ("absl", "jax._src", "orbax"):
+    for noisy in ("absl", "jax._src", "orbax", "fsspec", "gcsfs"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if command == "train" or command.startswith("--"):
         from job import config, loop, task
@@ -36,6 +38,14 @@ def main(argv: list[str] | None = None) -> int:
         code = loop.run(cfg, chosen)
         _shutdown()
         return code
+    if command == "check-run-dir":
+        from job.storage import check_run_dir_command
+
+        return check_run_dir_command(rest)
+    if command == "plot":
+        from job import plot
+
+        return plot.main(rest)
     if command == "demo" and not rest:
         from job.demo import DemoConfig, run
 

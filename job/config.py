@@ -17,6 +17,7 @@ import math
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from job.errors import ConfigError
+from job.storage import url_problem
 
 if TYPE_CHECKING:
     from job.task import Task
@@ -47,11 +48,23 @@ class CheckpointConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class WandbConfig:
+    project: str = ""  # also log to this Weights & Biases project ("" = off; needs the `wandb` extra)
+    entity: str = ""  # W&B team or user ("" = your default)
+    name: str = ""  # display name of the run ("" = W&B picks one)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileConfig:
+    steps: str = ""  # trace steps A:B (both included, e.g. 10:15) to RUN_DIR/profile/process-N ("" = off)
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig(Generic[M, D]):
     model: M  # the task's model config: --model.*
     data: D  # the task's data config: --data.* (global_batch, eval_batches, ...)
     task: str = "lm"  # the task to train: a folder under job/tasks/
-    run_dir: str = "runs/example"  # checkpoints, metrics.jsonl, config.json, summary.json
+    run_dir: str = "runs/example"  # checkpoints, metrics.jsonl, config.json, summary.json; or gs://BUCKET/FOLDER
     steps: int = 200  # total optimizer steps of the run (a resumed run continues to this)
     seed: int = 0  # parameter initialisation seed
     log_every: int = 10  # log and write metrics every N steps
@@ -60,8 +73,13 @@ class TrainConfig(Generic[M, D]):
     model_axis: int = 1  # devices per tensor-parallel group (the mesh's "model" axis)
     resume: bool = True  # continue from the newest complete checkpoint in run_dir
     watchdog_s: float = 600.0  # no step within this many seconds: dump every stack, exit 86 (0 = off)
+    # jax's persistent compilation cache: a folder, "none" (off), or "" = $JOB_COMPILE_CACHE, else
+    # $JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/job/jax (~/.cache/job/jax); see job/compile_cache.py
+    compile_cache: str = ""
     optim: OptimConfig = OptimConfig()
     ckpt: CheckpointConfig = CheckpointConfig()
+    wandb: WandbConfig = WandbConfig()
+    profile: ProfileConfig = ProfileConfig()
 
 
 def _finite(x: float) -> bool:
@@ -88,8 +106,8 @@ def validate(cfg: TrainConfig, task: Task) -> None:
          cfg.watchdog_s, "pass --watchdog-s 600, or 0 to turn the watchdog off"),
         (bool(run_dir) and run_dir.isprintable(), "--run-dir", "a non-empty path without control characters",
          run_dir, "pass --run-dir runs/example"),
-        ("://" not in run_dir, "--run-dir", "a folder path (checkpoints and metrics are written with file-system "
-         "calls)", run_dir, "mount the bucket on every host (e.g. gcsfuse BUCKET /mnt/BUCKET) and pass that path"),
+        (url_problem(run_dir) is None, "--run-dir", "a folder path or gs://BUCKET/FOLDER", run_dir,
+         f"{url_problem(run_dir)}; pass e.g. --run-dir runs/example or --run-dir gs://my-bucket/run1"),
         (_finite(o.lr) and o.lr > 0, "--optim.lr", "a finite learning rate > 0", o.lr, "pass --optim.lr 3e-3"),
         (0 <= o.warmup_steps <= MAX_STEPS, "--optim.warmup-steps", f"an integer 0..{MAX_STEPS}", o.warmup_steps,
          "pass --optim.warmup-steps 20 (0 for none)"),
@@ -105,6 +123,10 @@ def validate(cfg: TrainConfig, task: Task) -> None:
     for ok, flag, expected, found, fix in checks:
         if not ok:
             raise ConfigError(flag, expected=expected, found=found, fix=fix)
+    if cfg.profile.steps:
+        from job.profile import parse_steps
+
+        parse_steps(cfg.profile.steps, cfg.steps)
 
 
 def to_dict(cfg: TrainConfig) -> dict[str, Any]:

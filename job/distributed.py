@@ -261,6 +261,10 @@ def initialize(
     log.debug("joining %s (timeouts %s)", info.summary(), timeouts)
     if exit_on_uncaught:
         sys.excepthook = _exit_on_uncaught(sys.excepthook)
+    if info.kind != "local":  # the local launcher drops gloo's "connected" lines itself
+        from job.gloo_noise import filter_output
+
+        filter_output(env)
     bind = None
     if info.is_coordinator and info.coordinator_address:
         check_coordinator_port(info.coordinator_address)

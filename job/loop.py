@@ -15,15 +15,16 @@ import logging
 import os
 import socket
 import time
-from pathlib import Path
 
 import jax
+from etils import epath
 from flax import nnx
 
 import job
-from job import config
+from job import config, storage
 from job.config import TrainConfig, to_dict, to_json
 from job.errors import ConfigError
+from job.goodput import Goodput, describe
 from job.preemption import REQUEUE_EXIT_CODE, PreemptionGuard
 from job.task import Task
 from job.watchdog import Watchdog
@@ -39,7 +40,11 @@ def count_params(model: nnx.Module) -> int:
 def run(cfg: TrainConfig, task: Task) -> int:
     """Train `task` to cfg.steps (resuming if possible). Returns 0, or REQUEUE_EXIT_CODE when preempted."""
     config.validate(cfg, task)
+    timer = Goodput()
     info = job.initialize()
+    from job import compile_cache
+
+    cache_dir = compile_cache.enable(cfg.compile_cache)  # before the first compilation
     log.info("process %d of %d (%s) on %s", info.process_id, info.num_processes, info.kind,
              os.environ.get("SLURMD_NODENAME") or socket.gethostname())
 
@@ -51,10 +56,11 @@ def run(cfg: TrainConfig, task: Task) -> int:
     from job.checkpoint import Checkpointer
     from job.fingerprint import fingerprint
     from job.multihost import only_specific_processes
+    from job.profile import StepProfiler
     from job.report import Reporter
     from job.steps import jit_eval_step, jit_train_step, make_optimizer
 
-    run_dir = Path(cfg.run_dir)
+    run_dir = storage.run_path(cfg.run_dir)  # a local folder or gs://BUCKET/FOLDER (etils.epath)
     checked = preflight.check(to_dict(cfg), run_dir / "checkpoints")
     mesh = sharding.make_mesh(model_axis=cfg.model_axis)
     divisor = sharding.batch_size_divisor(mesh)
@@ -78,6 +84,12 @@ def run(cfg: TrainConfig, task: Task) -> int:
 
     checkpoints = Checkpointer(run_dir / "checkpoints", cfg.ckpt)
     start = 0
+    reached = max(checkpoints.all_steps(), default=0) if cfg.resume else 0
+    if reached >= cfg.steps:
+        only_specific_processes()(log.info)("already complete at step %d; use a new --run-dir or raise --steps",
+                                            reached)
+        checkpoints.close()
+        return 0
     if cfg.resume and checkpoints.all_steps():
         start, state = checkpoints.restore_newest(state)
     train_step, eval_step = jit_train_step(task.loss, graphdef, state), jit_eval_step(task.loss, graphdef)
@@ -100,7 +112,10 @@ def run(cfg: TrainConfig, task: Task) -> int:
         return {name: value / total if total else 0.0 for name, value in sums.items()}
 
     report = Reporter(run_dir, start_step=start, total_steps=cfg.steps, shown=task.shown, unit=task.unit,
-                      items_per_step=cfg.data.global_batch * task.items_per_row(cfg.model))
+                      items_per_step=cfg.data.global_batch * task.items_per_row(cfg.model),
+                      wandb=cfg.wandb, config=to_dict(cfg))
+    only_specific_processes()(timer.resume)(run_dir, start)
+    profiler = StepProfiler(cfg.profile.steps, cfg.steps, run_dir, info.process_id)
     if start:
         report.message("resumed from step %d (%s)", start, run_dir / "checkpoints")
     report.message("%s", checked.line())
@@ -108,25 +123,44 @@ def run(cfg: TrainConfig, task: Task) -> int:
                    dict(mesh.shape), cfg.rule)
     began, last_saved, metrics, eval_metrics = time.perf_counter(), start, {}, {}
     code = 0
+    timer.started()
     with contextlib.ExitStack() as stack, sharding.mesh_context(mesh), PreemptionGuard() as guard:
+        cache_events = stack.enter_context(compile_cache.CacheEvents())
+        stack.callback(profiler.stop)
         # the next 2 batches (rows and transfer) are made on a thread while this step runs; it stops with the loop
         upcoming = stack.enter_context(Prefetch(lambda s: batch("train", s), range(start, cfg.steps)))
         dog = None
         for step in range(start, cfg.steps):
-            state, metrics = train_step(state, upcoming.get(step))
             done = step + 1
-            if done % cfg.log_every == 0 or done == cfg.steps:
-                values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                report.train(done, values, float(schedule(step)))
-            if cfg.data.eval_batches and (done % cfg.eval_every == 0 or done == cfg.steps):
-                eval_metrics = evaluate()
+            logs = done % cfg.log_every == 0 or done == cfg.steps
+            evaluates = cfg.data.eval_batches and (done % cfg.eval_every == 0 or done == cfg.steps)
+            saves = done % cfg.ckpt.every == 0 or done == cfg.steps
+            with timer.part("input_wait"):
+                next_batch = upcoming.get(step)
+            with profiler.step(done) as outputs, timer.step():  # starting and ending a trace is not a step
+                state, metrics = train_step(state, next_batch)
+                outputs.append(metrics)
+                if step == start or logs or evaluates or saves:  # what follows waits for it: time it here
+                    jax.block_until_ready(metrics)
+            if logs:
+                with timer.part("logging"):
+                    values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                    report.train(done, values, float(schedule(step)))
+                    only_specific_processes()(timer.progress)(run_dir, done)
+            if evaluates:
+                with timer.part("eval"):
+                    eval_metrics = evaluate()
                 report.eval(done, eval_metrics)
-            if done % cfg.ckpt.every == 0 or done == cfg.steps:
-                checkpoints.save(done, state)
-                last_saved = done
-            if guard.should_stop():
-                if last_saved != done:
+            if saves:
+                with timer.part("checkpoint"):
                     checkpoints.save(done, state)
+                last_saved = done
+            with timer.part("steps"):  # a collective every step: part of what a step costs
+                stop = guard.should_stop()
+            if stop:
+                if last_saved != done:
+                    with timer.part("checkpoint"):
+                        checkpoints.save(done, state)
                     last_saved = done
                 report.message("preempted: saved step %d; exiting with %d (requeue)", done, REQUEUE_EXIT_CODE)
                 code = REQUEUE_EXIT_CODE
@@ -135,8 +169,14 @@ def run(cfg: TrainConfig, task: Task) -> int:
                 dog.kick()
             elif cfg.watchdog_s > 0:  # armed after the first step: compilation may take long
                 dog = stack.enter_context(Watchdog(cfg.watchdog_s))
-    checkpoints.wait()
-    checkpoints.close()
+    with timer.part("checkpoint"):
+        checkpoints.wait()
+        checkpoints.close()
+    timer.seconds["profile"] = profiler.seconds
+    split = {**timer.finish(), "compile_cache": {"dir": cache_dir, "hits": cache_events.hits,
+                                                 "misses": cache_events.misses}}
+    only_specific_processes()(timer.progress)(run_dir, last_saved, "end")
+    report.message("%s", describe(split))
     final = jax.device_get(metrics)
     trained = nnx.state(nnx.merge(graphdef, state)["model"], nnx.Param)
     report.close({
@@ -148,10 +188,11 @@ def run(cfg: TrainConfig, task: Task) -> int:
         "seconds": round(time.perf_counter() - began, 3),
         "params_norm": float(optax.global_norm(trained)),
         "params_sha256": fingerprint(trained),
+        "goodput": split,
     })
     return code
 
 
-def _save_config(run_dir: Path, cfg: TrainConfig) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
+def _save_config(run_dir: epath.Path, cfg: TrainConfig) -> None:
+    storage.make_dirs(run_dir)
     (run_dir / "config.json").write_text(to_json(cfg) + "\n")

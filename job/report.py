@@ -1,7 +1,9 @@
 """Progress output and metrics. Process 0 writes; on the others every call is a no-op.
 
 On a terminal: a tqdm progress bar. Otherwise: one concise line every
-`log_every` steps. Always: metrics as JSON lines in `<run_dir>/metrics.jsonl`.
+`log_every` steps. Always: metrics as JSON lines in `<run_dir>/metrics.jsonl`
+and TensorBoard event files in `<run_dir>`; W&B too with `--wandb.project`
+(the writers are in job/metrics.py).
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ import json
 import logging
 import sys
 import time
-from pathlib import Path
 from collections.abc import Sequence
 from typing import Any
 
+from etils import epath
+
+from job.config import WandbConfig
 from job.multihost import only_specific_processes
 
 log = logging.getLogger("job.train")
@@ -22,9 +26,11 @@ log = logging.getLogger("job.train")
 class Reporter:
     """Writes every metric; the progress line shows the task's `shown` metrics and its throughput."""
 
-    def __init__(self, run_dir: Path, *, start_step: int, total_steps: int, items_per_step: int,
-                 shown: Sequence[str] = ("loss",), unit: str = "samples") -> None:
+    def __init__(self, run_dir: epath.Path, *, start_step: int, total_steps: int, items_per_step: int,
+                 shown: Sequence[str] = ("loss",), unit: str = "samples", wandb: WandbConfig | None = None,
+                 config: dict[str, Any] | None = None) -> None:
         self.run_dir = run_dir
+        self._wandb, self._config = wandb, config
         self.items_per_step = items_per_step
         self.shown = tuple(shown)
         self.unit = unit
@@ -36,16 +42,17 @@ class Reporter:
 
     @only_specific_processes()
     def _open(self, start_step: int) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._metrics = (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        from job.metrics import open_writers
+
+        self._writers = open_writers(self.run_dir, start_step=start_step, wandb=self._wandb, config=self._config)
         if sys.stdout.isatty():
             from tqdm import tqdm
 
             self._bar = tqdm(total=self.total_steps, initial=start_step, unit="step", dynamic_ncols=True)
 
-    def _write(self, record: dict[str, Any]) -> None:
-        self._metrics.write(json.dumps(record) + "\n")
-        self._metrics.flush()
+    def _write(self, step: int, split: str, values: dict[str, float]) -> None:
+        for writer in self._writers:
+            writer.scalars(step, split, values)
 
     @only_specific_processes()
     def train(self, step: int, metrics: dict[str, float], lr: float) -> None:
@@ -54,9 +61,7 @@ class Reporter:
         step_time = (now - self._last_time) / steps
         self._last_time, self._last_step = now, step
         rate = self.items_per_step / step_time if step_time > 0 else 0.0
-        record = {"step": step, "split": "train", **metrics, "lr": lr, "step_time_s": step_time,
-                  f"{self.unit}_per_s": rate}
-        self._write(record)
+        self._write(step, "train", {**metrics, "lr": lr, "step_time_s": step_time, f"{self.unit}_per_s": rate})
         if self._bar is not None:
             self._bar.update(steps)
             self._bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{lr:.2e}")
@@ -66,7 +71,7 @@ class Reporter:
 
     @only_specific_processes()
     def eval(self, step: int, metrics: dict[str, float]) -> None:
-        self._write({"step": step, "split": "eval", **metrics})
+        self._write(step, "eval", metrics)
         log.info("eval at step %d  %s", step, self._shown(metrics))
 
     def _shown(self, metrics: dict[str, float]) -> str:
@@ -80,6 +85,7 @@ class Reporter:
     def close(self, summary: dict[str, Any]) -> None:
         if self._bar is not None:
             self._bar.close()
-        self._metrics.close()
+        for writer in self._writers:
+            writer.close()
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        log.info("done: %s", ", ".join(f"{k} {v}" for k, v in summary.items() if k != "params_sha256"))
+        log.info("done: %s", ", ".join(f"{k} {v}" for k, v in summary.items() if k not in ("params_sha256", "goodput")))

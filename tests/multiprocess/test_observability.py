@@ -1,0 +1,209 @@
+"""What a run leaves to read, on real processes: TensorBoard scalars (process 0 only), per-host profiles
+of chosen steps, the goodput split across a requeue, the compilation cache, the plot, readable logs."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.events import event_files, scalars, wandb_history, wandb_run
+from tests.launching import ROOT, child_env, explain, launcher_argv, rank_pids, run, wait_for_line
+
+pytestmark = pytest.mark.multiprocess
+
+JOB = [sys.executable, "-m", "job", "train"]
+REQUEUE = 75
+SMALL = ("--model.layers", "1", "--model.dim", "32", "--model.mlp-dim", "64")
+FLAGS = ("--steps", "8", "--log-every", "1", "--eval-every", "4", "--ckpt.every", "4", "--profile.steps", "3:5",
+         *SMALL)
+PARTS = ("startup_s", "compile_s", "steps_s", "input_wait_s", "checkpoint_s", "eval_s", "profile_s", "logging_s")
+
+
+def train(run_dir: Path, *flags: str, cache: Path, n: int = 2, **env: str) -> subprocess.CompletedProcess[str]:
+    proc = run(launcher_argv(n, [*JOB, "--run-dir", str(run_dir), "--compile-cache", str(cache), *flags],
+                             devices=2), timeout=300, **env)
+    assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
+    return proc
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def jsonl_steps(run_dir: Path, split: str) -> list[int]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["step"] for r in records if r["split"] == split]
+
+
+def traced_steps(folder: Path) -> set[int]:
+    """The step numbers named (StepTraceAnnotation "train") in every Perfetto trace under `folder`."""
+    steps: set[int] = set()
+    traces = list(folder.rglob("*.trace.json.gz"))
+    assert traces, f"no trace under {folder}: {sorted(p.name for p in folder.rglob('*'))}"
+    for trace in traces:
+        data = json.loads(gzip.decompress(trace.read_bytes()))
+        for event in data["traceEvents"] if isinstance(data, dict) else data:
+            if event.get("name") == "train" and "step_num" in event.get("args", {}):
+                steps.add(int(event["args"]["step_num"]))
+    return steps
+
+
+@pytest.mark.slow  # three 2-process runs and a plot
+def test_metrics_profiles_goodput_and_a_resume_that_redoes_steps(tmp_path: Path) -> None:
+    run_dir, cache = tmp_path / "run", tmp_path / "cache"
+    (tmp_path / "wandb").mkdir()
+    wandb = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb")}
+    flags = (*FLAGS, "--wandb.project", "job-tests")
+    train(run_dir, *flags, cache=cache, **wandb)
+
+    # TensorBoard: one event file (process 0 writes; the other process none), every scalar at its step
+    assert len(event_files(run_dir)) == 1, sorted(p.name for p in run_dir.iterdir())
+    got = scalars(run_dir)
+    assert [s for s, _ in got["train/loss"]] == list(range(1, 9))
+    assert [s for s, _ in got["eval/loss"]] == [4, 8]
+    for tag in ("train/lr", "train/step_time_s", "train/tok_per_s"):
+        assert [s for s, _ in got[tag]] == list(range(1, 9)), tag
+    jsonl_loss = [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+                  if json.loads(line)["split"] == "train"]
+    assert [v for _, v in got["train/loss"]] == pytest.approx(jsonl_loss, rel=1e-6)
+
+    # profiles: one folder per process, each holding exactly steps 3..5
+    assert sorted(p.name for p in (run_dir / "profile").iterdir()) == ["process-0", "process-1"]
+    for rank in (0, 1):
+        assert traced_steps(run_dir / "profile" / f"process-{rank}") == {3, 4, 5}, rank
+
+    # goodput: the measured parts add up to the wall-clock time
+    split = summary(run_dir)["goodput"]
+    parts = sum(split[p] for p in PARTS)
+    assert abs(parts - split["total_s"]) <= 0.05 * split["total_s"], split
+    assert split["compile_s"] > 0 and split["steps_s"] > 0 and split["attempt"] == 1
+    assert split["compile_cache"]["dir"] == str(cache) and any(cache.iterdir())
+
+    # a crash after step 8 but before its checkpoint committed: the next attempt resumes from 4, redoes 5..8
+    shutil.rmtree(run_dir / "checkpoints" / "8")
+    proc = train(run_dir, *flags, cache=cache, **wandb)
+    assert "resumed from step 4" in proc.stdout + proc.stderr
+    split = summary(run_dir)["goodput"]
+    assert split["attempt"] == 2 and split["redone_steps"] == 4 and split["redone_s"] > 0
+    assert split["restart_s"] >= 0
+    assert "4 steps redone" in proc.stdout + proc.stderr
+    assert jsonl_steps(run_dir, "train") == list(range(1, 9))
+    assert jsonl_steps(run_dir, "eval") == [4, 8]
+    got = scalars(run_dir)
+    assert [s for s, _ in got["train/loss"]] == list(range(1, 9))
+    assert [s for s, _ in got["eval/loss"]] == [4, 8]
+
+    # W&B (offline): process 0 logged each attempt into the one run, with the resolved config
+    run_id = (run_dir / "wandb_run_id").read_text().strip()
+    attempts = sorted((tmp_path / "wandb" / "wandb").glob("offline-run-*"))
+    assert [(p / f"run-{run_id}.wandb").exists() for p in attempts] == [True, True], attempts
+    for folder, steps in zip(attempts, (range(1, 9), range(5, 9))):
+        history = wandb_history(folder / f"run-{run_id}.wandb")
+        assert [int(h["_step"]) for h in history if "train/loss" in h] == list(steps)
+        assert [int(h["_step"]) for h in history if "eval/loss" in h] == [s for s in steps if s % 4 == 0]
+        config = {u.key: json.loads(u.value_json) for u in wandb_run(folder / f"run-{run_id}.wandb").config.update}
+        assert config["steps"] == 8 and config["profile"] == {"steps": "3:5"}
+
+    # a third start: nothing to do, said in one line, exit 0, nothing written
+    before = (run_dir / "metrics.jsonl").read_text(), (run_dir / "summary.json").read_text()
+    proc = train(run_dir, *FLAGS, cache=cache)
+    out = proc.stdout + proc.stderr
+    assert "already complete at step 8; use a new --run-dir or raise --steps" in out
+    assert "done:" not in out and "step 1/8" not in out
+    assert ((run_dir / "metrics.jsonl").read_text(), (run_dir / "summary.json").read_text()) == before
+
+    # the plot of that run
+    plotted = subprocess.run([sys.executable, "-m", "job", "plot", str(run_dir)], cwd=ROOT, env=child_env(),
+                             capture_output=True, text=True, timeout=120)
+    assert plotted.returncode == 0, plotted.stderr
+    png = (run_dir / "metrics.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+
+
+@pytest.mark.slow  # three 2-process runs
+def test_a_second_run_of_the_same_config_compiles_nothing(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    flags = ("--steps", "2", "--log-every", "1", "--eval-every", "2", *SMALL)
+    train(tmp_path / "cold", *flags, cache=cache)
+    cold = summary(tmp_path / "cold")["goodput"]["compile_cache"]
+    assert cold["hits"] == 0 and cold["misses"] > 0 and len(list(cache.iterdir())) >= cold["misses"]
+    train(tmp_path / "warm", *flags, cache=cache)
+    warm = summary(tmp_path / "warm")["goodput"]["compile_cache"]
+    assert warm["hits"] >= cold["misses"] and warm["misses"] == 0
+    train(tmp_path / "off", *flags, cache=Path("none"))
+    assert summary(tmp_path / "off")["goodput"]["compile_cache"] == {"dir": None, "hits": 0, "misses": 0}
+
+
+@pytest.mark.slow  # two 2-process runs
+def test_goodput_of_a_run_preempted_by_sigterm_then_requeued(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    argv = launcher_argv(2, [*JOB, "--run-dir", str(run_dir), "--compile-cache", str(tmp_path / "cache"),
+                             "--steps", "60", "--log-every", "1", "--ckpt.every", "100", "--eval-every", "60",
+                             *SMALL], devices=2)
+    proc = subprocess.Popen(argv, env=child_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    lines = wait_for_line(proc, "step 3/", timeout=180)
+    os.kill(rank_pids(proc.pid)[1], signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == REQUEUE, "".join(lines) + out
+    stopped = summary(run_dir)
+    assert stopped["completed"] is False and stopped["goodput"]["attempt"] == 1
+    resumed = run(argv, timeout=300)
+    assert resumed.returncode == 0, explain(resumed, resumed.stdout, resumed.stderr)
+    split = summary(run_dir)["goodput"]
+    # the preempted attempt saved the step it stopped at: nothing is redone; the time down is counted
+    assert split["attempt"] == 2 and split["redone_steps"] == 0 and split["redone_s"] == 0
+    assert split["restart_s"] > 0
+    records = [json.loads(line) for line in (run_dir / "goodput.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in records if r["event"] != "progress"] == ["attempt", "end", "attempt", "end"]
+    assert [r["step"] for r in records if r["event"] == "attempt"] == [0, stopped["final_step"]]
+    assert jsonl_steps(run_dir, "train") == list(range(1, 61))
+
+
+GLOO_PROGRAM = """
+import sys
+import job
+info = job.initialize(coordinator_address=sys.argv[1], num_processes=2, process_id=int(sys.argv[2]))
+import jax, jax.numpy as jnp
+from jax.experimental import multihost_utils
+total = multihost_utils.process_allgather(jnp.array([info.process_id + 1])).sum()
+print(f"process {info.process_id}: sum {int(total)}", flush=True)
+print(f"process {info.process_id}: last words", file=sys.stderr, flush=True)
+"""
+
+
+def start_pair(port: int, **env: str) -> list[subprocess.CompletedProcess[str]]:
+    """Two processes joined by job.initialize's explicit arguments: no launcher filters their output."""
+    base = {k: v for k, v in child_env(**env).items() if not k.startswith("JOB_LAUNCH_")}
+    procs = [subprocess.Popen([sys.executable, "-c", GLOO_PROGRAM, f"127.0.0.1:{port}", str(rank)], cwd=ROOT,
+                              env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    done = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return done
+
+
+def test_gloo_connection_lines_are_dropped_without_the_launcher_and_the_rest_comes_through() -> None:
+    import portpicker
+
+    quiet = start_pair(portpicker.pick_unused_port())
+    for rank, proc in enumerate(quiet):
+        assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
+        assert proc.stdout.strip() == f"process {rank}: sum 3"
+        assert "[Gloo]" not in proc.stderr and "connected" not in proc.stderr, proc.stderr  # stdout: above
+        assert f"process {rank}: last words" in proc.stderr
+        assert "job.initialize: joining" in proc.stderr
+    # the same program with the filter off: gloo does print them (so the check above can fail)
+    loud = start_pair(portpicker.pick_unused_port(), JOB_GLOO_LOGS="1")
+    assert all(p.returncode == 0 for p in loud), [explain(p, p.stdout, p.stderr) for p in loud]
+    assert any("[Gloo] Rank" in p.stdout + p.stderr for p in loud), [p.stdout + p.stderr for p in loud]
