@@ -25,7 +25,7 @@ SLURM_ENV := /var/tmp/jax-job-slurm/env.sh
 # ARGS given on the command line reach the job as shell-style words (never run); otherwise deploy.slurm's default
 SLURM_ARGS = $(if $(filter command line,$(origin ARGS)),--args=$(call quote,ARGS))
 
-.PHONY: help venv run-local test-local test-unit bench lock clean slurm-up slurm-down submit-slurm
+.PHONY: help venv run-local test-local test-unit bench plot lock clean slurm-up slurm-down submit-slurm
 
 help: ## list every target
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -59,6 +59,10 @@ test-unit: $(BIN)/.installed ## only the fast single-process tests
 
 bench: $(BIN)/.installed ## benchmarks vs hand-written JAX (~10-15 min on 2 cores): bench/RESULTS.md + launch plot; BENCH_ARGS=--quick
 	$(BIN)/python -m bench $(BENCH_ARGS)
+	$(BIN)/python -m bench.compile_cache $(filter --quick,$(BENCH_ARGS))
+
+plot: $(BIN)/.installed ## loss, eval loss, learning rate and throughput of a run as a PNG: make plot RUN_DIR=runs/local
+	$(BIN)/python -m job plot $(call quote,RUN_DIR)
 
 slurm-up: ## start a real Slurm cluster on this machine (NODES=4 slurmd, slurmctld, munge; root)
 	bash slurm/local-cluster.sh up $(NODES)
@@ -90,20 +94,34 @@ QUEUED ?= 0
 IMAGE ?=
 RETRIES ?= 3
 DRY_RUN ?= 0
+BUCKET ?=
 TPU_LOCAL_DIR ?= runs/tpu
 TPU_FLAGS = --name=$(call quote,TPU_NAME) --zone=$(call quote,ZONE) \
 	--accelerator=$(call quote,ACCELERATOR) --runtime=$(call quote,RUNTIME) \
 	--project=$(call quote,PROJECT) --spot=$(call quote,SPOT) --queued=$(call quote,QUEUED) \
 	--image=$(call quote,IMAGE) --retries=$(call quote,RETRIES) --dry-run=$(call quote,DRY_RUN) \
-	--local-dir=$(call quote,TPU_LOCAL_DIR) --args=$(call quote,ARGS)
+	--local-dir=$(call quote,TPU_LOCAL_DIR) --bucket=$(call quote,BUCKET) --args=$(call quote,ARGS)
+# Capacity, network and multislice (docs/tpu.md "Capacity, network and several slices")
+RESERVED ?= 0
+INTERNAL_IP ?= 0
+NETWORK ?=
+SUBNETWORK ?=
+SERVICE_ACCOUNT ?=
+TAGS ?=
+SLICES ?= 1
+CREATE_DEADLINE ?= 2h
+TPU_FLAGS += --reserved=$(call quote,RESERVED) --internal-ip=$(call quote,INTERNAL_IP) \
+	--network=$(call quote,NETWORK) --subnetwork=$(call quote,SUBNETWORK) \
+	--service-account=$(call quote,SERVICE_ACCOUNT) --tags=$(call quote,TAGS) --slices=$(call quote,SLICES) \
+	--create-deadline=$(call quote,CREATE_DEADLINE)
 TPU_CLI = $(BIN)/python -m deploy.tpu
 
 .PHONY: tpu-pod tpu-create tpu-run tpu-logs tpu-stop tpu-delete tpu-status
 
-tpu-pod: $(BIN)/.installed ## Cloud TPU: create/reuse TPU_NAME (ZONE, ACCELERATOR, SPOT=1), run ARGS on all workers, resume after preemption (RETRIES)
+tpu-pod: $(BIN)/.installed ## Cloud TPU: create/reuse TPU_NAME (ZONE, ACCELERATOR, SPOT=1), run ARGS detached on all workers (BUCKET=gs://b/run), follow worker 0 (re-attaches; attaches to a running job), resume after preemption (RETRIES)
 	$(TPU_CLI) pod $(TPU_FLAGS)
 
-tpu-create: $(BIN)/.installed ## Cloud TPU: create the slice (or reuse a READY one) and wait until READY
+tpu-create: $(BIN)/.installed ## Cloud TPU: create the slice (or reuse a READY one) and wait until READY; RESERVED=1 INTERNAL_IP=1 NETWORK SUBNETWORK SERVICE_ACCOUNT TAGS=a,b; QUEUED=1 SLICES=N; stock-outs retried until CREATE_DEADLINE (2h)
 	$(TPU_CLI) create $(TPU_FLAGS)
 
 tpu-run: $(BIN)/.installed ## Cloud TPU: ship the code (or pull IMAGE), set up and run ARGS on every worker of a READY slice

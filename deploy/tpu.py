@@ -29,9 +29,10 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from deploy import tpu_capacity as capacity
 from deploy import tpu_job
 from deploy.runner import Runner, shell_words
-from deploy.tpu_config import DEFAULT_SHIP, TpuConfig, validate_job
+from deploy.tpu_config import DEFAULT_SHIP, TpuConfig, validate_job, with_bucket
 from deploy.tpu_gcloud import GCLOUD, INSTALL_HINT
 from deploy.tpu_slice import Slice, TpuError
 from job.errors import ConfigError, positive_seconds, refuse_dash_values
@@ -40,7 +41,7 @@ from job.preemption import REQUEUE_EXIT_CODE
 log = logging.getLogger("deploy.tpu")
 
 TAIL_LINES = 40  # `logs` prints this many lines of worker 0's log
-SSH_LOST = 255  # what gcloud's ssh returns when the connection drops
+SSH_LOST = tpu_job.SSH_LOST
 
 
 def require_gcloud(runner: Runner) -> None:
@@ -60,7 +61,7 @@ def pod(cfg: TpuConfig, runner: Runner) -> int:
         if code == 0 or cfg.dry_run:
             tpu_job.fetch_logs(cfg, runner)
             return code
-        if tpu_job.stop_requested(cfg):
+        if code != SSH_LOST and tpu_job.stop_requested(cfg, runner):
             log.info("the job was stopped by `tpu-stop` (exit code %d): not restarting it", code)
             return code
         status = slice_.status()
@@ -68,9 +69,9 @@ def pod(cfg: TpuConfig, runner: Runner) -> int:
             tpu_job.fetch_logs(cfg, runner)
         if not (status.broken or status.absent or code == REQUEUE_EXIT_CODE):
             if code == SSH_LOST:
-                log.error("the connection to %s was lost (exit code %d) but the slice is %s: the job may still "
-                          "be running; `make tpu-logs` shows it, `make tpu-stop` stops it", cfg.name, code,
-                          status.describe())
+                log.error("the connection to %s was lost (exit code %d) and could not be opened again, but the "
+                          "slice is %s: the job may still be running; `make tpu-pod` again attaches to it, "
+                          "`make tpu-logs` shows it, `make tpu-stop` stops it", cfg.name, code, status.describe())
             else:
                 log.error("the job failed with exit code %d on a %s slice: a failure, not a preemption; "
                           "worker logs: %s", code, status.describe(), cfg.slice_dir / "logs")
@@ -113,7 +114,11 @@ def logs(cfg: TpuConfig, runner: Runner) -> int:
     if first in fetched and first.exists():
         lines = first.read_text(errors="replace").splitlines()[-TAIL_LINES:]
         print(f"--- last {len(lines)} lines of worker 0 ---", *lines, sep="\n", flush=True)
-    return 0 if len(fetched) == cfg.workers or cfg.dry_run else 1
+    state = tpu_job.probe(cfg, runner)
+    if state.running or state.exit_code is not None:
+        print("the job is still running" if state.running else f"the job ended with exit code {state.exit_code}"
+              + (" (stopped by `tpu-stop`)" if state.stopped else ""), flush=True)
+    return 0 if len(fetched) == cfg.workers * len(cfg.slice_names) or cfg.dry_run else 1
 
 
 def run(cfg: TpuConfig, runner: Runner) -> int:
@@ -196,6 +201,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--retries", type=_count, default=3, help="RETRIES after preemption (default 3)")
     p.add_argument("--dry-run", type=_flag, nargs="?", const=True, default=False,
                    help="DRY_RUN=1: print gcloud commands that change something")
+    p.add_argument("--bucket", default="", help="BUCKET: gs://BUCKET/PATH, the run dir (--run-dir) of the job")
     p.add_argument("--args", type=shell_words, default=None, help="ARGS of `python -m job`, one shell-style string")
     p.add_argument("--remote-dir", default="jax-cluster-job", help="folder under each worker's home")
     p.add_argument("--local-dir", default="runs/tpu", help="local folder for logs (LOCAL_DIR/NAME)")
@@ -205,6 +211,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--poll-seconds", type=positive_seconds, default=10.0, help="between state queries")
     p.add_argument("--ready-timeout", type=positive_seconds, default=3600.0, help="seconds to wait for READY")
     p.add_argument("--stop-grace", type=_count, default=60, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--reserved", type=_flag, nargs="?", const=True, default=False,
+                   help="RESERVED=1: use the project's reserved capacity")
+    p.add_argument("--internal-ip", type=_flag, nargs="?", const=True, default=False,
+                   help="INTERNAL_IP=1: workers without external IPs, reached through internal ones")
+    p.add_argument("--network", default="", help="NETWORK: the workers' VPC network")
+    p.add_argument("--subnetwork", default="", help="SUBNETWORK: the workers' subnetwork")
+    p.add_argument("--service-account", default="", help="SERVICE_ACCOUNT: the workers' service account email")
+    p.add_argument("--tags", type=capacity.tag_list, default=(), help="TAGS: network tags, comma-separated")
+    p.add_argument("--slices", type=_count, default=1, help="SLICES: slices of one queued resource (needs QUEUED=1)")
+    p.add_argument("--create-deadline", type=capacity.duration_seconds, default=capacity.DEFAULT_DEADLINE_S,
+                   help="CREATE_DEADLINE: how long stock-outs are retried, e.g. 2h (default)")
+    p.add_argument("--stockout-backoff", type=positive_seconds, default=capacity.DEFAULT_BACKOFF_S,
+                   help="seconds before the first retry after a stock-out (doubles, at most 600)")
     return p
 
 
@@ -221,10 +240,14 @@ def parse_args(argv: Sequence[str]) -> tuple[str, TpuConfig]:
     cfg = TpuConfig(
         name=args.name, zone=args.zone, accelerator=args.accelerator, runtime=args.runtime or None,
         project=args.project or None, spot=args.spot, queued=args.queued, image=args.image or None,
-        job_args=args.args if args.args is not None else tail, retries=args.retries, dry_run=args.dry_run,
+        job_args=with_bucket(args.args if args.args is not None else tail, args.bucket or None),
+        retries=args.retries, dry_run=args.dry_run,
         remote_dir=args.remote_dir, local_dir=args.local_dir, source_dir=args.source_dir, ship=tuple(args.ship),
         setup=args.setup, poll_s=args.poll_seconds, ready_timeout_s=args.ready_timeout,
-        stop_grace_s=args.stop_grace,
+        stop_grace_s=args.stop_grace, reserved=args.reserved, internal_ip=args.internal_ip,
+        network=args.network or None, subnetwork=args.subnetwork or None,
+        service_account=args.service_account or None, tags=args.tags, slices=args.slices,
+        create_deadline_s=args.create_deadline, stockout_backoff_s=args.stockout_backoff,
     )
     return args.command, cfg
 

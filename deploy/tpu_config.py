@@ -16,6 +16,8 @@ import re
 from pathlib import Path
 
 from deploy.tpu_accelerators import Accelerator, parse_accelerator
+from deploy.tpu_capacity import DEFAULT_BACKOFF_S, DEFAULT_DEADLINE_S, slice_names, validate_capacity
+from job import storage
 from job.errors import ConfigError, require
 
 log = logging.getLogger("deploy.tpu")
@@ -30,6 +32,7 @@ _TOKEN = re.compile(r"^[^\s'\"`$;|&<>\\]+$")  # runtime versions, image referenc
 _DIR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # one path component
 _RUN_DIR_FLAGS = ("--run-dir", "--run_dir")
 MOUNT_EXAMPLE = "/mnt/my-bucket"  # where the docs mount a bucket (gcsfuse) on every worker
+BUCKET_EXAMPLE = "gs://my-bucket/run1"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +56,15 @@ class TpuConfig:
     poll_s: float = 10.0  # seconds between state queries while waiting for the slice
     ready_timeout_s: float = 3600.0  # how long to wait for READY (queued capacity can take long)
     stop_grace_s: int = 60  # tpu-stop: seconds between SIGTERM (the job saves) and SIGKILL
+    reserved: bool = False  # use the project's reserved capacity (--reserved); exclusive with spot
+    internal_ip: bool = False  # workers without external IPs: create with --internal-ips, ssh/scp --internal-ip
+    network: str | None = None  # VPC network of the workers; None = the project's default
+    subnetwork: str | None = None  # subnetwork of the workers; None = the network's one in the region
+    service_account: str | None = None  # the workers' service account (an email); None = the default one
+    tags: tuple[str, ...] = ()  # network tags of the workers (firewall rules select them)
+    slices: int = 1  # slices created by one queued resource (multislice): NAME-0 .. NAME-(N-1)
+    create_deadline_s: float = DEFAULT_DEADLINE_S  # how long stock-outs are retried before giving up
+    stockout_backoff_s: float = DEFAULT_BACKOFF_S  # first wait after a stock-out; doubles up to 10 min
 
     def __post_init__(self) -> None:
         validate(self)
@@ -68,6 +80,11 @@ class TpuConfig:
     @property
     def runtime_version(self) -> str:
         return self.runtime or self.accel.default_runtime
+
+    @property
+    def slice_names(self) -> tuple[str, ...]:
+        """Every slice's node name: (NAME,) for one slice, NAME-0 .. NAME-(N-1) for SLICES=N."""
+        return slice_names(self.name, self.slices)
 
     @property
     def slice_dir(self) -> Path:
@@ -114,6 +131,7 @@ def validate(cfg: TpuConfig) -> None:
             cfg.ready_timeout_s, "pass --ready-timeout 3600")
     require(cfg.stop_grace_s >= 0, "--stop-grace", "a whole number of seconds >= 0", cfg.stop_grace_s,
             "pass --stop-grace 60")
+    validate_capacity(cfg)
 
 
 def validate_job(cfg: TpuConfig) -> None:
@@ -132,24 +150,46 @@ def validate_job(cfg: TpuConfig) -> None:
 
 
 def _check_run_dir(cfg: TpuConfig, accel: Accelerator) -> None:
-    """The training job's checkpoints must outlive a worker: on shared storage for a multi-host slice.
-    The job writes with file-system calls, so a bucket is used through a mount (gcsfuse), not a URL."""
+    """The training job's checkpoints must outlive a worker: in a bucket (gs://, which every worker reaches)
+    or, on a multi-host slice, on a mount every worker shares."""
     run_dir = run_dir_of(cfg.job_args)
-    if run_dir is not None and "://" in run_dir:
+    problem = storage.url_problem(run_dir) if run_dir is not None and "://" in run_dir else None
+    if problem:
         raise ConfigError(
-            "ARGS --run-dir", expected="a path (checkpoints are written with file-system calls)", found=run_dir,
-            fix=f"mount the bucket on every worker (gcsfuse BUCKET {MOUNT_EXAMPLE}) and pass "
-            f"--run-dir {MOUNT_EXAMPLE}/run1",
+            "ARGS --run-dir", expected=f"a path, or a Cloud Storage URL gs://BUCKET/FOLDER ({problem})", found=run_dir,
+            fix=f"make tpu-pod BUCKET={BUCKET_EXAMPLE} (or --run-dir {MOUNT_EXAMPLE}/run1 on a mounted bucket)",
         )
-    shared = run_dir is not None and run_dir.startswith("/")
-    if accel.hosts > 1 and not shared:
+    in_bucket = run_dir is not None and run_dir.startswith("gs://")
+    shared = in_bucket or (run_dir is not None and run_dir.startswith("/"))
+    hosts = accel.hosts * cfg.slices
+    if hosts > 1 and not shared:
         raise ConfigError(
-            "ARGS --run-dir", expected=f"a folder every one of the {accel.hosts} workers of "
-            f"{cfg.accelerator} shares (an absolute path on a shared mount: a gcsfuse bucket, Filestore)",
+            "ARGS --run-dir", expected=f"a folder every one of the {hosts} workers of "
+            f"{cfg.accelerator}{f' x {cfg.slices} slices' if cfg.slices > 1 else ''} shares (a bucket, or an absolute path on a shared mount: gcsfuse, Filestore)",
             found=run_dir if run_dir is not None else "none (the job's default runs/example on each worker's disk)",
-            fix=f"make tpu-pod ARGS='train --run-dir {MOUNT_EXAMPLE}/run1 ...'",
+            fix=f"make tpu-pod BUCKET={BUCKET_EXAMPLE} (or ARGS='train --run-dir {MOUNT_EXAMPLE}/run1 ...' on a "
+            "mount every worker has)",
         )
+    if hosts > 1 and shared and not in_bucket:
+        log.info("the run dir %s must be the same shared mount (gcsfuse, Filestore) on all %d workers; "
+                 "BUCKET=%s needs no mount", run_dir, hosts, BUCKET_EXAMPLE)
     if (cfg.spot or cfg.queued) and not shared:
         log.warning("the run dir %s is on the workers' disks: a recreated slice starts from scratch; "
-                    "use --run-dir on a shared mount (%s/run1) to resume after preemption",
-                    run_dir or "runs/example", MOUNT_EXAMPLE)
+                    "use BUCKET=%s (or --run-dir on a shared mount) to resume after preemption",
+                    run_dir or "runs/example", BUCKET_EXAMPLE)
+
+
+def with_bucket(job_args: tuple[str, ...], bucket: str | None) -> tuple[str, ...]:
+    """The job's arguments with BUCKET as its --run-dir (appended unless ARGS names the same one)."""
+    if not bucket:
+        return job_args
+    problem = storage.url_problem(bucket) if storage.is_remote(bucket) else "a gs:// URL"
+    require(problem is None, "BUCKET (--bucket)", f"a Cloud Storage URL gs://BUCKET/FOLDER ({problem})", bucket,
+            f"BUCKET={BUCKET_EXAMPLE}")
+    given = run_dir_of(job_args)
+    if given is None:
+        return (*job_args, "--run-dir", bucket)
+    if given.rstrip("/") != bucket.rstrip("/"):
+        raise ConfigError("BUCKET (--bucket)", expected="one run dir: BUCKET or ARGS' --run-dir, or both the same",
+                          found=(bucket, given), fix="drop --run-dir from ARGS, or leave BUCKET empty")
+    return job_args

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.tpu import fake_gcloud
+from tests.tpu.fake_gcloud import ssh as fake_ssh
 from tests.tpu.harness import Cloud
 
 
@@ -16,3 +17,4 @@ def cloud(tmp_path: Path) -> Iterator[Cloud]:
     simulated = Cloud(state=tmp_path / "cloud", local=tmp_path / "local")
     yield simulated
     fake_gcloud.kill_leftovers(simulated.state)
+    fake_ssh.kill_vms(simulated.state)  # what a test left running detached on the simulated VMs

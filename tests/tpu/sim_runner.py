@@ -19,9 +19,12 @@ class SimRunner(Runner):
     accelerator: str = "v4-32"  # the node's accelerator type
     queued: str | None = None  # the queued resource's state; None = none
     job_outcomes: list[tuple[int, str | None]] = dataclasses.field(default_factory=list)
-    # ^ per run-ssh call: (exit code, the node's state afterwards, or None to leave it); default (0, None)
+    # ^ per follow-ssh call (worker 0's log until the job ends): (exit code, the node's state afterwards, or
+    #   None to leave it); default (0, None)
+    worker_job: str = "none"  # what worker 0 says of its job when asked: running, ended CODE, none (+ stopped)
     calls: list[list[str]] = dataclasses.field(default_factory=list)
     has_gcloud: bool = True
+    create_errors: list[str] = dataclasses.field(default_factory=list)  # per create call: fails with this stderr
 
     def which(self, program: str) -> str | None:
         return f"/usr/bin/{program}" if self.has_gcloud else None
@@ -47,6 +50,8 @@ class SimRunner(Runner):
             if self.queued is None:
                 return 1, "", "ERROR: (gcloud.compute.tpus.queued-resources.describe) NOT_FOUND: qr"
             return 0, f"{self.queued}\n", ""
+        if verb == "create" and self.create_errors:
+            return 1, "", self.create_errors.pop(0)
         if verb == "create":
             if group == "queued-resources":
                 self.queued = "ACTIVE"
@@ -56,7 +61,9 @@ class SimRunner(Runner):
             self.node = None
             if group == "queued-resources":
                 self.queued = None
-        elif verb == "ssh" and any(a.startswith("--command=") and 'exit "$code"' in a for a in argv):  # run script
+        elif verb == "ssh" and any(a.startswith("--command=") and 'echo "running' in a for a in argv):  # probe
+            return 0, self.worker_job + "\n", ""
+        elif verb == "ssh" and any(a.startswith("--command=") and " -F logs/job.log" in a for a in argv):  # follow
             code, state = self.job_outcomes.pop(0) if self.job_outcomes else (0, None)
             if state is not None:
                 self.node = state

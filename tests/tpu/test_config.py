@@ -51,7 +51,9 @@ def test_every_generation_has_a_default_runtime() -> None:
     ({"retries": -1}, "RETRIES"), ({"remote_dir": "../x"}, "--remote-dir"), ({"ship": ("nope",)}, "--ship"),
     ({"job_args": ("train",)}, "--run-dir"), ({"job_args": ("train", "--run-dir", "runs/x")}, "--run-dir"),
     ({"job_args": ("--steps", "3")}, "--run-dir"),
-    ({"job_args": ("train", "--run-dir", "gs://bucket/run1")}, "gcsfuse"),  # a URL: the job writes files
+    ({"job_args": ("train", "--run-dir", "s3://bucket/run1")}, "gs://BUCKET"),  # only Cloud Storage URLs
+    ({"job_args": ("train", "--run-dir", "gs://bucket")}, "not the bucket's root"),  # as the job refuses it
+    ({"job_args": ("train", "--run-dir", "gs://Bad_Bucket/run1")}, "lowercase"),
 ])
 def test_bad_values_name_the_variable_expected_and_fix(change: dict, what: str) -> None:
     with pytest.raises(ConfigError) as info:

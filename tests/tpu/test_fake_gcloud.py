@@ -54,6 +54,22 @@ def state(cloud: Cloud, name: str = "pod-1") -> str:
     ((*TPU_VM, "delete", "p", Z, "--", "-x"), 2, "unrecognized arguments: -- -x"),
     ((*TPU_VM, "scp", "a", "b", Z), 1, "Source(s) must be remote when destination is local"),
     ((*TPU_VM, "start", "p", Z), 2, "does not model"),  # real, but not simulated
+    ((*TPU_VM, "create", "p", Z, "--version=v", "--internal-ip"), 2, "unrecognized arguments: --internal-ip"),
+    ((*TPU_VM, "create", "p", Z, "--version=v", "--tags=Web_Server"), 2, "argument --tags: Bad value"),
+    ((*TPU_VM, "ssh", "p", Z, "--internal-ips", "--command=true"), 2, "unrecognized arguments: --internal-ips"),
+    ((*TPU_VM, "scp", "a", "p:b", Z, "--internal-ips"), 2, "unrecognized arguments: --internal-ips"),
+    ((*QR, "create", "q", Z, "--node-id=q", "--accelerator-type=v4-8", "--runtime-version=v", "--internal-ip"), 2,
+     "unrecognized arguments: --internal-ip"),
+    ((*QR, "create", "q", Z, "--node-count=2", "--accelerator-type=v4-8", "--runtime-version=v"), 2,
+     "argument --node-prefix: Must be specified."),
+    ((*QR, "create", "q", Z, "--node-prefix=q", "--accelerator-type=v4-8", "--runtime-version=v"), 2,
+     "Exactly one of (--node-id | [--node-count : --node-prefix]) must be specified."),
+    ((*QR, "create", "q", Z, "--node-id=q", "--node-count=2", "--node-prefix=q", "--accelerator-type=v4-8",
+      "--runtime-version=v"), 2, "At most one of --node-id | --node-count --node-prefix can be specified."),
+    ((*QR, "create", "q", Z, "--node-count=0", "--node-prefix=q", "--accelerator-type=v4-8",
+      "--runtime-version=v"), 2, "argument --node-count: Bad value [0]"),
+    ((*QR, "create", "q", Z, "--node-id=q", "--accelerator-type=v4-8", "--runtime-version=v", "--spot",
+      "--reserved"), 2, "At most one of --guaranteed | --reserved | --spot can be specified."),
 ])
 def test_unknown_forms_and_flags_are_refused_like_the_real_cli(cloud: Cloud, argv: tuple[str, ...], code: int,
                                                                says: str) -> None:
@@ -94,7 +110,7 @@ def test_creation_takes_time_when_asked(cloud: Cloud, monkeypatch: pytest.Monkey
 
 def test_queued_resource_waits_for_capacity_then_suspends_when_preempted(cloud: Cloud,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FAKE_GCLOUD_QUEUE_SECONDS", "1")
+    monkeypatch.setenv("FAKE_GCLOUD_QUEUE_SECONDS", "6")  # each gcloud call starts a python: ~1 s on a busy machine
     proc = cloud.gcloud(*QR, "create", "q1", Z, "--node-id=q1", "--accelerator-type=v5litepod-16",
                         "--runtime-version=v2-alpha-tpuv5-lite", "--spot", "--valid-until-duration=6h")
     assert proc.returncode == 0, explain(proc)
@@ -103,7 +119,9 @@ def test_queued_resource_waits_for_capacity_then_suspends_when_preempted(cloud: 
         return cloud.gcloud(*QR, "describe", "q1", Z, "--format=value(state.state)").stdout.strip()
 
     assert (qr_state(), state(cloud, "q1")) == ("ACCEPTED", "NOT_FOUND")
-    time.sleep(1.1)
+    until = time.monotonic() + 30
+    while qr_state() == "ACCEPTED" and time.monotonic() < until:
+        time.sleep(0.5)
     assert (qr_state(), state(cloud, "q1")) == ("ACTIVE", "READY")
     assert fake_gcloud.preempt(cloud.state, "q1", ZONE)
     assert (qr_state(), state(cloud, "q1")) == ("SUSPENDED", "PREEMPTED")
@@ -127,7 +145,7 @@ def test_ssh_runs_one_tpu_worker_per_host_each_in_its_own_home(cloud: Cloud) -> 
     assert len({r[5] for r in rows}) == 4 and all(r[5] == r[6] for r in rows)
     assert all(r[7].startswith(str(cloud.state)) and r[8] == "True" for r in rows)  # the VM's python has jax
     second = cloud.gcloud(*TPU_VM, "ssh", "pod-1", Z, "--worker=all", f"--command={script}")
-    assert second.stdout.split("|")[2] != rows[0][2]  # a fresh coordinator port per session
+    assert second.stdout.split("|")[2] == rows[0][2]  # one coordinator port per node (its network), every session
 
 
 def test_ssh_worker_selection_and_exit_status(cloud: Cloud) -> None:
@@ -171,3 +189,53 @@ def test_scp_uploads_to_every_worker_and_downloads_from_one(cloud: Cloud, tmp_pa
     assert down.returncode == 0 and (tmp_path / "back").read_text() == "archive"
     outside = cloud.gcloud(*TPU_VM, "scp", "pod-1:/etc/passwd", str(tmp_path / "x"), Z, "--worker=0")
     assert outside.returncode == 1 and "home" in outside.stderr
+
+
+NETWORK = ("--internal-ips", "--network=my-vpc", "--subnetwork=my-subnet",
+           "--service-account=job@my-project.iam.gserviceaccount.com", "--tags=tpu,train", "--scopes=cloud-platform",
+           "--labels=team=ml", "--metadata=k=v", "--data-disk=source=d,mode=read-only")
+
+
+def test_every_capacity_and_network_flag_of_the_real_cli_is_accepted_and_kept(cloud: Cloud) -> None:
+    create(cloud, "pod-1", "v4-16", "--reserved", *NETWORK)
+    view = json.loads(cloud.gcloud(*TPU_VM, "describe", "pod-1", Z, "--format=json").stdout)
+    assert view["schedulingConfig"]["reserved"] and view["tags"] == ["tpu", "train"]
+    assert view["networkConfig"] == {"network": "my-vpc", "subnetwork": "my-subnet", "enableExternalIps": False}
+    assert view["serviceAccount"]["email"] == "job@my-project.iam.gserviceaccount.com"
+    ssh = cloud.gcloud(*TPU_VM, "ssh", "pod-1", Z, "--worker=all", "--internal-ip", "--command=echo $TPU_WORKER_ID")
+    assert ssh.returncode == 0 and sorted(ssh.stdout.split()) == ["0", "1"], explain(ssh)
+    down = cloud.gcloud(*TPU_VM, "scp", "pod-1:~/", str(cloud.local), Z, "--worker=0", "--internal-ip", "--recurse")
+    assert down.returncode == 0, explain(down)
+    queued = cloud.gcloud(*QR, "create", "q1", Z, "--node-id=q1", "--accelerator-type=v4-8", "--runtime-version=v",
+                          "--reserved", *NETWORK, "--valid-until-duration=6h", "--async")
+    assert queued.returncode == 0, explain(queued)
+    assert json.loads(cloud.gcloud(*TPU_VM, "describe", "q1", Z, "--format=json").stdout)["tags"] == ["tpu", "train"]
+
+
+def test_node_count_and_prefix_create_several_slices_named_prefix_dash_index(cloud: Cloud) -> None:
+    proc = cloud.gcloud(*QR, "create", "multi", Z, "--node-count=3", "--node-prefix=ms", "--accelerator-type=v4-16",
+                        "--runtime-version=tpu-ubuntu2204-base", "--spot")
+    assert proc.returncode == 0, explain(proc)
+    listed = cloud.gcloud(*TPU_VM, "list", Z, "--format=value(name,state)").stdout.split()
+    nodes = f"projects/fake-project/locations/{ZONE}/nodes"
+    assert listed == [f"{nodes}/ms-0", "READY", f"{nodes}/ms-1", "READY", f"{nodes}/ms-2", "READY"]
+    view = json.loads(cloud.gcloud(*QR, "describe", "multi", Z, "--format=json").stdout)
+    assert view["tpu"]["nodeSpec"][0]["multisliceParams"] == {"nodeCount": 3, "nodeIdPrefix": "ms"}
+    assert fake_gcloud.preempt(cloud.state, "ms-1", ZONE)
+    assert cloud.gcloud(*QR, "describe", "multi", Z, "--format=value(state.state)").stdout.strip() == "SUSPENDED"
+    assert cloud.gcloud(*QR, "delete", "multi", Z, "--force", "--quiet").returncode == 0
+    assert [state(cloud, f"ms-{i}") for i in range(3)] == ["NOT_FOUND"] * 3
+
+
+def test_a_stockout_fails_a_create_and_fails_a_queued_resource_with_its_reason(cloud: Cloud) -> None:
+    fake_gcloud.schedule_capacity_failures(cloud.state, ZONE, [fake_gcloud.STOCKOUT_MESSAGE, "Quota exceeded"])
+    refused = cloud.gcloud(*TPU_VM, "create", "pod-1", Z, "--version=v", "--spot")
+    assert refused.returncode == 1 and state(cloud) == "NOT_FOUND"
+    assert refused.stderr.startswith("ERROR: (gcloud.compute.tpus.tpu-vm.create) {\"code\": 8, ")
+    assert f'There is no more capacity in the zone \\"{ZONE}\\"' in refused.stderr
+    proc = cloud.gcloud(*QR, "create", "q1", Z, "--node-id=q1", "--accelerator-type=v4-8", "--runtime-version=v")
+    assert proc.returncode == 0, explain(proc)
+    fmt = "--format=value(state.state,state.failedData.error.message)"
+    assert cloud.gcloud(*QR, "describe", "q1", Z, fmt).stdout.strip().split("\t") == ["FAILED", "Quota exceeded"]
+    assert state(cloud, "q1") == "NOT_FOUND"
+    create(cloud, "pod-1", "v4-8")  # no more failures scheduled

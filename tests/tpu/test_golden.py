@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from pathlib import Path
 
 import pytest
 
 from deploy import tpu
+from deploy import tpu_gcloud as gcloud
 from deploy.tpu_config import TpuConfig
 from tests.golden import check_golden
 from tests.tpu.harness import ROOT
@@ -35,6 +37,13 @@ def run(command: str, cfg: TpuConfig, runner: SimRunner) -> int:
     return tpu.dispatch(command, cfg, runner)
 
 
+NETWORK_OPTIONS = {"reserved": True, "internal_ip": True, "network": "my-vpc", "subnetwork": "my-subnet",
+                   "service_account": "job@my-project.iam.gserviceaccount.com", "tags": ("tpu", "train"),
+                   "project": "my-project"}
+STOCKOUT = ('ERROR: (gcloud.compute.tpus.tpu-vm.create) {"code": 8, "message": "There is no more capacity in the '
+            'zone \\"us-central2-b\\"; you can try in another zone where Cloud TPU Nodes are offered"}')
+
+
 CASES = {
     # name: (command, config changes, runner state)
     "create_on_demand": ("create", {}, {}),
@@ -53,6 +62,13 @@ CASES = {
     "delete_absent": ("delete", {}, {}),
     "pod_dry_run": ("pod", {"dry_run": True, "accelerator": "v4-16"}, {}),
     "pod_preempted_then_resumed": ("pod", {"spot": True}, {"job_outcomes": [(255, "PREEMPTED"), (0, None)]}),
+    "create_with_network_options": ("create", NETWORK_OPTIONS, {}),
+    "create_queued_with_network_options": ("create", {**NETWORK_OPTIONS, "queued": True}, {}),
+    "create_spot_after_a_stockout": ("create", {"spot": True, "stockout_backoff_s": 0.001},
+                                     {"create_errors": [STOCKOUT]}),
+    "create_two_slices": ("create", {"queued": True, "slices": 2}, {}),
+    "status_two_slices": ("status", {"queued": True, "slices": 2}, {"node": "READY", "queued": "ACTIVE"}),
+    "delete_two_slices": ("delete", {"queued": True, "slices": 2}, {"node": "READY", "queued": "ACTIVE"}),
 }
 
 
@@ -65,13 +81,23 @@ def test_gcloud_argv_matches_golden_file(name: str) -> None:
     check_golden(GOLDEN / f"{name}.json", json.dumps(runner.calls, indent=1) + "\n")
 
 
+def test_ssh_and_scp_reach_a_slice_by_its_internal_ip() -> None:
+    cfg = dataclasses.replace(BASE, internal_ip=True, queued=True, slices=2)
+    argv = [gcloud.upload(cfg, "code.tar.gz", "code.tar.gz", node=cfg.slice_names[1]),
+            gcloud.download(cfg, 3, "job.log", "worker-3.log", node=cfg.slice_names[0]),
+            gcloud.ssh_all(cfg, "hostname", node=cfg.slice_names[1])]
+    check_golden(GOLDEN / "ssh_scp_internal_ip.json", json.dumps(argv, indent=1) + "\n")
+
+
 def test_user_arguments_travel_as_one_quoted_argv_element() -> None:
     cfg = dataclasses.replace(BASE, job_args=HOSTILE)
     runner = SimRunner(node="READY")
     run("run", cfg, runner)
-    ssh_run = [c for c in runner.calls if c[4] == "ssh"][1]
+    ssh_run = [c for c in runner.calls if c[4] == "ssh"][2]  # probe, setup, start
     assert sum(a.startswith("--command=") for a in ssh_run) == 1
     script = next(a for a in ssh_run if a.startswith("--command="))
+    # the job runs in a detached `bash -c WRAPPER`: quoted once for that shell, once inside it
+    script = shlex.split(script[script.index("setsid nohup bash -c "):])[4]
     assert "'a b; touch /tmp/pwned $(id)'" in script
     assert "'/mnt/bucket/run 1'" in script
     assert """'it'"'"'s "x"'""" in script

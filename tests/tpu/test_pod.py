@@ -41,7 +41,7 @@ def test_pod_trains_on_four_workers_then_reuses_the_slice(cloud: Cloud, tmp_path
     assert not list(tmp_path.rglob("pwned"))
     assert cloud.verbs().count("tpu-vm create") == 1
 
-    second = cloud.make("tpu-pod", **slice_)
+    second = cloud.make("tpu-pod", **{**slice_, "ARGS": train_args(run_dir, 12)})  # two more steps
     assert second.returncode == 0, explain(second)
     assert "reusing slice pod-a" in second.stderr and "resumed from step 10" in second.stdout
     assert cloud.verbs().count("tpu-vm create") == 1
@@ -82,7 +82,8 @@ def test_hostile_args_reach_the_job_verbatim_and_create_no_file(cloud: Cloud) ->
     assert f"Unrecognized options: --name, {hostile}" in log, log  # one argument, exactly as given
     assert "uid=" not in log and "uid=" not in proc.stdout
     assert (pwned.stat().st_mtime_ns if pwned.exists() else None) == before
-    assert "not a preemption" in proc.stderr and cloud.verbs().count("tpu-vm ssh") == 2  # no retry
+    # probe, setup, start, follow, and asking worker 0 whether `tpu-stop` stopped it: no retry
+    assert "not a preemption" in proc.stderr and cloud.verbs().count("tpu-vm ssh") == 5
 
 
 def test_dry_run_prints_every_change_and_only_queries(cloud: Cloud) -> None:
@@ -90,8 +91,8 @@ def test_dry_run_prints_every_change_and_only_queries(cloud: Cloud) -> None:
                       ARGS="train --run-dir /mnt/bucket/run")
     assert proc.returncode == 0, explain(proc)
     printed = [shlex.split(line) for line in re.findall(r"^gcloud .*?(?=^gcloud |\Z)", proc.stdout, re.M | re.S)]
-    assert [" ".join(c[3:5]) for c in printed] == [
-        "tpu-vm create", "tpu-vm scp", "tpu-vm ssh", "tpu-vm ssh", *["tpu-vm scp"] * 4]
+    assert [" ".join(c[3:5]) for c in printed] == [  # create, ship, set up, start, follow, fetch the logs
+        "tpu-vm create", "tpu-vm scp", "tpu-vm ssh", "tpu-vm ssh", "tpu-vm ssh", *["tpu-vm scp"] * 4]
     assert all(c[2:4] == ["tpu-vm", "describe"] for c in cloud.calls())
     assert fake_gcloud.node(cloud.state, "pod-d", ZONE) is None
 

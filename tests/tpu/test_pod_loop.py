@@ -32,7 +32,8 @@ def test_requeue_exit_on_a_ready_slice_reruns_without_recreating(cfg: TpuConfig)
     runner = SimRunner(job_outcomes=[(REQUEUE, None), (0, None)])
     assert tpu.pod(cfg, runner) == 0
     assert verbs(runner) == ["create"]
-    assert sum(c[4] == "ssh" for c in runner.calls) == 4  # setup + run, twice
+    # probe (is a job running?), setup, start, follow; after the 75 one more probe (did `tpu-stop` stop it?)
+    assert sum(c[4] == "ssh" for c in runner.calls) == 9
 
 
 def test_preempted_slice_is_recreated_each_time_up_to_the_retry_limit(cfg: TpuConfig) -> None:
@@ -59,7 +60,7 @@ def test_a_job_stopped_by_tpu_stop_is_not_restarted(cfg: TpuConfig, monkeypatch:
 
     monkeypatch.setattr(tpu_job, "run_job", run_then_stop)
     assert tpu.pod(cfg, runner) == REQUEUE
-    assert sum(c[4] == "ssh" for c in runner.calls) == 3  # setup, run, stop: no second run
+    assert sum(c[4] == "ssh" for c in runner.calls) == 5  # probe, setup, start, follow, stop: no second run
 
 
 def test_an_existing_slice_of_another_type_is_not_reused(cfg: TpuConfig) -> None:
@@ -104,3 +105,40 @@ def test_a_suspended_queued_resource_is_deleted_with_its_node_and_queued_again(c
     changes = [(c[3], c[4], "--force" in c) for c in runner.calls if c[4] in ("create", "delete")]
     assert changes == [("queued-resources", "create", False), ("queued-resources", "delete", True),
                        ("queued-resources", "create", False)]
+
+
+def follows(runner: SimRunner) -> int:
+    return sum(c[4] == "ssh" and any(" -F logs/job.log" in a for a in c) for c in runner.calls)
+
+
+def test_a_dropped_follow_on_a_ready_slice_is_followed_again_with_a_growing_wait(
+        cfg: TpuConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    waits: list[float] = []
+    monkeypatch.setattr(tpu_job.time, "sleep", waits.append)
+    runner = SimRunner(job_outcomes=[(255, None), (255, None), (0, None)])
+    assert tpu.pod(cfg, runner) == 0
+    assert follows(runner) == 3 and waits == [1.0, 2.0]
+    assert verbs(runner) == ["create"] and sum("setsid nohup" in " ".join(c) for c in runner.calls) == 1
+
+
+def test_ssh_that_keeps_failing_is_given_up_but_the_job_is_left_running(
+        cfg: TpuConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    waits: list[float] = []
+    monkeypatch.setattr(tpu_job.time, "sleep", waits.append)
+    runner = SimRunner(job_outcomes=[(255, None)] * 30)
+    assert tpu.pod(cfg, runner) == 255
+    assert follows(runner) == tpu_job.REATTACH_LIMIT + 1 and max(waits) == tpu_job.BACKOFF_MAX_S
+    assert verbs(runner) == ["create"] and not any("stop" in " ".join(c[5:6]) for c in runner.calls)
+
+
+def test_a_job_still_running_is_attached_to_not_started_again(cfg: TpuConfig) -> None:
+    runner = SimRunner(node="READY", worker_job="running")
+    assert tpu_job.run_job(cfg, runner) == 0
+    assert follows(runner) == 1
+    assert not any(c[4] == "scp" or "setsid nohup" in " ".join(c) for c in runner.calls)  # nothing shipped or started
+
+
+def test_a_job_stopped_from_another_machine_is_not_restarted(cfg: TpuConfig) -> None:
+    runner = SimRunner(node="READY", worker_job="ended 75 stopped", job_outcomes=[(REQUEUE, None), (0, None)])
+    assert tpu.pod(cfg, runner) == REQUEUE  # no local stop marker: worker 0 says so
+    assert follows(runner) == 1

@@ -8,6 +8,7 @@ on this machine is ever killed for holding a device.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -64,55 +65,111 @@ def received(home: Path) -> list[str]:
     return (home / "argv.bin").read_bytes().decode().split("\0")[:-1]
 
 
+LOGS = ("jax-cluster-job", "logs")
+
+
+def wait_for(path: Path, text: str = "", timeout_s: float = 30) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text():
+            return path.read_text()
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never held {text!r}: {path.read_text() if path.exists() else 'missing'}")
+
+
 def test_every_argument_reaches_the_job_verbatim_and_none_runs_as_shell(worker: Path, tmp_path: Path) -> None:
     pwned = tmp_path / "pwned"
     args = tuple(a.format(pwned=pwned) for a in HOSTILE)
-    proc = bash(tpu_remote.run_script(config(job_args=args)), worker, env=env(worker, STUB_EXIT="3"))
-    assert proc.returncode == 3, proc.stderr  # the job's status is the script's
+    cfg = config(job_args=args)
+    start = bash(tpu_remote.start_script(cfg), worker, env=env(worker, STUB_EXIT="3"))
+    assert start.returncode == 0 and start.stdout == "", start.stderr  # started, detached: returns at once
+    follow = bash(tpu_remote.follow_script(cfg), worker, env=env(worker))
+    assert follow.returncode == 3, follow.stderr  # the job's status is the follower's
     assert received(worker) == ["-m", "job", *args]
     assert not pwned.exists()
-    assert "job started" in proc.stdout  # worker 0 streams its log ...
-    assert (worker / "jax-cluster-job" / "logs" / "job.log").read_text() == "job started\n"  # ... and keeps it
-    assert not (worker / "jax-cluster-job" / "logs" / "job.pid").exists()
+    assert "job started" in follow.stdout  # worker 0's log streams ...
+    assert worker.joinpath(*LOGS, "job.log").read_text() == "job started\n"  # ... and stays on the worker
+    assert worker.joinpath(*LOGS, "job.exit").read_text() == "3\n"
+    assert bash(tpu_remote.probe_script(cfg), worker, env=env(worker)).stdout == "ended 3\n"
+
+
+def test_the_job_outlives_its_ssh_session_and_is_followed_again(worker: Path) -> None:
+    cfg = config()
+    session = subprocess.Popen(["bash", "-c", tpu_remote.start_script(cfg) + "\nsleep 60"], cwd=worker,
+                               env=env(worker, STUB_RUN_FOREVER="1"), start_new_session=True)
+    log = wait_for(worker.joinpath(*LOGS, "job.log"), "job started")
+    os.killpg(session.pid, signal.SIGHUP)  # the connection drops: its session's processes get SIGHUP
+    assert session.wait(timeout=10) == -signal.SIGHUP
+    pid = int(worker.joinpath(*LOGS, "job.pid").read_text())
+    os.kill(pid, 0)  # the job goes on
+    assert bash(tpu_remote.probe_script(cfg), worker, env=env(worker)).stdout == "running\n"
+    follower = subprocess.Popen(["bash", "-c", tpu_remote.follow_script(cfg, "20")], cwd=worker, env=env(worker),
+                                stdout=subprocess.PIPE, text=True)
+    assert bash(tpu_remote.stop_script(config(stop_grace_s=20)), worker, env=env(worker)).returncode == 0
+    out, _ = follower.communicate(timeout=30)
+    assert follower.returncode == 75 and log in out and "saved at TERM" in out  # TERM: saved, exit 75
+    assert bash(tpu_remote.probe_script(cfg), worker, env=env(worker)).stdout == "ended 75 stopped\n"
 
 
 def test_other_workers_only_keep_their_log(worker: Path) -> None:
-    proc = bash(tpu_remote.run_script(config()), worker, env=env(worker, worker_id=2))
+    proc = bash(tpu_remote.start_script(config()), worker, env=env(worker, worker_id=2))
     assert proc.returncode == 0 and proc.stdout == ""
-    assert (worker / "jax-cluster-job" / "logs" / "job.log").read_text() == "job started\n"
+    wait_for(worker.joinpath(*LOGS, "job.exit"), "0")
+    assert worker.joinpath(*LOGS, "job.log").read_text() == "job started\n"
+
+
+def test_following_a_job_that_vanished_without_an_exit_code_fails(worker: Path) -> None:
+    cfg = config()
+    assert bash(tpu_remote.start_script(cfg), worker, env=env(worker, STUB_RUN_FOREVER="1")).returncode == 0
+    wait_for(worker.joinpath(*LOGS, "job.log"), "job started")
+    os.killpg(int(worker.joinpath(*LOGS, "job.pid").read_text()), signal.SIGKILL)  # as a VM restart would
+    follow = bash(tpu_remote.follow_script(cfg), worker, env=env(worker))
+    assert follow.returncode == tpu_remote.GONE_EXIT and "left no exit code" in follow.stderr
+    assert bash(tpu_remote.follow_script(config(remote_dir="never-ran")), worker, env=env(worker)).returncode == \
+        tpu_remote.NO_JOB_EXIT
 
 
 def test_stop_sends_term_so_the_job_saves_and_exits_with_the_requeue_code(worker: Path) -> None:
     cfg = config(stop_grace_s=20)
-    run = subprocess.Popen(["bash", "-c", tpu_remote.run_script(cfg)], cwd=worker,
-                           env=env(worker, STUB_RUN_FOREVER="1"), stdout=subprocess.PIPE, text=True)
-    log = worker / "jax-cluster-job" / "logs" / "job.log"
-    deadline = time.monotonic() + 30
-    while not (log.exists() and "job started" in log.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert bash(tpu_remote.start_script(cfg), worker, env=env(worker, STUB_RUN_FOREVER="1")).returncode == 0
+    log = worker.joinpath(*LOGS, "job.log")
+    wait_for(log, "job started")
     stop = bash(tpu_remote.stop_script(cfg), worker, env=env(worker))
     assert stop.returncode == 0, stop.stderr
-    assert run.wait(timeout=30) == 75
+    assert wait_for(worker.joinpath(*LOGS, "job.exit"), "\n") == "75\n"
     assert "saved at TERM" in log.read_text()
-    assert not (worker / "jax-cluster-job" / "logs" / "job.pid").exists()
 
 
 def test_a_stale_job_is_killed_before_the_new_one_starts_but_nothing_else(worker: Path) -> None:
-    logs = worker / "jax-cluster-job" / "logs"
+    logs = worker.joinpath(*LOGS)
     logs.mkdir()
     stale = subprocess.Popen(["bash", "-c", "sleep 60; true", "-m", "job"])  # its command line says "-m job"
     other = subprocess.Popen(["sleep", "60"])
     try:
         (logs / "job.pid").write_text(f"{stale.pid}\n")
-        assert bash(tpu_remote.run_script(config()), worker, env=env(worker)).returncode == 0
+        assert bash(tpu_remote.start_script(config()), worker, env=env(worker)).returncode == 0
         assert stale.wait(timeout=10) == -signal.SIGKILL
+        wait_for(logs / "job.exit", "0")
         (logs / "job.pid").write_text(f"{other.pid}\n")  # a reused pid: not ours, left alone
-        assert bash(tpu_remote.run_script(config()), worker, env=env(worker)).returncode == 0
+        assert bash(tpu_remote.start_script(config()), worker, env=env(worker)).returncode == 0
         assert other.poll() is None
+        wait_for(logs / "job.exit", "0")
     finally:
         for proc in (stale, other):
             proc.kill()
             proc.wait()
+
+
+def test_multislice_variables_reach_the_job_and_images_get_them_as_flags(worker: Path) -> None:
+    megascale = {"MEGASCALE_COORDINATOR_ADDRESS": "10.0.0.2:8080", "MEGASCALE_NUM_SLICES": "2",
+                 "MEGASCALE_SLICE_ID": "1", "MEGASCALE_PORT": "8080"}
+    stub = worker.parent / "bin" / "python3"
+    stub.write_text(stub.read_text().replace('echo "job started"', 'env | grep ^MEGASCALE_ | sort; echo "job started"'))
+    assert bash(tpu_remote.start_script(config(), megascale), worker, env=env(worker)).returncode == 0
+    log = wait_for(worker.joinpath(*LOGS, "job.log"), "job started")
+    assert log.splitlines()[:4] == sorted(f"{k}={v}" for k, v in megascale.items())
+    image = tpu_remote.job_command(config(image="us-docker.pkg.dev/p/r/job:1"), env=megascale)
+    assert "--env=MEGASCALE_SLICE_ID=1" in shlex.split(image.replace("$", ""))
 
 
 def test_setup_unpacks_the_code_replacing_what_was_shipped_before(worker: Path, tmp_path: Path) -> None:
@@ -135,13 +192,25 @@ def test_setup_unpacks_the_code_replacing_what_was_shipped_before(worker: Path, 
     assert (code / "runs").is_dir()  # run folders and logs survive a new shipment
 
 
+def test_only_google_registries_get_a_docker_login() -> None:
+    assert tpu_remote.registry_host("us-docker.pkg.dev/p/r/job:1") == "us-docker.pkg.dev"
+    assert tpu_remote.registry_host("europe-west4-docker.pkg.dev/p/r/job") == "europe-west4-docker.pkg.dev"
+    assert tpu_remote.registry_host("gcr.io/p/job") == "gcr.io" and tpu_remote.registry_host("eu.gcr.io/p/j") == "eu.gcr.io"
+    for other in ("docker.io/library/python:3.11", "localhost/job:cpu", "job:1", "ghcr.io/o/job"):
+        assert tpu_remote.registry_host(other) is None
+    assert "configure-docker" not in tpu_remote.setup_script(config(image="localhost/job:cpu"))
+
+
 def test_a_failing_setup_stops_at_the_first_error(worker: Path) -> None:
     proc = bash(tpu_remote.setup_script(config(setup="false\necho after")), worker, env=env(worker))
     assert proc.returncode != 0 and "after" not in proc.stdout
 
 
 def test_scripts_are_bash_syntax_clean() -> None:
-    for cfg in (config(), config(image="us-docker.pkg.dev/p/r/job:1")):
-        for script in (tpu_remote.setup_script(cfg), tpu_remote.run_script(cfg), tpu_remote.stop_script(cfg)):
+    for cfg in (config(), config(image="us-docker.pkg.dev/p/r/job:1", job_args=("train", "--run-dir", "/a/b"))):
+        scripts = (tpu_remote.setup_script(cfg), tpu_remote.start_script(cfg, {"MEGASCALE_SLICE_ID": "0"}),
+                   tpu_remote.follow_script(cfg), tpu_remote.probe_script(cfg), tpu_remote.stop_script(cfg),
+                   tpu_remote.check_run_dir_script(cfg, "gs://b/r"))
+        for script in scripts:
             assert subprocess.run(["bash", "-n", "-c", script], capture_output=True).returncode == 0
     assert os.access(ROOT / "tests" / "tpu" / "fake_gcloud" / "gcloud", os.X_OK)

@@ -127,7 +127,9 @@ MAX_STEPS = str(config.MAX_STEPS + 1)
     (["--watchdog-s=inf"], ["--watchdog-s"]),
     (["--seed=-1"], ["--seed"]),
     (["--data.source=/nonexistent/tokens.npy"], ["data.source", "python -m job tokenize"]),
-    (["--run-dir=gs://bucket/run1"], ["--run-dir", "gcsfuse"]),
+    (["--run-dir=s3://bucket/run1"], ["--run-dir", "only gs:// URLs"]),
+    (["--run-dir=gs://Bucket_With_Capitals/run1"], ["--run-dir", "lowercase"]),
+    (["--run-dir=gs://bucket"], ["--run-dir", "not the bucket's root"]),
     ([f"--seed={2**63}"], ["--seed"]),
     (["--run-dir="], ["--run-dir"]),
     (["--run-dir=runs/a\nb"], ["--run-dir"]),
@@ -789,7 +791,7 @@ def test_tpu_any_job_arguments_reach_the_workers_script_verbatim(words: list[str
                              f"--local-dir={local}"])
     assert cfg.job_args == ("train", "--run-dir", "/mnt/b/r", *words)
     ssh = [c for c in runner.calls if c[4] == "ssh"]
-    run = [c for c in ssh if f"--command={remote.run_script(cfg)}" in c]
+    run = [c for c in ssh if f"--command={remote.start_script(cfg)}" in c]
     assert len(run) == 1 and sum(a.startswith("--command=") for a in run[0]) == 1
     assert remote.job_command(cfg).endswith(" ".join(shlex.quote(w) for w in cfg.job_args))
 

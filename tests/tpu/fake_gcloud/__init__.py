@@ -15,8 +15,11 @@ FAKE_GCLOUD_DEVICES_PER_WORKER.
 
 from pathlib import Path
 
-from tests.tpu.fake_gcloud.state import calls, kill_leftovers, node, preempt, schedule_preemption
+from tests.tpu.fake_gcloud.state import (
+    STOCKOUT_MESSAGE, calls, kill_leftovers, node, preempt, queued, schedule_capacity_failures, schedule_preemption,
+)
 
 BIN_DIR = Path(__file__).resolve().parent  # holds the `gcloud` executable
 
-__all__ = ["BIN_DIR", "calls", "kill_leftovers", "node", "preempt", "schedule_preemption"]
+__all__ = ["BIN_DIR", "STOCKOUT_MESSAGE", "calls", "kill_leftovers", "node", "preempt", "queued",
+           "schedule_capacity_failures", "schedule_preemption"]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.tpu.fake_gcloud.grammar import Parsed, UsageError
-from tests.tpu.fake_gcloud.state import DEFAULT_PROJECT, QUEUE_SECONDS_ENV, Cloud
+from tests.tpu.fake_gcloud.state import DEFAULT_PROJECT, QUEUE_SECONDS_ENV, Cloud, node_ids
 
 
 class CloudError(Exception):
@@ -36,19 +36,29 @@ def node_view(record: dict[str, Any]) -> dict[str, Any]:
         "name": _resource_name("nodes", record["project"], record["zone"], record["name"]),
         "acceleratorType": record["acceleratorType"], "runtimeVersion": record["runtimeVersion"],
         "state": record["state"], "schedulingConfig": {"spot": bool(record.get("spot")),
-                                                       "preemptible": bool(record.get("preemptible"))},
+                                                       "preemptible": bool(record.get("preemptible")),
+                                                       "reserved": bool(record.get("reserved"))},
         "networkEndpoints": [{"ipAddress": "127.0.0.1", "port": 8470}] * record["workers"],
+        "networkConfig": {"network": record.get("network") or "default", "subnetwork": record.get("subnetwork")
+                          or "default", "enableExternalIps": not record.get("internalIps")},
+        "serviceAccount": {"email": record.get("serviceAccount") or f"default@{record['project']}.iam"},
+        **({"tags": record["tags"]} if record.get("tags") else {}),
         **({"queuedResource": record["queuedResource"]} if record.get("queuedResource") else {}),
     }
 
 
 def queued_view(record: dict[str, Any]) -> dict[str, Any]:
+    failed = {"failedData": {"error": {"code": 8, "message": record["failure"]}}} if record["state"] == "FAILED" else {}
+    nodes = node_ids(record)
+    which = ({"nodeId": nodes[0]} if not record.get("nodeIds") else
+             {"multisliceParams": {"nodeCount": len(nodes), "nodeIdPrefix": record["nodePrefix"]}})
     return {
         "name": _resource_name("queuedResources", record["project"], record["zone"], record["name"]),
-        "state": {"state": record["state"]},
-        "tpu": {"nodeSpec": [{"nodeId": record["nodeId"], "node": {
+        "state": {"state": record["state"], **failed},
+        "tpu": {"nodeSpec": [{**which, "node": {
             "acceleratorType": record["acceleratorType"], "runtimeVersion": record["runtimeVersion"]}}]},
         **({"spot": {}} if record.get("spot") else {}),
+        **({"reserved": True} if record.get("options", {}).get("reserved") else {}),
     }
 
 
@@ -113,6 +123,22 @@ def _workers_of(parsed: Parsed, accelerator: str) -> int:
         raise CloudError(parsed, f"INVALID_ARGUMENT: accelerator type {accelerator!r} is not available: {e}") from e
 
 
+def _options(parsed: Parsed) -> dict[str, Any]:
+    """The creation flags a node keeps (shown by describe)."""
+    found = {"reserved": bool(parsed.get("reserved")), "internalIps": bool(parsed.get("internal-ips")),
+             "network": parsed.get("network"), "subnetwork": parsed.get("subnetwork"),
+             "serviceAccount": parsed.get("service-account"),
+             "tags": str(parsed.get("tags")).split(",") if parsed.get("tags") else None}
+    return {k: v for k, v in found.items() if v}
+
+
+def _stockout(cloud: Cloud, parsed: Parsed, project: str, zone: str) -> None:
+    """A scheduled capacity failure: the API's RESOURCE_EXHAUSTED, as gcloud prints it."""
+    message = cloud.take_capacity_failure(project, zone)
+    if message is not None:
+        raise CloudError(parsed, json.dumps({"code": 8, "message": message}))
+
+
 def node_create(cloud: Cloud, parsed: Parsed) -> int:
     project, zone = where(parsed)
     name = parsed.positionals[0]
@@ -123,8 +149,10 @@ def node_create(cloud: Cloud, parsed: Parsed) -> int:
         if cloud.node(project, zone, name) is not None:
             raise CloudError(parsed, f"ALREADY_EXISTS: Resource '{_resource_name('nodes', project, zone, name)}' "
                              "already exists")
+        _stockout(cloud, parsed, project, zone)
         record = cloud.new_node(project, zone, name, accelerator, str(parsed.get("version")), workers,
-                                spot=bool(parsed.get("spot")), preemptible=bool(parsed.get("preemptible")))
+                                spot=bool(parsed.get("spot")), preemptible=bool(parsed.get("preemptible")),
+                                **_options(parsed))
     print(f"Create request issued for: [{name}]", file=sys.stderr, flush=True)
     while not parsed.get("async"):
         with cloud.lock():
@@ -163,7 +191,10 @@ def node_delete(cloud: Cloud, parsed: Parsed) -> int:
 # ---------------------------------------------------------------------- queued-resources
 def queued_create(cloud: Cloud, parsed: Parsed) -> int:
     project, zone = where(parsed)
-    name, node_id = parsed.positionals[0], str(parsed.get("node-id"))
+    name = parsed.positionals[0]
+    prefix = parsed.get("node-prefix")
+    nodes = ([f"{prefix}-{i}" for i in range(int(str(parsed.get("node-count"))))] if prefix
+             else [str(parsed.get("node-id"))])
     accelerator = str(parsed.get("accelerator-type"))
     workers = _workers_of(parsed, accelerator)
     with cloud.lock():
@@ -171,12 +202,15 @@ def queued_create(cloud: Cloud, parsed: Parsed) -> int:
         if cloud.queued(project, zone, name) is not None:
             raise CloudError(parsed, f"ALREADY_EXISTS: Resource "
                              f"'{_resource_name('queuedResources', project, zone, name)}' already exists")
-        if cloud.node(project, zone, node_id) is not None:
-            raise CloudError(parsed, f"ALREADY_EXISTS: node {node_id} already exists")
+        for node_id in nodes:
+            if cloud.node(project, zone, node_id) is not None:
+                raise CloudError(parsed, f"ALREADY_EXISTS: node {node_id} already exists")
         cloud.put_queued({
-            "project": project, "zone": zone, "name": name, "nodeId": node_id, "acceleratorType": accelerator,
+            "project": project, "zone": zone, "name": name, "nodeId": nodes[0], "acceleratorType": accelerator,
+            **({"nodeIds": nodes, "nodePrefix": prefix} if prefix else {}),
             "runtimeVersion": str(parsed.get("runtime-version")), "workers": workers,
-            "spot": bool(parsed.get("spot")), "state": "ACCEPTED",
+            "spot": bool(parsed.get("spot")), "state": "ACCEPTED", "options": _options(parsed),
+            "failure": cloud.take_capacity_failure(project, zone),
             "active_at": time.time() + float(os.environ.get(QUEUE_SECONDS_ENV, "0")),
         })
     print(f"Create request issued for: [{name}]", file=sys.stderr, flush=True)
@@ -200,12 +234,12 @@ def queued_delete(cloud: Cloud, parsed: Parsed) -> int:
     project, zone = where(parsed)
     record = _queued_or_fail(cloud, parsed)
     with cloud.lock():
-        node = cloud.node(project, zone, record["nodeId"])
-        if node is not None and not parsed.get("force"):
+        held = [n for n in node_ids(record) if cloud.node(project, zone, n) is not None]
+        if held and not parsed.get("force"):
             raise CloudError(parsed, f"FAILED_PRECONDITION: queued resource {record['name']} still holds node "
-                             f"{record['nodeId']}; delete the node first or pass --force")
-        if node is not None:
-            cloud.drop_node(project, zone, record["nodeId"])
+                             f"{', '.join(held)}; delete the node first or pass --force")
+        for node_id in held:
+            cloud.drop_node(project, zone, node_id)
         cloud.drop_queued(project, zone, record["name"])
     print(f"Deleted queued resource [{record['name']}].", file=sys.stderr, flush=True)
     return 0

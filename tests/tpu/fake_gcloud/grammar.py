@@ -36,10 +36,20 @@ class Flag:
 
 
 @dataclasses.dataclass(frozen=True)
+class Group:
+    """A rule over several flags, checked after parsing (gcloud's argument groups)."""
+
+    names: tuple[str, ...]
+    kind: str  # "at_most_one" | "one_required" (at least one given) | "needs" (names[0] needs the others)
+    message: str  # the real CLI's message when the rule is broken
+
+
+@dataclasses.dataclass(frozen=True)
 class Form:
     path: tuple[str, ...]  # e.g. ("compute", "tpus", "tpu-vm", "create")
     positionals: tuple[str, ...]  # names; a trailing "..." makes the one before it variadic (1 or more)
     flags: tuple[Flag, ...] = ()
+    groups: tuple[Group, ...] = ()
 
 
 @dataclasses.dataclass
@@ -66,15 +76,22 @@ _SSH_COMMON = (
     Flag("strict-host-key-checking", pattern="yes|no|ask"), Flag("ssh-key-file"),
 )
 _DURATION = r"[0-9]+[smhd]"
+_NAME = r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
+# Placement and network flags both create commands take (gcloud 528).
+_NETWORK_FLAGS = (
+    Flag("network"), Flag("subnetwork"), Flag("service-account"), Flag("scopes"),
+    Flag("tags", pattern=rf"{_NAME}(,{_NAME})*"), Flag("labels"), Flag("metadata"), Flag("data-disk", repeat=True),
+    Flag("internal-ips", takes_value=False),
+)
+_NODES = "Exactly one of (--node-id | [--node-count : --node-prefix]) must be specified."
+_NODES_TWICE = "argument --node-id: At most one of --node-id | --node-count --node-prefix can be specified."
 _TPU_VM = ("compute", "tpus", "tpu-vm")
 _QUEUED = ("compute", "tpus", "queued-resources")
 FORMS = (
     Form((*_TPU_VM, "create"), ("NAME",), (
         ZONE, Flag("accelerator-type"), Flag("version", required=True),  # the type defaults to v2-8
         Flag("spot", takes_value=False), Flag("preemptible", takes_value=False), Flag("reserved", takes_value=False),
-        Flag("description"), Flag("labels"), Flag("network"), Flag("subnetwork"), Flag("tags"), Flag("metadata"),
-        Flag("service-account"), Flag("scopes"), Flag("internal-ips", takes_value=False),
-        Flag("async", takes_value=False),
+        Flag("description"), *_NETWORK_FLAGS, Flag("async", takes_value=False),
     )),
     Form((*_TPU_VM, "describe"), ("NAME",), (ZONE,)),
     Form((*_TPU_VM, "delete"), ("NAME",), (ZONE, Flag("async", takes_value=False))),
@@ -85,20 +102,28 @@ FORMS = (
         Flag("scp-flag", repeat=True),
     )),
     Form((*_QUEUED, "create"), ("QUEUED_RESOURCE",), (
-        ZONE, Flag("node-id", required=True, missing="Exactly one of (--node-id | [--node-count : --node-prefix]) "
-                   "must be specified."),
+        ZONE, Flag("node-id"), Flag("node-count", pattern="[1-9][0-9]*"), Flag("node-prefix", pattern=_NAME),
         Flag("accelerator-type", required=True, missing="Exactly one of (--accelerator-type | --topology --type) "
              "must be specified."),
         Flag("runtime-version", required=True), Flag("spot", takes_value=False),
         Flag("guaranteed", takes_value=False), Flag("reserved", takes_value=False),
         Flag("valid-until-duration", pattern=_DURATION, bad_value_exit=1),
-        Flag("valid-after-duration", pattern=_DURATION, bad_value_exit=1), Flag("network"), Flag("subnetwork"),
+        Flag("valid-after-duration", pattern=_DURATION, bad_value_exit=1), *_NETWORK_FLAGS,
         Flag("async", takes_value=False),
+    ), (  # gcloud's argument-group messages; --node-count without --node-prefix is refused as FACTS.md lists
+        Group(("node-id", "node-count"), "one_required", _NODES),
+        Group(("node-id", "node-count"), "at_most_one", _NODES_TWICE),
+        Group(("node-id", "node-prefix"), "at_most_one", _NODES_TWICE),
+        Group(("node-count", "node-prefix"), "needs", "argument --node-prefix: Must be specified."),
+        Group(("node-prefix", "node-count"), "needs", "argument --node-count: Must be specified."),
+        Group(("spot", "guaranteed", "reserved"), "at_most_one",
+              "argument --guaranteed: At most one of --guaranteed | --reserved | --spot can be specified."),
     )),
     Form((*_QUEUED, "describe"), ("QUEUED_RESOURCE",), (ZONE,)),
     Form((*_QUEUED, "delete"), ("QUEUED_RESOURCE",), (
         ZONE, Flag("force", takes_value=False), Flag("async", takes_value=False))),
     Form((*_QUEUED, "list"), (), (ZONE,)),
+    Form(("auth", "configure-docker"), ("REGISTRIES",), (Flag("include-artifact-registry", takes_value=False),)),
 )
 # Real commands this simulator does not model: refused with a message that says so.
 NOT_SIMULATED = {
@@ -183,7 +208,21 @@ def _parse_args(form: Form, rest: list[str]) -> Parsed:
     for flag in form.flags:
         if flag.required and flag.name not in flags:
             raise UsageError(form.path, flag.missing or f"argument --{flag.name}: Must be specified.")
+    for group in form.groups:
+        _check_group(form, group, flags)
     return Parsed(form, positionals, flags)
+
+
+def _check_group(form: Form, group: Group, flags: dict[str, object]) -> None:
+    given = [n for n in group.names if n in flags]
+    if group.kind == "one_required":
+        broken = not given
+    elif group.kind == "at_most_one":
+        broken = len(given) > 1
+    else:  # "needs"
+        broken = group.names[0] in flags and not all(n in flags for n in group.names[1:])
+    if broken:
+        raise UsageError(form.path, group.message)
 
 
 def _check_positionals(form: Form, positionals: list[str]) -> None:

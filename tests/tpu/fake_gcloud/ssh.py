@@ -6,12 +6,24 @@ the variables `job.initialize` reads on a TPU pod (TPU_WORKER_ID,
 TPU_WORKER_HOSTNAMES) plus a free JOB_COORDINATOR_PORT per session, on CPU.
 The command itself is run as given, never rewritten.
 
-While the workers run, the node's state is watched: PREEMPTED (see
-`state.schedule_preemption`) sends SIGTERM to every worker's process group,
+Every process started on a worker carries FAKE_GCLOUD_VM (its VM), so a
+process that left the ssh session (setsid, nohup) still belongs to its VM, as
+on a real one: while any session watches the node, PREEMPTED (see
+`state.schedule_preemption`) sends SIGTERM to every process of the node's VMs,
 SIGKILL after FAKE_GCLOUD_PREEMPT_GRACE_SECONDS (default 30); a deleted node
 kills them at once. Either way the session ends with exit code 255, as a real
-ssh whose VM went away. Otherwise the exit code is the first non-zero one in
-worker order, or 0.
+ssh whose VM went away. A dropped connection (`schedule_drop`) ends one session
+with 255 (its own commands get SIGHUP) while the VMs and their detached
+processes go on. Otherwise the exit code is the first non-zero one in worker
+order, or 0.
+
+The VM image has `gcloud` (this simulator, so `gcloud auth configure-docker`
+works there) and `docker` (podman, with this machine's CONTAINERS_CONF; each
+VM's container names kept apart, and a `pull` of an image present locally
+stands for the registry's copy). Nodes of one queued resource share one
+coordinator port (one network), so a multislice job forms one cluster.
+FAKE_GCLOUD_WORKER_ENV (a JSON object) adds variables to every worker: the
+simulated cloud's service endpoints (a Cloud Storage emulator).
 """
 
 from __future__ import annotations
@@ -21,6 +33,8 @@ import getpass
 import json
 import os
 import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +47,11 @@ from tests.tpu.fake_gcloud.commands import CloudError, where
 from tests.tpu.fake_gcloud.grammar import Parsed
 from tests.tpu.fake_gcloud.state import Cloud
 
+BIN_DIR = Path(__file__).resolve().parent  # holds the `gcloud` executable
+
 GRACE_ENV = "FAKE_GCLOUD_PREEMPT_GRACE_SECONDS"
+WORKER_ENV = "FAKE_GCLOUD_WORKER_ENV"  # JSON object: variables every worker gets on top
+VM_ENV = "FAKE_GCLOUD_VM"  # on every worker process: STATE/PROJECT/ZONE/NODE/worker-I
 DEVICES_ENV = "FAKE_GCLOUD_DEVICES_PER_WORKER"  # CPU devices each simulated worker sees (default 1)
 LOST = 255  # what ssh returns when the connection drops
 POLL_S = 0.1
@@ -70,6 +88,9 @@ def _vm_bin(cloud: Cloud) -> Path:
         "fuser": '#!/bin/sh\necho "fuser $*" >>"$HOME/.fuser-calls"\nexit 1\n',
         # no privileges to gain on a simulated VM; and the host's sudo would reset PATH to the host's fuser
         "sudo": '#!/bin/sh\n[ "$1" = -n ] && shift\nexec "$@"\n',
+        "gcloud": (f'#!/bin/sh\nFAKE_GCLOUD_STATE={shlex.quote(str(cloud.root))} '
+                   f'FAKE_GCLOUD_PYTHON={shlex.quote(sys.executable)} exec {shlex.quote(str(BIN_DIR / "gcloud"))} "$@"\n'),
+        "docker": _docker_shim(),
     }
     for name, text in programs.items():
         path = folder / name
@@ -81,9 +102,48 @@ def _vm_bin(cloud: Cloud) -> Path:
     return folder
 
 
+def _docker_shim() -> str:
+    """`docker` on a simulated VM: podman (Debian's podman-docker `docker` is the same thing)."""
+    podman = shutil.which("podman") or "podman"
+    conf = os.environ.get("CONTAINERS_CONF", "")
+    return "\n".join([
+        "#!/bin/bash",
+        "# one docker per VM: its container names get the VM's suffix",
+        'vm=-vm$(printf %s "$FAKE_GCLOUD_VM" | cksum | cut -d" " -f1)',
+        f"engine=(env {'CONTAINERS_CONF=' + shlex.quote(conf) + ' ' if conf else ''}{shlex.quote(podman)})",
+        'if [ "$1" = pull ] && "${engine[@]}" image exists "${@: -1}"; then echo "${@: -1}: present"; exit 0; fi',
+        'args=("$1"); shift',
+        'for a in "$@"; do',
+        '  case "$a" in',
+        '    --name=*) a="$a$vm" ;;',
+        '    -*) ;;',
+        '    *) if [ "${args[0]}" = rm ] || [ "${args[0]}" = kill ] || [ "${args[0]}" = stop ]; then a="$a$vm"; fi ;;',
+        '  esac',
+        '  args+=("$a")',
+        'done',
+        'exec "${engine[@]}" "${args[@]}"',  # signals (tpu-stop's TERM) reach podman, which passes them on
+        "",
+    ])
+
+
+def _port(cloud: Cloud, parsed: Parsed, record: dict[str, Any]) -> int:
+    """The coordinator port of the node's network: one per queued resource (all its nodes), else per node."""
+    import portpicker
+
+    project, zone = where(parsed)
+    path = cloud.root / "ports" / project / zone / str(record.get("queuedResource") or record["name"])
+    with cloud.lock():
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(str(portpicker.pick_unused_port()))
+        return int(path.read_text())
+
+
 def worker_env(cloud: Cloud, record: dict[str, Any], worker: int, port: int, home: Path) -> dict[str, str]:
     user = getpass.getuser()
     return {
+        **json.loads(os.environ.get(WORKER_ENV, "{}")),
+        VM_ENV: f"{cloud.root}/{record['project']}/{record['zone']}/{record['name']}/worker-{worker}",
         "HOME": str(home), "USER": user, "LOGNAME": user, "SHELL": "/bin/bash", "LANG": "C.UTF-8",
         "PATH": f"{_vm_bin(cloud)}:/usr/local/bin:/usr/bin:/bin",
         "TPU_WORKER_ID": str(worker),
@@ -116,25 +176,70 @@ def _wait_all(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> None:
         time.sleep(POLL_S)
 
 
-def _preemption_due(control: Path, started: float) -> bool:
-    try:
-        plan = json.loads(control.read_text())
-    except (FileNotFoundError, ValueError):
-        return False
+def _due(plan: dict[str, Any], started: float) -> bool:
     if plan.get("when_exists") and Path(plan["when_exists"]).exists():
         return True
     return plan.get("after_s") is not None and time.monotonic() - started >= float(plan["after_s"])
 
 
-def ssh(cloud: Cloud, parsed: Parsed, workers: list[int], record: dict[str, Any]) -> int:
-    import portpicker
+def _preemption_due(control: Path, started: float) -> bool:
+    try:
+        plan = json.loads(control.read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    return _due(plan, started)
 
+
+def _drop_file(cloud: Cloud, project: str, zone: str, name: str) -> Path:
+    return cloud.root / "control" / project / zone / f"{name}.drop.json"
+
+
+def _drop_due(cloud: Cloud, path: Path, started: float) -> bool:
+    """The first planned drop is due for this session: take it off the plan."""
+    try:
+        plans = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    if not plans or not _due(plans[0], started):
+        return False
+    with cloud.lock():
+        path.write_text(json.dumps(plans[1:]))
+    return True
+
+
+def vm_processes(prefix: str) -> list[int]:
+    """Every process whose FAKE_GCLOUD_VM starts with `prefix` (a node's, or one worker's)."""
+    wanted = f"{VM_ENV}={prefix}".encode()
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            if any(var.startswith(wanted) for var in (entry / "environ").read_bytes().split(b"\0")):
+                found.append(int(entry.name))
+    return [pid for pid in found if pid != os.getpid()]
+
+
+def _signal_vms(prefix: str, sig: int) -> None:
+    for pid in vm_processes(prefix):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def _stop_vms(prefix: str, grace_s: float) -> None:
+    """A VM going away: SIGTERM to all its processes, SIGKILL to what is left after `grace_s`."""
+    _signal_vms(prefix, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and vm_processes(prefix):
+        time.sleep(POLL_S)
+    _signal_vms(prefix, signal.SIGKILL)
+
+
+def ssh(cloud: Cloud, parsed: Parsed, workers: list[int], record: dict[str, Any]) -> int:
     command = parsed.get("command")
     if command is None:
         raise CloudError(parsed, "the simulator does not model interactive sessions: pass --command=...")
     project, zone = where(parsed)
     name = record["name"]
-    port = portpicker.pick_unused_port()
+    port = _port(cloud, parsed, record)
     procs: list[subprocess.Popen[bytes]] = []
     pumps: list[threading.Thread] = []
     lock = threading.Lock()
@@ -172,9 +277,12 @@ def _watch(cloud: Cloud, parsed: Parsed, record: dict[str, Any], procs: list[sub
     project, zone = where(parsed)
     name = record["name"]
     control = cloud.control_file(project, zone, name)
+    drops = _drop_file(cloud, project, zone, name)
+    node_vms = f"{cloud.root}/{project}/{zone}/{name}/"
     started = time.monotonic()
     while any(p.poll() is None for p in procs):
-        if hangups:  # our own ssh was interrupted: the remote commands get SIGHUP, as when a session drops
+        if hangups or _drop_due(cloud, drops, started):
+            # our own ssh was interrupted, or the connection dropped: the session's commands get SIGHUP
             _signal_all(procs, signal.SIGHUP)
             _wait_all(procs, 30)
             return LOST
@@ -186,8 +294,35 @@ def _watch(cloud: Cloud, parsed: Parsed, record: dict[str, Any], procs: list[sub
         if now is None or now["state"] != "READY":
             if now is not None and now["state"] == "PREEMPTED":
                 _signal_all(procs, signal.SIGTERM)
+                _stop_vms(node_vms, float(os.environ.get(GRACE_ENV, "30")))
                 _wait_all(procs, float(os.environ.get(GRACE_ENV, "30")))
+            else:
+                _signal_vms(node_vms, signal.SIGKILL)
             return LOST
         time.sleep(POLL_S)
     codes = [p.returncode if p.returncode >= 0 else 128 - p.returncode for p in procs]
     return next((c for c in codes if c != 0), 0)
+
+
+# ---------------------------------------------------------------------- for tests
+def schedule_drop(state: Path, name: str, zone: str, *, when_exists: Path | None = None, after_s: float | None = None,
+                  project: str = "fake-project") -> None:
+    """Drop the connection of the ssh session running on the node when `when_exists` appears, or `after_s`
+    seconds after it started: that session exits 255, the workers' detached processes go on. Each call
+    plans one more drop; they happen in order, one per session."""
+    cloud = Cloud(state)
+    path = _drop_file(cloud, project, zone, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with cloud.lock():
+        plans = json.loads(path.read_text()) if path.exists() else []
+        path.write_text(json.dumps([*plans, {"when_exists": str(when_exists) if when_exists else None,
+                                             "after_s": after_s}]))
+
+
+def kill_vms(state: Path) -> list[int]:
+    """SIGKILL every process still running on a simulated VM of this state folder (detached ones too)."""
+    pids = vm_processes(f"{Cloud(state).root}/")
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return pids

@@ -5,10 +5,15 @@
     <state>/homes/<project>/<zone>/<name>/worker-<i>/   each simulated worker's home directory
     <state>/queued/<project>/<zone>/<name>.json  a queued resource
     <state>/control/<project>/<zone>/<name>.preempt.json   a scheduled preemption (tests write it)
+    <state>/control/<project>/<zone>/capacity.json   stock-outs to come: {"failures": [MESSAGE, ...]}
     <state>/pids/<pid>                           worker process groups still running (for cleanup)
 
 Tests use the functions at the bottom (`schedule_preemption`, `preempt`,
-`calls`, `node`) to steer and inspect the simulated cloud.
+`schedule_capacity_failures`, `calls`, `node`, `queued`) to steer and inspect the simulated cloud.
+
+A scheduled capacity failure is taken by the next creation in the zone: `tpu-vm create` fails at
+once with it (exit 1, `{"code": 8, "message": ...}` as the real API's RESOURCE_EXHAUSTED), a queued
+resource goes FAILED with it as `state.failedData.error.message` when it would have become ACTIVE.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ DEFAULT_PROJECT = "fake-project"
 STATE_ENV = "FAKE_GCLOUD_STATE"
 CREATE_SECONDS_ENV = "FAKE_GCLOUD_CREATE_SECONDS"  # how long a node stays CREATING (default 0)
 QUEUE_SECONDS_ENV = "FAKE_GCLOUD_QUEUE_SECONDS"  # how long a queued resource waits for capacity (default 0)
+# What Cloud TPU says when a zone has no capacity left (the API's RESOURCE_EXHAUSTED, code 8).
+STOCKOUT_MESSAGE = ('There is no more capacity in the zone "{zone}"; you can try in another zone where Cloud TPU '
+                    "Nodes are offered (see https://cloud.google.com/tpu/docs/regions) [EID: 0x5f1b2c3d4e5a6b7c]")
 
 
 class Cloud:
@@ -122,14 +130,33 @@ class Cloud:
             if record["state"] == "CREATING" and now >= record["ready_at"]:
                 self.put_node({**record, "state": "READY"})
         for qr in self.all("queued", project, zone):
-            node = self.node(project, zone, qr["nodeId"])
+            nodes = [self.node(project, zone, n) for n in node_ids(qr)]
             if qr["state"] in ("ACCEPTED", "WAITING_FOR_RESOURCES") and now >= qr["active_at"]:
-                if node is None:
-                    self.new_node(project, zone, qr["nodeId"], qr["acceleratorType"], qr["runtimeVersion"],
-                                  qr["workers"], spot=qr["spot"], queuedResource=qr["name"])
+                if qr.get("failure"):
+                    self.put_queued({**qr, "state": "FAILED"})
+                    continue
+                for name, node in zip(node_ids(qr), nodes):
+                    if node is None:
+                        self.new_node(project, zone, name, qr["acceleratorType"], qr["runtimeVersion"],
+                                      qr["workers"], spot=qr["spot"], queuedResource=qr["name"],
+                                      **qr.get("options", {}))
                 self.put_queued({**qr, "state": "ACTIVE"})
-            elif qr["state"] == "ACTIVE" and node is not None and node["state"] == "PREEMPTED":
+            elif qr["state"] == "ACTIVE" and any(n is not None and n["state"] == "PREEMPTED" for n in nodes):
                 self.put_queued({**qr, "state": "SUSPENDED"})
+
+    # ------------------------------------------------------------------ stock-outs
+    def capacity_file(self, project: str, zone: str) -> Path:
+        return self.root / "control" / project / zone / "capacity.json"
+
+    def take_capacity_failure(self, project: str, zone: str) -> str | None:
+        """The next scheduled stock-out's message (consumed), or None: there is capacity."""
+        path = self.capacity_file(project, zone)
+        plan = self._read(path) or {"failures": []}
+        if not plan["failures"]:
+            return None
+        message, *rest = plan["failures"]
+        self._write(path, {"failures": rest})
+        return str(message).format(zone=zone)
 
     # ------------------------------------------------------------------ preemption
     def control_file(self, project: str, zone: str, name: str) -> Path:
@@ -161,6 +188,23 @@ def schedule_preemption(state: Path, name: str, zone: str, *, when_exists: Path 
     path = cloud.control_file(project, zone, name)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"when_exists": str(when_exists) if when_exists else None, "after_s": after_s}))
+
+
+def schedule_capacity_failures(state: Path, zone: str, messages: list[str], project: str = DEFAULT_PROJECT) -> None:
+    """The next len(messages) creations in the zone fail, each with its message ("{zone}" is filled in;
+    STOCKOUT_MESSAGE is a stock-out)."""
+    cloud = Cloud(state)
+    with cloud.lock():
+        cloud._write(cloud.capacity_file(project, zone), {"failures": list(messages)})
+
+
+def node_ids(qr: dict[str, Any]) -> list[str]:
+    """The nodes a queued resource holds: its --node-id, or NODE_PREFIX-0 .. NODE_PREFIX-(N-1)."""
+    return list(qr.get("nodeIds") or [qr["nodeId"]])
+
+
+def queued(state: Path, name: str, zone: str, project: str = DEFAULT_PROJECT) -> dict[str, Any] | None:
+    return Cloud(state).queued(project, zone, name)
 
 
 def preempt(state: Path, name: str, zone: str, project: str = DEFAULT_PROJECT) -> bool:
