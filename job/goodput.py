@@ -43,6 +43,7 @@ class Goodput:
         self.first_step_s: float | None = None
         self.steps_timed = 0
         self.previous: dict[str, Any] = {}
+        self._record: Any = None  # a storage.Appender on RUN_DIR/goodput.jsonl (process 0, from `resume`)
 
     def started(self) -> None:
         """Everything until now (initialisation, preflight, building and restoring the state) is start-up."""
@@ -109,19 +110,26 @@ class Goodput:
                 "redone_s": round(redone * step_s, 3),
             })
         self.previous = previous
-        self._append(path, {"event": "attempt", "attempt": previous["attempt"], "step": start_step,
-                            "time": self.began_wall})
-
-    def progress(self, run_dir: Path | Any, step: int, event: str = "progress") -> None:
-        """Note that this attempt reached `step` (process 0, when it logs or stops)."""
-        self._append(run_dir / RECORD, {"event": event, "attempt": self.previous.get("attempt", 1), "step": step,
-                                        "time": self._wall(), "step_time_s": round(self.step_time(), 6)})
-
-    @staticmethod
-    def _append(path: Path | Any, record: dict[str, Any]) -> None:
         from job import storage
 
-        storage.append_text(path, json.dumps(record) + "\n")
+        self._record = storage.Appender(path)
+        self._append({"event": "attempt", "attempt": previous["attempt"], "step": start_step,
+                      "time": self.began_wall})
+
+    def progress(self, run_dir: Path | Any, step: int, event: str = "progress") -> None:
+        """Note that this attempt reached `step` (process 0, when it logs or stops; "end" writes it out)."""
+        if self._record is None:
+            from job import storage
+
+            self._record = storage.Appender(run_dir / RECORD)
+        self._append({"event": event, "attempt": self.previous.get("attempt", 1), "step": step,
+                      "time": self._wall(), "step_time_s": round(self.step_time(), 6)})
+
+    def _append(self, record: dict[str, Any]) -> None:
+        self._record.write(json.dumps(record) + "\n")
+        if record["event"] == "end":
+            self._record.close()
+            self._record = None
 
 
 def _read(path: Path | Any) -> list[dict[str, Any]]:

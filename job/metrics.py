@@ -52,20 +52,13 @@ class JsonlWriter:
             kept = [line for line in lines if 0 <= _step_of(line) <= start_step]
             if len(kept) != len(lines):
                 path.write_text("".join(kept), encoding="utf-8")
-        self._path = path
-        self._file = None if storage.is_remote(path) else path.open("a", encoding="utf-8")
+        self._out = storage.Appender(path)  # in gs://, rewritten whole at most every 30 s and at the end
 
     def scalars(self, step: int, split: str, values: Mapping[str, float]) -> None:
-        line = json.dumps({"step": step, "split": split, **values}) + "\n"
-        if self._file is None:
-            storage.append_text(self._path, line)  # an object store has no append: the object is rewritten
-        else:
-            self._file.write(line)
-            self._file.flush()
+        self._out.write(json.dumps({"step": step, "split": split, **values}) + "\n")
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
+        self._out.close()
 
 
 def _step_of(line: str) -> int:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
+from collections.abc import Callable
 
 from etils import epath
 
@@ -76,14 +78,36 @@ def make_dirs(path: epath.Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
 
 
-def append_text(path: epath.Path, text: str) -> None:
-    """Append `text` to a file. Cloud Storage objects cannot be appended to: they are rewritten whole."""
-    if is_remote(path):
-        before = path.read_text(encoding="utf-8") if path.exists() else ""
-        path.write_text(before + text, encoding="utf-8")
-    else:
-        with path.open("a", encoding="utf-8") as out:
-            out.write(text)
+class Appender:
+    """Lines appended to one file, for a whole run: a local file is appended to and flushed at once;
+    a Cloud Storage object (no append there) is kept in memory and rewritten whole at most once
+    every `every_s` seconds and on `flush`/`close`, so a long run does not rewrite it at every line."""
+
+    def __init__(self, path: epath.Path, *, every_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path, self.every_s, self._clock = path, every_s, clock
+        self._file = None if is_remote(path) else path.open("a", encoding="utf-8")
+        self._text = path.read_text(encoding="utf-8") if self._file is None and path.exists() else ""
+        self._dirty, self._written = False, clock()
+
+    def write(self, text: str) -> None:
+        if self._file is not None:
+            self._file.write(text)
+            self._file.flush()
+            return
+        self._text += text
+        self._dirty = True
+        if self._clock() - self._written >= self.every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._file is None and self._dirty:
+            self.path.write_text(self._text, encoding="utf-8")
+            self._dirty, self._written = False, self._clock()
+
+    def close(self) -> None:
+        self.flush()
+        if self._file is not None:
+            self._file.close()
 
 
 def move_aside(source: epath.Path, target: epath.Path) -> None:

@@ -98,12 +98,24 @@ def test_preflight_report_for_a_local_folder_keeps_its_table() -> None:
                          "or pass --run-dir")
 
 
-def test_append_text_keeps_what_was_there(gcs_here: Emulator, tmp_path: Path) -> None:
-    for folder in (storage.run_path(f"gs://{BUCKET}/run1"), storage.run_path(tmp_path)):
-        storage.append_text(folder / "log.jsonl", "one\n")
-        storage.append_text(folder / "log.jsonl", "two\n")
-        assert (folder / "log.jsonl").read_text() == "one\ntwo\n"
-    assert gcs_here.read("run1/log.jsonl") == b"one\ntwo\n"
+def test_appender_keeps_what_was_there_and_rewrites_a_bucket_object_only_when_due(gcs_here: Emulator,
+                                                                                   tmp_path: Path) -> None:
+    gcs_here.write("run1/log.jsonl", b"zero\n")
+    (tmp_path / "log.jsonl").write_text("zero\n")
+    now = [0.0]
+    remote = storage.Appender(storage.run_path(f"gs://{BUCKET}/run1") / "log.jsonl", every_s=30, clock=lambda: now[0])
+    local = storage.Appender(storage.run_path(tmp_path) / "log.jsonl", every_s=30, clock=lambda: now[0])
+    for out in (remote, local):
+        out.write("one\n")
+    assert (tmp_path / "log.jsonl").read_text() == "zero\none\n"  # a local file: at once
+    assert gcs_here.read("run1/log.jsonl") == b"zero\n"  # an object: not rewritten at every line
+    now[0] = 31.0
+    remote.write("two\n")
+    assert gcs_here.read("run1/log.jsonl") == b"zero\none\ntwo\n"  # due: rewritten whole
+    remote.write("three\n")
+    remote.close()
+    local.close()
+    assert gcs_here.read("run1/log.jsonl") == b"zero\none\ntwo\nthree\n"  # close writes out the rest
 
 
 def test_move_aside_in_a_bucket_drops_the_commit_marker_first(gcs_here: Emulator) -> None:
