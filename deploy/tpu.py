@@ -114,7 +114,11 @@ def logs(cfg: TpuConfig, runner: Runner) -> int:
     if first in fetched and first.exists():
         lines = first.read_text(errors="replace").splitlines()[-TAIL_LINES:]
         print(f"--- last {len(lines)} lines of worker 0 ---", *lines, sep="\n", flush=True)
-    state = tpu_job.probe(cfg, runner)
+    try:
+        state = tpu_job.probe(cfg, runner, tries=1)
+    except TpuError as err:  # the logs above are what there is; whether the job runs is unknown
+        log.warning("%s", err)
+        state = tpu_job.JobState(False, None, False)
     if state.running or state.exit_code is not None:
         print("the job is still running" if state.running else f"the job ended with exit code {state.exit_code}"
               + (" (stopped by `tpu-stop`)" if state.stopped else ""), flush=True)

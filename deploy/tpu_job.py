@@ -37,6 +37,7 @@ SSH_LOST = 255  # what gcloud's ssh returns when the connection drops
 BACKOFF_FIRST_S = 1.0  # re-attaching after a drop waits 1, 2, 4, ... seconds
 BACKOFF_MAX_S = 30.0  # ... at most this; a session that lasted longer resets the backoff
 REATTACH_LIMIT = 10  # consecutive quick ssh failures before giving up following (the job keeps running)
+PROBE_TRIES = 5  # asking worker 0 whether a job runs: ssh failures before it is an error
 REATTACH_LINES = 20  # a re-attached follow starts this many lines back
 BUCKET_ROLE = "roles/storage.objectAdmin"  # what the job needs on a gs:// run dir's bucket
 MEGASCALE_PORT = "8080"  # multislice: the port of the coordinator on worker 0 of slice 0, as the runtime uses
@@ -116,7 +117,7 @@ def prepare_workers(cfg: TpuConfig, runner: Runner) -> None:
 def run_job(cfg: TpuConfig, runner: Runner, *, sleep: Callable[[float], None] | None = None) -> int:
     """Start `python -m job ARGS` detached on every worker (or attach to the one still running), follow
     worker 0's log until it ends, re-attaching after a dropped connection; the job's exit status."""
-    state = probe(cfg, runner)
+    state = probe(cfg, runner, sleep=sleep)
     if state.running:
         log.info("a job is already running on %s: attaching to it instead of starting another "
                  "(`make tpu-stop` stops it)", cfg.name)
@@ -225,13 +226,28 @@ class JobState:
         return cls(running=words[:1] == ["running"], exit_code=code, stopped="stopped" in words)
 
 
-def probe(cfg: TpuConfig, runner: Runner) -> JobState:
-    """Is a job running on worker 0 (of slice 0)? Nothing is asked in a dry run."""
+def probe(cfg: TpuConfig, runner: Runner, *, sleep: Callable[[float], None] | None = None,
+          tries: int = 0) -> JobState:
+    """Is a job running on worker 0 (of slice 0)? Nothing is asked in a dry run.
+
+    Only the probe script's own answer counts: a failed ssh is asked again (1, 2, 4, 8 s apart) and
+    then is an error, never "no job" (which would start another job over a running one)."""
     if cfg.dry_run:
         return JobState(False, None, False)
-    proc = runner.run(ssh_worker(cfg, cfg.slice_names[0], 0, remote.probe_script(cfg)), check=False, capture=True,
-                      mutating=False)
-    return JobState.parse(proc.stdout or "") if proc.returncode == 0 else JobState(False, None, False)
+    sleep, tries = sleep or time.sleep, tries or PROBE_TRIES
+    argv = ssh_worker(cfg, cfg.slice_names[0], 0, remote.probe_script(cfg))
+    for attempt in range(tries):
+        proc = runner.run(argv, check=False, capture=True, mutating=False)
+        if proc.returncode == 0:
+            return JobState.parse(proc.stdout or "")
+        if attempt + 1 < tries:
+            sleep(BACKOFF_FIRST_S * 2 ** attempt)
+    why = (proc.stderr or "").strip().splitlines()
+    raise TpuError(
+        f"tpu: expected worker 0 of {cfg.slice_names[0]} to say whether a job runs there, found ssh exit code "
+        f"{proc.returncode} {tries} time(s){f' ({why[-1]})' if why else ''}. Fix: check the connection "
+        "(gcloud compute tpus tpu-vm ssh ... --worker=0) and run the same make target again: it attaches to a "
+        "running job and starts one only where none runs")
 
 
 def fetch_logs(cfg: TpuConfig, runner: Runner) -> list[Path]:
@@ -258,7 +274,12 @@ def stop_requested(cfg: TpuConfig, runner: Runner | None = None) -> bool:
     """`tpu-stop` stopped the job: from this machine (a local marker) or any other (asked of worker 0)."""
     if (cfg.slice_dir / STOP_MARKER).exists():
         return True
-    return runner is not None and probe(cfg, runner).stopped
+    if runner is None:
+        return False
+    try:  # asked once: a slice that is gone or unreachable has no marker to read (the local one is checked above)
+        return probe(cfg, runner, tries=1).stopped
+    except TpuError:
+        return False
 
 
 def clear_stop(cfg: TpuConfig) -> None:

@@ -117,6 +117,8 @@ def _docker_run(cfg: TpuConfig, name: str | None, env: Mapping[str, str]) -> str
         mounts.append(f"--volume={shlex.quote(parent)}:{shlex.quote(parent)}")
     return " ".join([
         "$sudo docker run --rm", *([f"--name={shlex.quote(name)}"] if name else []),
+        # an init as PID 1 passes SIGTERM on to the job from the start; `docker stop` waits for its save
+        f"--init --stop-timeout={int(cfg.stop_grace_s)}",
         "--privileged --network=host", '--user="$(id -u):$(id -g)"', *mounts,
         '--workdir="$PWD/workspace" --env=HOME="$PWD/workspace" --env=PYTHONUNBUFFERED=1',
         *(f"--env={name}" for name in WORKER_VARS),
@@ -175,7 +177,10 @@ def start_script(cfg: TpuConfig, env: Mapping[str, str] | None = None) -> str:
     wrapper = "\n".join([
         f"{job_command(cfg, env=env)} >>{LOG} 2>&1 </dev/null &",
         "pid=$!",
-        "trap 'kill -TERM \"$pid\" 2>/dev/null' TERM INT",
+        # sudo does not pass on a signal from its own process group: a container is signalled by name
+        (f"trap '$sudo docker kill --signal=TERM {shlex.quote(cfg.remote_dir)} >/dev/null 2>&1; "
+         "kill -TERM \"$pid\" 2>/dev/null' TERM INT" if cfg.image else
+         "trap 'kill -TERM \"$pid\" 2>/dev/null' TERM INT"),
         'while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done',
         'wait "$pid"; code=$?',
         f'echo "$code" >{EXIT}.tmp && mv -f {EXIT}.tmp {EXIT}',

@@ -19,7 +19,7 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import ClassVar
 
@@ -187,7 +187,7 @@ def _explain_init_timeout(info: ClusterInfo, init_s: int) -> Iterator[None]:
         timer.cancel()
 
 
-def _exit_on_uncaught(previous):
+def _exit_on_uncaught(previous, before_exit: Callable[[], None] | None = None):
     """An uncaught exception ends this process at once.
 
     A normal interpreter exit runs jax's shutdown barrier, which waits for
@@ -205,6 +205,8 @@ def _exit_on_uncaught(previous):
             previous(kind, value, tb)
         sys.stdout.flush()
         sys.stderr.flush()
+        if before_exit is not None:  # the output filter writes out the message before the process ends
+            before_exit()
         code = value.code if isinstance(value, SystemExit) and isinstance(value.code, int) else 1
         os._exit(code or 1)
 
@@ -259,12 +261,13 @@ def initialize(
         )
     timeouts = timeouts or Timeouts.from_env(env)
     log.debug("joining %s (timeouts %s)", info.summary(), timeouts)
-    if exit_on_uncaught:
-        sys.excepthook = _exit_on_uncaught(sys.excepthook)
+    relay = None
     if info.kind != "local":  # the local launcher drops gloo's "connected" lines itself
         from job.gloo_noise import filter_output
 
-        filter_output(env)
+        relay = filter_output(env)
+    if exit_on_uncaught:
+        sys.excepthook = _exit_on_uncaught(sys.excepthook, relay.restore if relay else None)
     bind = None
     if info.is_coordinator and info.coordinator_address:
         check_coordinator_port(info.coordinator_address)

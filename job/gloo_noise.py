@@ -13,6 +13,8 @@ JOB_GLOO_LOGS=1 keeps the lines (to debug gloo itself).
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import subprocess
 import sys
@@ -38,12 +40,40 @@ for raw in iter(sys.stdin.buffer.readline, b""):
 """
 
 
-def filter_output(env: Mapping[str, str] | None = None) -> list[subprocess.Popen[bytes]]:
-    """Route stdout and stderr (fds 1 and 2) through the gloo filter; returns the filter processes."""
+class Relay:
+    """The filter processes of fds 1 and 2, and the original streams to put back at the end."""
+
+    def __init__(self, children: list[subprocess.Popen[bytes]], originals: list[int]) -> None:
+        self.children, self._originals = children, originals
+
+    def restore(self, timeout_s: float = 5.0) -> None:
+        """Put the original streams back and wait until the filters have written out everything before.
+
+        Run at exit (and before an os._exit): where the environment kills what is left of a task
+        once it ends (a Slurm step, a container's PID 1), the last lines are out before that."""
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        for fd, original in zip((1, 2), self._originals, strict=True):
+            if original >= 0:
+                with contextlib.suppress(OSError):
+                    os.dup2(original, fd)  # closes this process's end of the pipe: the filter sees its end
+                    os.close(original)
+        self._originals = [-1, -1]
+        for child in self.children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout_s)
+
+
+def filter_output(env: Mapping[str, str] | None = None) -> Relay | None:
+    """Route stdout and stderr (fds 1 and 2) through the gloo filter until exit; None with JOB_GLOO_LOGS=1."""
     env = os.environ if env is None else env
     if env.get(KEEP) == "1":
-        return []
-    return [_filter(fd) for fd in (1, 2)]
+        return None
+    originals = [os.dup(fd) for fd in (1, 2)]
+    relay = Relay([_filter(fd) for fd in (1, 2)], originals)
+    atexit.register(relay.restore)
+    return relay
 
 
 def _filter(fd: int) -> subprocess.Popen[bytes]:

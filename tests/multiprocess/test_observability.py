@@ -207,3 +207,45 @@ def test_gloo_connection_lines_are_dropped_without_the_launcher_and_the_rest_com
     loud = start_pair(portpicker.pick_unused_port(), JOB_GLOO_LOGS="1")
     assert all(p.returncode == 0 for p in loud), [explain(p, p.stdout, p.stderr) for p in loud]
     assert any("[Gloo] Rank" in p.stdout + p.stderr for p in loud), [p.stdout + p.stderr for p in loud]
+
+
+# Two processes joined by job.initialize's explicit arguments (so their output is filtered): each notes
+# its filter processes and says its last words; then both end normally, or process 0 with an uncaught
+# error (through os._exit; process 1 then loses its peer, which jax treats as fatal: not checked).
+ENDING_PROGRAM = """
+import os, sys
+import job
+info = job.initialize(coordinator_address=sys.argv[1], num_processes=2, process_id=int(sys.argv[2]))
+with open(sys.argv[3] + str(info.process_id), "w") as note:
+    note.write(open(f"/proc/self/task/{os.getpid()}/children").read())
+print(f"process {info.process_id}: last words", file=sys.stderr, flush=True)
+if sys.argv[4] == "error" and info.process_id == 0:
+    raise RuntimeError("a last error")
+"""
+
+
+@pytest.mark.parametrize("ending", ["normal", "error"])
+def test_the_filters_have_written_everything_out_before_a_process_ends(ending: str, tmp_path: Path) -> None:
+    """Where the environment kills what is left of a task when it ends (a Slurm step, a container's
+    PID 1), nothing may be left to write: a process ends only after its filters have."""
+    import portpicker
+
+    port, notes = portpicker.pick_unused_port(), tmp_path / "children-"
+    env = {k: v for k, v in child_env().items() if not k.startswith("JOB_LAUNCH_")}
+    procs = [subprocess.Popen([sys.executable, "-c", ENDING_PROGRAM, f"127.0.0.1:{port}", str(rank), str(notes),
+                               ending], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    ended = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        ended.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    checked = (0, 1) if ending == "normal" else (0,)
+    for rank in checked:
+        proc = ended[rank]
+        assert proc.returncode == (1 if ending == "error" else 0), explain(proc, proc.stdout, proc.stderr)
+        assert f"process {rank}: last words" in proc.stderr
+        assert ("RuntimeError: a last error" in proc.stderr) == (ending == "error")
+        pids = [int(p) for p in (tmp_path / f"children-{rank}").read_text().split()]
+        assert len(pids) == 2, pids  # the two filters, of stdout and stderr
+        alive = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+        assert alive == [], f"process {rank}: filter processes {alive} outlived it"

@@ -25,6 +25,7 @@ class SimRunner(Runner):
     calls: list[list[str]] = dataclasses.field(default_factory=list)
     has_gcloud: bool = True
     create_errors: list[str] = dataclasses.field(default_factory=list)  # per create call: fails with this stderr
+    probe_failures: int = 0  # the first N probes of worker 0 fail as a dropped ssh does (255)
 
     def which(self, program: str) -> str | None:
         return f"/usr/bin/{program}" if self.has_gcloud else None
@@ -62,6 +63,9 @@ class SimRunner(Runner):
             if group == "queued-resources":
                 self.queued = None
         elif verb == "ssh" and any(a.startswith("--command=") and 'echo "running' in a for a in argv):  # probe
+            if self.probe_failures:
+                self.probe_failures -= 1
+                return 255, "", "ssh: connect to host 10.0.0.2 port 22: Connection timed out"
             return 0, self.worker_job + "\n", ""
         elif verb == "ssh" and any(a.startswith("--command=") and " -F logs/job.log" in a for a in argv):  # follow
             code, state = self.job_outcomes.pop(0) if self.job_outcomes else (0, None)

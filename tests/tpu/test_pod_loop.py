@@ -138,6 +138,22 @@ def test_a_job_still_running_is_attached_to_not_started_again(cfg: TpuConfig) ->
     assert not any(c[4] == "scp" or "setsid nohup" in " ".join(c) for c in runner.calls)  # nothing shipped or started
 
 
+def test_an_unanswered_probe_is_asked_again_and_never_starts_a_second_job(
+        cfg: TpuConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    waits: list[float] = []
+    monkeypatch.setattr(tpu_job.time, "sleep", waits.append)
+    runner = SimRunner(node="READY", worker_job="running", probe_failures=2)
+    assert tpu_job.run_job(cfg, runner) == 0  # the third answer says "running": attached
+    assert waits[:2] == [1.0, 2.0] and follows(runner) == 1
+    assert not any(c[4] == "scp" or "setsid nohup" in " ".join(c) for c in runner.calls)
+
+    runner = SimRunner(node="READY", worker_job="running", probe_failures=tpu_job.PROBE_TRIES)
+    with pytest.raises(TpuError, match="expected worker 0 of pod-1 to say whether a job runs there") as info:
+        tpu_job.run_job(cfg, runner)
+    assert "Connection timed out" in str(info.value) and "Fix:" in str(info.value)
+    assert not any(c[4] == "scp" or "setsid nohup" in " ".join(c) for c in runner.calls)  # nothing shipped or started
+
+
 def test_a_job_stopped_from_another_machine_is_not_restarted(cfg: TpuConfig) -> None:
     runner = SimRunner(node="READY", worker_job="ended 75 stopped", job_outcomes=[(REQUEUE, None), (0, None)])
     assert tpu.pod(cfg, runner) == REQUEUE  # no local stop marker: worker 0 says so
