@@ -115,6 +115,7 @@ class Goodput:
         self._record = storage.Appender(path)
         self._append({"event": "attempt", "attempt": previous["attempt"], "step": start_step,
                       "time": self.began_wall})
+        self.flush()  # the attempt is on record at once, even if it ends within seconds
 
     def progress(self, run_dir: Path | Any, step: int, event: str = "progress") -> None:
         """Note that this attempt reached `step` (process 0, when it logs or stops; "end" writes it out)."""
@@ -124,6 +125,11 @@ class Goodput:
             self._record = storage.Appender(run_dir / RECORD)
         self._append({"event": event, "attempt": self.previous.get("attempt", 1), "step": step,
                       "time": self._wall(), "step_time_s": round(self.step_time(), 6)})
+
+    def flush(self) -> None:
+        """Write out the records held back (in gs:// they are batched)."""
+        if self._record is not None:
+            self._record.flush()
 
     def _append(self, record: dict[str, Any]) -> None:
         self._record.write(json.dumps(record) + "\n")

@@ -84,14 +84,13 @@ def run(cfg: TrainConfig, task: Task) -> int:
 
     checkpoints = Checkpointer(run_dir / "checkpoints", cfg.ckpt)
     start = 0
-    reached = max(checkpoints.all_steps(), default=0) if cfg.resume else 0
-    if reached >= cfg.steps:
+    if cfg.resume and checkpoints.all_steps():  # read back first: an unreadable newest step is set aside
+        start, state = checkpoints.restore_newest(state)
+    if start >= cfg.steps:
         only_specific_processes()(log.info)("already complete at step %d; use a new --run-dir or raise --steps",
-                                            reached)
+                                            start)
         checkpoints.close()
         return 0
-    if cfg.resume and checkpoints.all_steps():
-        start, state = checkpoints.restore_newest(state)
     train_step, eval_step = jit_train_step(task.loss, graphdef, state), jit_eval_step(task.loss, graphdef)
 
     batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh)))
@@ -127,6 +126,8 @@ def run(cfg: TrainConfig, task: Task) -> int:
     with contextlib.ExitStack() as stack, sharding.mesh_context(mesh), PreemptionGuard() as guard:
         cache_events = stack.enter_context(compile_cache.CacheEvents())
         stack.callback(profiler.stop)
+        stack.callback(report.flush)  # however the loop ends (an error, too), the records so far are written
+        stack.callback(timer.flush)
         # the next 2 batches (rows and transfer) are made on a thread while this step runs; it stops with the loop
         upcoming = stack.enter_context(Prefetch(lambda s: batch("train", s), range(start, cfg.steps)))
         dog = None

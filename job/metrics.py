@@ -39,6 +39,9 @@ class MetricWriter(Protocol):
     def scalars(self, step: int, split: str, values: Mapping[str, float]) -> None:
         """Record `values` (name -> number) of `split` ("train" or "eval") at `step`."""
 
+    def flush(self) -> None:
+        """Write out whatever is held back (a run that stops early keeps every record so far)."""
+
     def close(self) -> None: ...
 
 
@@ -56,6 +59,9 @@ class JsonlWriter:
 
     def scalars(self, step: int, split: str, values: Mapping[str, float]) -> None:
         self._out.write(json.dumps({"step": step, "split": split, **values}) + "\n")
+
+    def flush(self) -> None:
+        self._out.flush()
 
     def close(self) -> None:
         self._out.close()
@@ -82,6 +88,9 @@ class TensorBoardWriter:
         for name, value in values.items():
             self._writer.add_scalar(f"{split}/{name}", value, global_step=step)
 
+    def flush(self) -> None:
+        self._writer.flush()
+
     def close(self) -> None:
         self._writer.close()
 
@@ -107,6 +116,9 @@ class WandbWriter:
 
     def scalars(self, step: int, split: str, values: Mapping[str, float]) -> None:
         self._run.log({f"{split}/{name}": value for name, value in values.items()}, step=step)
+
+    def flush(self) -> None:
+        """W&B sends on its own thread; `close` finishes the run."""
 
     def close(self) -> None:
         self._run.finish()

@@ -82,6 +82,12 @@ class Reporter:
         log.info(text, *args)
 
     @only_specific_processes()
+    def flush(self) -> None:
+        """Write out what the writers hold (in gs:// they batch): the loop calls it however it ends."""
+        for writer in self._writers:
+            writer.flush()
+
+    @only_specific_processes()
     def close(self, summary: dict[str, Any]) -> None:
         if self._bar is not None:
             self._bar.close()
