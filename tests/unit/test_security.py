@@ -209,7 +209,7 @@ def test_tpu_job_arguments_reach_every_worker_verbatim_and_none_runs_as_shell(wo
     flags = ["run", "--name=pod-1", "--zone=us-central2-b", f"--args={shlex.join(words)}"]
     _, cfg = tpu.parse_args([*flags, *([f"--image={IMAGE}"] if image else [])])
     assert cfg.job_args == tuple(words)
-    script = tpu_remote.run_script(cfg)
+    script = tpu_remote.start_script(cfg)
     assert tpu_gcloud.ssh_all(cfg, script)[-1] == f"--command={script}"  # one argv item: no local shell reads it
     command = tpu_remote.job_command(cfg)
     assert command in script  # the job's arguments reach the workers through this command only
@@ -226,7 +226,7 @@ def test_remote_scripts_do_not_forward_this_machines_environment(monkeypatch: py
     monkeypatch.setenv("HF_TOKEN", "hf_tpu_SECRET_4e1d")
     for image in (None, IMAGE):
         cfg = TpuConfig(name="pod-1", zone="us-central2-b", image=image, job_args=("train",))
-        scripts = [tpu_remote.setup_script(cfg), tpu_remote.run_script(cfg), tpu_remote.stop_script(cfg)]
+        scripts = [tpu_remote.setup_script(cfg), tpu_remote.start_script(cfg), tpu_remote.stop_script(cfg)]
         for text in scripts:
             assert "hf_tpu_SECRET_4e1d" not in text and "HF_TOKEN" not in text
         env_flags = re.findall(r"--env\S*", "\n".join(scripts))
