@@ -45,6 +45,28 @@ QUICK_MODEL = {"vocab_size": 256, "seq_len": 64, "dim": 128, "heads": 4, "layers
 BATCH = 8
 
 
+def loop_state(quick: bool):  # noqa: ANN201
+    """(task, model config, mesh, parameter count, graphdef, state): the train state as the loop holds it."""
+    from flax import nnx
+
+    from job import sharding, task as tasks
+    from job.config import OptimConfig
+    from job.loop import count_params
+    from job.steps import make_optimizer
+
+    task = tasks.load(TASK)
+    cfg = task.model_config(**(QUICK_MODEL if quick else MODEL))
+    mesh = sharding.make_mesh()
+    model = task.build(cfg, nnx.Rngs(0))
+    tx, _ = make_optimizer(OptimConfig(), 1000)
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    sharding.shard_model(model, mesh)
+    sharding.shard_model(optimizer, mesh)
+    params = count_params(model)
+    graphdef, state = nnx.split({"model": model, "optimizer": optimizer})
+    return task, cfg, mesh, params, graphdef, state
+
+
 def worker(argv: list[str]) -> None:
     quick = "--quick" in argv
     reps = 2 if quick else 5
@@ -60,17 +82,7 @@ def worker(argv: list[str]) -> None:
     from job.loop import count_params
     from job.steps import jit_train_step, make_optimizer
 
-    task = tasks.load(TASK)
-    cfg = task.model_config(**(QUICK_MODEL if quick else MODEL))
-    mesh = sharding.make_mesh()
-    model = task.build(cfg, nnx.Rngs(0))
-    tx, _ = make_optimizer(OptimConfig(), 1000)
-    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
-    sharding.shard_model(model, mesh)
-    sharding.shard_model(optimizer, mesh)
-    params = count_params(model)
-    graphdef, train_state = nnx.split({"model": model, "optimizer": optimizer})
-    del model, optimizer
+    task, cfg, mesh, params, graphdef, train_state = loop_state(quick)
     train_step = jit_train_step(task.loss, graphdef, train_state)
     source = task.source(task.data_config(global_batch=BATCH), cfg)
     batch = global_batch(source, NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh))),

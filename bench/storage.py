@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.ckpt import BATCH, MODEL, QUICK_MODEL, TASK
+from bench.ckpt import BATCH, loop_state
 from bench.procs import cpu_env, emit, run_worker
 from bench.report import Section, standalone
 from bench.timing import fmt_mb, fmt_ratio, fmt_s, fmt_x, interleave, median, ratio
@@ -36,25 +36,11 @@ def worker(argv: list[str]) -> None:
     reps = 2 if quick else 5
     import jax
     import numpy as np
-    from flax import nnx
 
-    from job import sharding, task as tasks
     from job.checkpoint import Checkpointer
-    from job.config import CheckpointConfig, OptimConfig
-    from job.loop import count_params
-    from job.steps import make_optimizer
+    from job.config import CheckpointConfig
 
-    task = tasks.load(TASK)
-    cfg = task.model_config(**(QUICK_MODEL if quick else MODEL))
-    mesh = sharding.make_mesh()
-    model = task.build(cfg, nnx.Rngs(0))
-    tx, _ = make_optimizer(OptimConfig(), 1000)
-    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
-    sharding.shard_model(model, mesh)
-    sharding.shard_model(optimizer, mesh)
-    params = count_params(model)
-    _, state = nnx.split({"model": model, "optimizer": optimizer})
-    del model, optimizer
+    _, _, _, params, _, state = loop_state(quick)
     leaves = jax.tree.leaves(state)
     nbytes = sum(x.nbytes for x in leaves)
     print(f"[bench storage] train state: {params:,} parameters, {nbytes / 2**20:.0f} MiB in {len(leaves)} arrays; "
