@@ -41,7 +41,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from deploy import slurm, tpu, tpu_gcloud, tpu_job, tpu_remote
-from deploy.tpu_config import TpuConfig
+from deploy.tpu_config import TpuConfig, run_dir_of
 from tests.doubles import RecordingRunner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -212,13 +212,24 @@ def test_tpu_job_arguments_reach_every_worker_verbatim_and_none_runs_as_shell(wo
     script = tpu_remote.start_script(cfg)
     assert tpu_gcloud.ssh_all(cfg, script)[-1] == f"--command={script}"  # one argv item: no local shell reads it
     command = tpu_remote.job_command(cfg)
-    assert command in script  # the job's arguments reach the workers through this command only
-    with tempfile.TemporaryDirectory() as here:
+    # the job runs detached: `setsid nohup bash -c WRAPPER`, and the wrapper runs the command
+    assert script.count("setsid nohup bash -c ") == 1, script
+    wrapper = shlex.split(script[script.index("setsid nohup bash -c "):])[4]
+    assert command in wrapper  # the job's arguments reach the workers through this command only
+    with tempfile.TemporaryDirectory() as tmp:
+        here = os.path.realpath(tmp)
         proc = shell(["bash", "-c", RECORD + command], here)
         assert proc.returncode == 0, proc.stderr
         assert os.listdir(here) == [], "a word ran as shell"
-    docker = ["run", "--rm", f"--name={cfg.remote_dir}", "--privileged", "--network=host",
-              "--env=PYTHONUNBUFFERED=1", IMAGE, "python"]
+    run_dir = (run_dir_of(cfg.job_args) or "").rstrip("/")
+    # an absolute run dir two folders deep or more: its parent is mounted at the same path
+    parent = run_dir.rsplit("/", 1)[0] if run_dir.startswith("/") and run_dir.count("/") >= 2 else ""
+    workspace = f"{here}/{tpu_remote.WORKSPACE}"
+    docker = ["run", "--rm", f"--name={cfg.remote_dir}", "--init", f"--stop-timeout={int(cfg.stop_grace_s)}",
+              "--privileged", "--network=host", f"--user={os.getuid()}:{os.getgid()}",
+              f"--volume={workspace}:{workspace}", *([f"--volume={parent}:{parent}"] if parent else []),
+              f"--workdir={workspace}", f"--env=HOME={workspace}", "--env=PYTHONUNBUFFERED=1",
+              *(f"--env={name}" for name in tpu_remote.WORKER_VARS), IMAGE, "python"]
     assert nul_split(proc.stdout) == [*(docker if image else []), "-m", "job", *words]
 
 
@@ -230,7 +241,10 @@ def test_remote_scripts_do_not_forward_this_machines_environment(monkeypatch: py
         for text in scripts:
             assert "hf_tpu_SECRET_4e1d" not in text and "HF_TOKEN" not in text
         env_flags = re.findall(r"--env\S*", "\n".join(scripts))
-        assert env_flags == (["--env=PYTHONUNBUFFERED=1"] if image else []), env_flags
+        # the container gets its HOME, unbuffered output and the worker's TPU variables by name: no values from here
+        by_name = [f"--env={name}" for name in tpu_remote.WORKER_VARS]
+        expected = ['--env=HOME="$PWD/workspace"', "--env=PYTHONUNBUFFERED=1", *by_name] if image else []
+        assert env_flags == expected, env_flags
 
 
 SBATCH_SCRIPT = ROOT / "slurm" / "train.sbatch"
@@ -706,8 +720,10 @@ def test_the_tpu_path_puts_no_secret_in_a_gcloud_command_log_or_archive(
                          f"--source-dir={ROOT}", "--args=train --run-dir /shared/canary-2b9a"], runner=runner)
     assert code == 0, capsys.readouterr().err
     verbs = [" ".join(call[3:5]) for call in runner.calls]
-    assert verbs == ["tpu-vm describe", "tpu-vm scp", "tpu-vm ssh", "tpu-vm ssh", "tpu-vm scp"], verbs
-    assert any("canary-2b9a" in item for item in runner.calls[3])  # the job's arguments do travel
+    # describe; is a job running?; ship; set up; start detached; follow worker 0's log; fetch the logs
+    assert verbs == ["tpu-vm describe", "tpu-vm ssh", "tpu-vm scp", "tpu-vm ssh", "tpu-vm ssh", "tpu-vm ssh",
+                     "tpu-vm scp"], verbs
+    assert any("canary-2b9a" in item for item in runner.calls[4])  # the job's arguments do travel
     assert runner.envs == [None] * len(runner.calls)  # gcloud gets this process's environment, nothing added
     out = capsys.readouterr()
     archive = gzip.decompress((local / "pod-1" / tpu_job.ARCHIVE).read_bytes())
