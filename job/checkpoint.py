@@ -15,6 +15,7 @@ import errno
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -30,6 +31,10 @@ log = logging.getLogger(__name__)
 
 # What a failed write usually is; named first in the error (orbax buries it in long messages).
 _STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EIO)
+# Where a process that failed to write posts why (coordination service), for the others to raise too.
+FAILED_KEY = "job/checkpoint/failed/"
+POLL_S = 0.05  # how often wait() looks at this process's save
+PEER_POLL_S = 1.0  # how often wait() asks the coordinator whether another process's save failed
 
 
 class CheckpointError(JobError, RuntimeError):
@@ -54,8 +59,11 @@ class Checkpointer:
             enable_background_delete=True,  # the keep-N deletion runs on orbax's thread, not the loop's
             create=True,
         )
-        self.manager = self._manager()
         self._writing: int | None = None  # the step an async save may still be writing
+        self._failure: BaseException | None = None  # why this process's last write failed, the moment it did
+        self._listener = _FailureListener(self._write_failed)
+        logging.getLogger("absl").addHandler(self._listener)  # orbax logs through absl
+        self.manager = self._manager()
 
     def _manager(self) -> ocp.CheckpointManager:
         """A manager whose arrays are written by one replica each, copied to host in one piece.
@@ -123,12 +131,37 @@ class Checkpointer:
         storage.forget_listings(self.directory)  # the others listed the step before it moved
 
     def wait(self) -> None:
-        """Block until the last save is on disk; CheckpointError if it failed."""
+        """Block until the last save is on disk; CheckpointError if it failed on any process.
+
+        A write that fails on some processes only (one host's disk, one replica writing an
+        array) leaves orbax's own wait hanging: the failed process skips the barrier the
+        others wait in, until orbax's 10-minute timeout. So this polls: a failure here is
+        raised at once and posted for the others, who raise it at their next look.
+        """
+        peer_check = time.monotonic()
         try:
+            while self._failure is None and self.manager.is_saving_in_progress():
+                if time.monotonic() - peer_check >= PEER_POLL_S:
+                    peer_check = time.monotonic()
+                    posted = _posted_failures()
+                    if posted:
+                        raise CheckpointError(f"{posted[0]} (reported by that process; this is process "
+                                              f"{jax.process_index()})")
+                time.sleep(POLL_S)
+            if self._failure is not None:
+                raise self._failure
             self.manager.wait_until_finished()
+        except CheckpointError:
+            raise
         except Exception as exc:
             raise self._failed(self._writing, exc) from exc
         self._writing = None
+
+    def _write_failed(self, exc: BaseException) -> None:
+        """Called on orbax's thread the moment a write of this process fails: kept for wait(), and
+        posted for the other processes (whose own writes may have worked)."""
+        self._failure = exc
+        _post_failure(str(self._failed(self._writing, exc)))
 
     def _failed(self, step: int | None, exc: BaseException) -> CheckpointError:
         """One message: which save failed and why, and what is still safe on disk."""
@@ -154,3 +187,49 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
+        logging.getLogger("absl").removeHandler(self._listener)
+
+
+class _FailureListener(logging.Handler):
+    """Hears orbax's background save thread log its failure, with the exception: the one signal orbax
+    gives at that moment (it raises the error only after barriers the other processes, whose writes
+    worked, are waiting in elsewhere)."""
+
+    def __init__(self, report: Callable[[BaseException], None]) -> None:
+        super().__init__(logging.ERROR)
+        self._report = report
+
+    def emit(self, record: logging.LogRecord) -> None:
+        exc = record.exc_info[1] if record.exc_info else None
+        caught = exc.__traceback__.tb_frame.f_code if exc is not None and exc.__traceback__ else None
+        # the frame that caught it: orbax's background save thread (its logger may not name it)
+        if caught is not None and caught.co_name == "_thread_func" and "orbax" in caught.co_filename:
+            self._report(exc)
+
+
+def _client() -> Any:
+    """The coordination service client of a multi-process run, else None."""
+    if jax.process_count() == 1:
+        return None
+    from jax._src import distributed
+
+    return distributed.global_state.client
+
+
+def _post_failure(message: str) -> None:
+    """Tell the other processes that this one could not write (best effort: the error is raised anyway)."""
+    client = _client()
+    if client is not None:
+        try:
+            client.key_value_set(f"{FAILED_KEY}{jax.process_index()}", f"process {jax.process_index()}: {message}",
+                                 allow_overwrite=True)
+        except Exception as exc:  # noqa: BLE001 - a coordinator that is gone: the others see this process exit
+            log.warning("could not tell the other processes that the save failed: %s", exc)
+
+
+def _posted_failures() -> list[str]:
+    """What other processes posted about their failed writes (empty when none did)."""
+    client = _client()
+    if client is None:
+        return []
+    return [value for _, value in sorted(client.key_value_dir_get(FAILED_KEY))]

@@ -116,7 +116,7 @@ def seed(run_dir: Path, straight: Path, steps: tuple[int, ...] = (2, 4)) -> None
 
 
 def check(
-    outcome: Outcome, *, since: float, code: int, says: tuple[str, ...], name: str,
+    outcome: Outcome, *, since: float, code: int, says: tuple[str | tuple[str, ...], ...], name: str,
     record: pytest.RecordProperty,
 ) -> float:
     elapsed = outcome.ended - since
@@ -125,8 +125,9 @@ def check(
     record("exit_s", round(elapsed, 1))
     record("code", outcome.code)
     assert outcome.code == code, outcome.text
-    for needle in says:
-        assert needle in outcome.text, f"{needle!r} not in the output:\n{outcome.text}"
+    for needle in says:  # a tuple: any one of these will do
+        options = needle if isinstance(needle, tuple) else (needle,)
+        assert any(option in outcome.text for option in options), f"{needle!r} not in the output:\n{outcome.text}"
     assert elapsed < HARD_LIMIT_S, outcome.text
     return elapsed
 
@@ -168,7 +169,10 @@ MID_TRAINING = {
     "exception in rank 1": (1, f"raise@{FAULT_STEP}", (), 1,
                             ("[rank 1] RuntimeError: injected fault in rank 1", "rank 1 exited with code 1")),
     "SIGSTOP of rank 1 (frozen host)": (1, f"stop@{FAULT_STEP}", (), 134,
-                                        ("stopped sending heartbeats", "Task 1 heartbeat timeout")),
+                                        # jax names the task in one of two ways, depending on which
+                                        # of its checks notices first
+                                        ("stopped sending heartbeats",
+                                         ("Task 1 heartbeat timeout", "(stopped sending heartbeats):\n[rank 0] 1\n"))),
     "rank 1 hangs in Python (--watchdog-s 5)": (1, f"sleep@{FAULT_STEP}", ("--watchdog-s", "5"), 86,
                                           ("watchdog: no training step completed for",)),
 }
