@@ -59,7 +59,6 @@ test-unit: $(BIN)/.installed ## only the fast single-process tests
 
 bench: $(BIN)/.installed ## benchmarks vs hand-written JAX (~10-15 min on 2 cores): bench/RESULTS.md + launch plot; BENCH_ARGS=--quick
 	$(BIN)/python -m bench $(BENCH_ARGS)
-	$(BIN)/python -m bench.compile_cache $(filter --quick,$(BENCH_ARGS))
 
 plot: $(BIN)/.installed ## loss, eval loss, learning rate and throughput of a run as a PNG: make plot RUN_DIR=runs/local
 	$(BIN)/python -m job plot $(call quote,RUN_DIR)

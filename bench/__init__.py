@@ -13,9 +13,10 @@
 | pipeline | global batch assembly vs the train step (input stall) |
 | mfu | model FLOPs utilisation of a GPT-2-small-sized example LM on one GPU (skipped without one) |
 | growth | the loop's train step and checkpoint save vs model size (3 sizes) and process count (1..8, weak scaling) |
+| compile_cache | time to the first step of `python -m job train` with the persistent compilation cache cold vs warm |
 
 Every figure is a ratio against a baseline measured in the same run, the
 median of interleaved repetitions (`bench.timing`).
 """
 
-BENCHMARKS = ("step", "scaling", "hostsync", "ckpt", "pipeline", "mfu", "growth")
+BENCHMARKS = ("step", "scaling", "hostsync", "ckpt", "pipeline", "mfu", "growth", "compile_cache")
