@@ -227,12 +227,5 @@ def section(by_size: dict, by_count: list[dict]) -> Section:
     return s
 
 
-def main(argv: list[str]) -> int:
-    if argv[:1] == ["child"]:
-        child(argv[1:])
-        return 0
-    return standalone(argv, run, worker)
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(standalone(sys.argv[1:], run, worker, child))

@@ -145,12 +145,5 @@ def section(results: list[dict]) -> Section:
     return s
 
 
-def main(argv: list[str]) -> int:
-    if argv[:1] == ["child"]:
-        child(argv[1:])
-        return 0
-    return standalone(argv, run)
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(standalone(sys.argv[1:], run, child=child))

@@ -152,19 +152,21 @@ def launch_plot(section: Section, path: Path) -> bool:
     return True
 
 
-def standalone(argv: list[str], run: Any, worker: Any | None = None) -> int:
+def standalone(argv: list[str], run: Any, worker: Any | None = None, child: Any | None = None) -> int:
     """A benchmark module's own command line.
 
     ``python -m bench.X [--quick]`` runs it and prints its section;
-    ``python -m bench.X worker ...`` is the in-process part its parent starts.
+    ``python -m bench.X worker ...`` is the in-process part its parent starts;
+    ``python -m bench.X child ...`` is one process of a cluster its parent launches.
     """
     import json
     import sys
     import time
 
-    if argv[:1] == ["worker"] and worker is not None:
-        worker(argv[1:])
-        return 0
+    for name, entry in (("worker", worker), ("child", child)):
+        if argv[:1] == [name] and entry is not None:
+            entry(argv[1:])
+            return 0
     began = time.perf_counter()
     section = run(quick="--quick" in argv)
     section.seconds = time.perf_counter() - began

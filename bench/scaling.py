@@ -174,12 +174,5 @@ def _cores() -> int:
     return os.cpu_count() or 1
 
 
-def main(argv: list[str]) -> int:
-    if argv[:1] == ["child"]:
-        child(argv[1:])
-        return 0
-    return standalone(argv, run)
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(standalone(sys.argv[1:], run, child=child))
