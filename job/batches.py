@@ -25,6 +25,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from job import priority
 from job.errors import ConfigError
 from job.task import Rows
 
@@ -33,6 +34,7 @@ _GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: 2**64 / golden ratio, od
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)  # splitmix64's finaliser constants
 
 T = TypeVar("T")
+PREFETCH_NICE = 10  # the prefetch thread gives way to the loop and the step (bench.pipeline)
 
 
 def _mix_int(x: int) -> int:
@@ -118,6 +120,7 @@ class Prefetch(Generic[T]):
         self._thread.start()
 
     def _work(self) -> None:
+        priority.lower(PREFETCH_NICE)  # it fills the step's gaps on a host whose cores the step uses
         for step in self._steps:
             try:
                 item: tuple[int, T | None, BaseException | None] = (step, self._make(step), None)

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from orbax.checkpoint.type_handlers import ArrayHandler, create_type_handler_registry, get_type_handler, supported_types
 
-from job import storage
+from job import priority, storage
 from job.config import CheckpointConfig
 from job.errors import ConfigError, JobError
 from job.multihost import barrier
@@ -133,10 +133,10 @@ class Checkpointer:
         """orbax's save: barriers, tree metadata, copies to host; returns while it writes (async)."""
         self.manager.save(step, args=ocp.args.PyTreeSave(state), force=True)
         if self.options.enable_async_checkpointing:
-            give_way()  # tensorstore's threads, now writing: the loop does not wait for them
+            priority.lower_named(WRITER_THREADS, WRITER_NICE)  # tensorstore's, now writing
 
     def _start_in_background(self, step: int, state: Any) -> None:
-        _lower_priority(threading.get_native_id())  # and so of the threads it starts: orbax's, tensorstore's
+        priority.lower(WRITER_NICE)  # and so the threads it starts: orbax's writer, tensorstore's
         try:
             self._start(step, state)
         except BaseException as exc:  # noqa: BLE001 - kept for wait() and posted for the other processes
@@ -213,7 +213,7 @@ class Checkpointer:
             if self._failure is not None:
                 raise self._failure
             self.manager.wait_until_finished()
-            give_way()  # threads tensorstore's pool added during the write: the next write starts low
+            priority.lower_named(WRITER_THREADS, WRITER_NICE)  # those tensorstore added while writing
         except CheckpointError:
             raise
         except Exception as exc:
@@ -252,33 +252,6 @@ class Checkpointer:
         self._started()
         self.manager.close()
         logging.getLogger("absl").removeHandler(self._listener)
-
-
-def give_way() -> None:
-    """Lower the CPU priority of tensorstore's threads, which write the arrays: this process's threads
-    named WRITER_THREADS to nice WRITER_NICE, so that the loop, the input and the step's own threads
-    get the CPU first. Best effort (Linux; a thread that ends meanwhile is skipped)."""
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as fh:
-                named = fh.read().strip() == WRITER_THREADS
-        except OSError:
-            continue
-        if named:
-            _lower_priority(int(tid))
-
-
-def _lower_priority(tid: int) -> None:
-    """Raise thread `tid`'s nice value to WRITER_NICE (never lower it: that needs privileges)."""
-    try:
-        if os.getpriority(os.PRIO_PROCESS, tid) < WRITER_NICE:
-            os.setpriority(os.PRIO_PROCESS, tid, WRITER_NICE)
-    except OSError:
-        pass
 
 
 @jax.jit

@@ -157,6 +157,19 @@ def test_an_exception_in_the_loop_stops_the_prefetch_thread() -> None:
     assert not any(t.name == "job-prefetch" for t in threading.enumerate())
 
 
+def test_the_prefetch_thread_runs_at_a_lower_priority_than_the_loop() -> None:
+    import os
+
+    loop = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen = []
+    with batches.Prefetch(lambda s: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())),
+                          range(3)) as upcoming:
+        for step in range(3):
+            upcoming.get(step)
+    assert seen == [max(loop, batches.PREFETCH_NICE)] * 3
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == loop
+
+
 def test_the_batches_module_imports_without_jax() -> None:
     import subprocess
     import sys
