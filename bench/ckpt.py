@@ -115,25 +115,22 @@ def worker(argv: list[str]) -> None:
     after_on_loop: list[float] = []
 
     # --- blocking: a train step vs the save call; then a step while the write runs
-    def blocking_save() -> float:
-        step = next(counter)
-        start = time.perf_counter()
-        ckpt.save(step, state())
-        blocked = time.perf_counter() - start
-        after_save.append(one_step())
-        ckpt.wait()
-        saved.append(step)
-        return blocked
+    def blocking(checkpointer: Checkpointer, after: list[float], steps: list[int]) -> Callable[[], float]:
+        """Time what `checkpointer.save` holds the loop for, then the step taken while it writes."""
+        def call() -> float:
+            step = next(counter)
+            start = time.perf_counter()
+            checkpointer.save(step, state())
+            blocked = time.perf_counter() - start
+            after.append(one_step())
+            checkpointer.wait()
+            steps.append(step)
+            return blocked
+        return call
 
-    def blocking_on_loop() -> float:
-        """--ckpt.no-background: orbax's save (its copies to host included) on the loop's thread."""
-        step = next(counter)
-        start = time.perf_counter()
-        on_loop.save(step, state())
-        blocked = time.perf_counter() - start
-        after_on_loop.append(one_step())
-        on_loop.wait()
-        return blocked
+    blocking_save = blocking(ckpt, after_save, saved)
+    # --ckpt.no-background: orbax's save (its copies to host included) on the loop's thread
+    blocking_on_loop = blocking(on_loop, after_on_loop, [])
 
     import orbax.checkpoint as ocp
 

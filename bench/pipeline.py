@@ -72,7 +72,7 @@ class _PerRow:
 
 def worker(argv: list[str]) -> None:
     quick = "--quick" in argv
-    reps, block = (3, 4) if quick else (15, 16)
+    reps, block = (3, 4) if quick else (31, 16)  # the stall is a few % of a 17 ms step: many rounds
     import jax
     import numpy as np
     from flax import nnx
@@ -201,7 +201,8 @@ def section(results: list[dict], global_batch: int, seq_len: int) -> Section:
                    "(`job.batches.row_bits`), made 2 steps ahead with their transfer (one call for all fields) on "
                    f"`job.batches.Prefetch`'s thread (`{LOOP}`, what `job.loop.run` does). On CPU devices the "
                    "step computes on the same (here 2, shared) cores, so input work overlapped on a thread still "
-                   "takes some of the step's time, and run-to-run noise is a few percent of a step.")
+                   "takes some of the step's time: the thread runs at nice 10 to fill the step's gaps instead. "
+                   "Run-to-run noise is a few percent of a step.")
     return s
 
 
