@@ -214,8 +214,9 @@ def section(by_size: dict, by_count: list[dict]) -> Section:
                    "interleaved and drifting load lands on it unevenly.")
     s.notes.append(f"Step: a block of steps ({', '.join(str(b) for _, b in SIZES.values())} for the three sizes; "
                    f"{SIZES[PROCESS_SIZE][1]} for the process counts) timed to the last output, per step. "
-                   "Save: `Checkpointer.save` returns once orbax has copied the state to host memory (the "
-                   "part that blocks the loop); save + wait is the whole write, including the barriers every "
+                   "Save: `Checkpointer.save` returns once it has dispatched a copy of the state on its "
+                   "devices and started the save's thread (the part that blocks the loop); save + wait is "
+                   "the whole write, including the barriers every "
                    "process meets and orbax's fixed cost per checkpoint (see section 4), which dominates "
                    "for small states.")
     s.notes.append(f"Weak scaling on this machine: every process does the same work on its own {ROWS} rows, so "
