@@ -226,13 +226,13 @@ def normal_priority() -> bool:
     """Tensorstore's threads back to nice 0, for orbax's defaults to write as they would alone (the
     template raises their nice value; lowering it needs CAP_SYS_NICE). Whether every one could be."""
     from job.checkpoint import WRITER_THREADS
+    from job.priority import threads_named
 
     done = True
-    for tid in os.listdir("/proc/self/task"):
+    for tid in threads_named(WRITER_THREADS):
         try:
-            if Path(f"/proc/self/task/{tid}/comm").read_text().strip() == WRITER_THREADS:
-                os.setpriority(os.PRIO_PROCESS, int(tid), 0)
-        except FileNotFoundError:
+            os.setpriority(os.PRIO_PROCESS, tid, 0)
+        except ProcessLookupError:  # the thread ended meanwhile
             continue
         except PermissionError:
             done = False
@@ -343,7 +343,8 @@ def section(r: dict) -> Section:
                    "overlaps; the template's save thread and the write on tensorstore's threads run at nice "
                    f"{WRITER_NICE} so that they fill the step's gaps instead (orbax's defaults were measured "
                    "with those threads at nice 0"
-                   f"{'' if r.get('priority_reset', True) else ' where this process was allowed to lower it: it was not'}).")
+                   + ("" if r.get("priority_reset", True) else
+                      " where this process was allowed to lower it: it was not") + ").")
     parts = r.get("parts", {})
     if parts:
         def rest(variant: str) -> float:

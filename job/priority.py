@@ -22,17 +22,25 @@ def lower(nice: int, tid: int | None = None) -> None:
         pass
 
 
-def lower_named(name: str, nice: int) -> None:
-    """`lower` every thread of this process whose name (/proc/self/task/*/comm) is `name`."""
+def threads_named(name: str) -> list[int]:
+    """The native ids of this process's threads whose name (/proc/self/task/*/comm) is `name`
+    (none where /proc is absent)."""
     try:
         tids = os.listdir("/proc/self/task")
     except OSError:
-        return
+        return []
+    named = []
     for tid in tids:
         try:
             with open(f"/proc/self/task/{tid}/comm") as fh:
-                named = fh.read().strip() == name
-        except OSError:
+                if fh.read().strip() == name:
+                    named.append(int(tid))
+        except OSError:  # the thread ended meanwhile
             continue
-        if named:
-            lower(nice, int(tid))
+    return named
+
+
+def lower_named(name: str, nice: int) -> None:
+    """`lower` every thread of this process called `name`."""
+    for tid in threads_named(name):
+        lower(nice, tid)
