@@ -25,27 +25,45 @@ SLURM_ENV := /var/tmp/jax-job-slurm/env.sh
 # ARGS given on the command line reach the job as shell-style words (never run); otherwise deploy.slurm's default
 SLURM_ARGS = $(if $(filter command line,$(origin ARGS)),--args=$(call quote,ARGS))
 
-.PHONY: help venv run-local test-local test-unit bench plot lock clean slurm-up slurm-down submit-slurm
+.PHONY: help venv run-local test-local test-unit test-smoke bench plot lock clean slurm-up slurm-down submit-slurm
 
 help: ## list every target
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(BIN)/.installed: requirements.lock pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.lock
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e .
-	touch $@
+# What a venv was made with ("3.12.1 /usr"): recorded in its stamp, compared by `make venv PYTHON=...`.
+INTERPRETER := import sys; print(sys.version.split()[0], sys.base_prefix)
+# $(call make_venv,DIR,LOCK): DIR from LOCK with $(PYTHON). The locks are universal (markers per Python):
+# Python 3.11 gets JAX 0.10.2, Python 3.12 and newer JAX 0.12.
+define make_venv
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 || { \
+	    echo "make venv: expected PYTHON to be Python 3.11 or newer, found PYTHON="$(call quote,PYTHON)" ($$($(PYTHON) --version 2>/dev/null || echo not found)). Fix: make venv PYTHON=python3.12 (any interpreter path)" >&2; exit 2; }
+	$(PYTHON) -m venv --clear $(1)
+	$(1)/bin/pip install --quiet --disable-pip-version-check -r $(2)
+	$(1)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
+	@$(1)/bin/python -c '$(INTERPRETER)' > $(1)/bin/.installed
+endef
 
-$(CUDA_VENV)/bin/.installed: $(CUDA_LOCK) pyproject.toml
-	$(PYTHON) -m venv $(CUDA_VENV)
-	$(CUDA_VENV)/bin/pip install --quiet --disable-pip-version-check -r $(CUDA_LOCK)
-	$(CUDA_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
-	touch $@
+# `make venv PYTHON=...`: a venv made with another interpreter (its stamp says which) is made again.
+# Only for the venv goal: submit-slurm's PYTHON names the compute nodes' interpreter, not .venv's.
+ifneq ($(and $(filter venv,$(MAKECMDGOALS)),$(filter command line environment,$(origin PYTHON))),)
+WANT_INTERPRETER := $(shell $(PYTHON) -c '$(INTERPRETER)' 2>/dev/null)
+stale = $(shell [ -f $(1) ] && [ "$$(cat $(1))" != "$(WANT_INTERPRETER)" ] && \
+	echo "make venv: $(1:/bin/.installed=) was made with Python $$(cut -d' ' -f1 $(1)); making it again with $(PYTHON)" >&2 && echo FORCE)
+endif
+
+$(BIN)/.installed: requirements.lock pyproject.toml $(if $(filter cpu,$(FLAVOR)),$(call stale,$(BIN)/.installed))
+	$(call make_venv,$(VENV),requirements.lock)
+
+$(CUDA_VENV)/bin/.installed: $(CUDA_LOCK) pyproject.toml $(if $(filter cuda,$(FLAVOR)),$(call stale,$(CUDA_VENV)/bin/.installed))
+	$(call make_venv,$(CUDA_VENV),$(CUDA_LOCK))
 
 VENV_FOR_cpu := $(BIN)/.installed
 VENV_FOR_cuda := $(CUDA_VENV)/bin/.installed
 
-venv: $(VENV_FOR_$(FLAVOR)) ## create .venv from the lock file (the other targets do this themselves); FLAVOR=cuda: .venv-cuda for GPU jobs
+.PHONY: FORCE
+FORCE:
+
+venv: $(VENV_FOR_$(FLAVOR)) ## create .venv from the lock file (the other targets do this themselves); PYTHON=python3.12 (any 3.11+ interpreter) makes it again with that one; FLAVOR=cuda: .venv-cuda for GPU jobs
 	@[ -n "$(VENV_FOR_$(FLAVOR))" ] || { echo "make venv: expected FLAVOR=cpu or FLAVOR=cuda, found FLAVOR="$(call quote,FLAVOR)". Fix: make venv FLAVOR=cuda (or no FLAVOR)" >&2; exit 2; }
 
 run-local: $(BIN)/.installed ## the example job on NPROC (4) local CPU processes x DEVICES (2); ARGS=... passes arguments
@@ -56,6 +74,9 @@ test-local: $(BIN)/.installed ## the whole test suite: unit, multi-process, Slur
 
 test-unit: $(BIN)/.installed ## only the fast single-process tests
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+test-smoke: $(BIN)/.installed ## the unit tier and a multi-process smoke (train, bitwise resume, one fault): CI's second Python
+	$(BIN)/python -m pytest tests/unit tests/multiprocess -m "smoke or not multiprocess" $(PYTEST_ARGS)
 
 bench: $(BIN)/.installed ## benchmarks vs hand-written JAX (~10-15 min on 2 cores): bench/RESULTS.md + launch plot; BENCH_ARGS=--quick
 	$(BIN)/python -m bench $(BENCH_ARGS)
@@ -151,10 +172,13 @@ docker-build: ## build the image: FLAVOR=cpu|cuda|tpu [IMAGE=jax-cluster-job:FLA
 docker-run-local: docker-build $(BIN)/.installed ## the example job as NPROC (4) containers x DEVICES (2), host network, one cluster; IMAGE=... ARGS=...
 	$(BIN)/python docker/run_local.py -n $(NPROC) --devices-per-process $(DEVICES) --image '$(DOCKER_IMAGE)' -- $(DOCKER_ARGS)
 
-lock: ## re-resolve requirements.lock and docker/requirements-{cuda,tpu}.lock from pyproject.toml (needs uv)
-	uv pip compile pyproject.toml --extra test --extra bench --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements.lock
-	uv pip compile pyproject.toml --extra cuda --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o docker/requirements-cuda.lock
-	uv pip compile pyproject.toml --extra tpu --python-version 3.11 --python-platform x86_64-manylinux_2_31 -o docker/requirements-tpu.lock
+# uv: the venv's (the test extra has it), else the one on PATH. LOCK_ARGS=--upgrade moves every pin to the newest.
+UV = $(if $(wildcard $(BIN)/uv),$(BIN)/uv,uv)
+LOCK_ARGS ?=
+lock: ## re-resolve requirements.lock and docker/requirements-{cuda,tpu}.lock for every Python from 3.11 (universal: markers pick JAX 0.10.2 on 3.11, 0.12 on 3.12+); LOCK_ARGS=--upgrade
+	$(UV) pip compile pyproject.toml --universal --python-version 3.11 --extra test --extra bench $(LOCK_ARGS) -o requirements.lock
+	$(UV) pip compile pyproject.toml --universal --python-version 3.11 --extra cuda $(LOCK_ARGS) -o docker/requirements-cuda.lock
+	$(UV) pip compile pyproject.toml --universal --python-version 3.11 --extra tpu $(LOCK_ARGS) -o docker/requirements-tpu.lock
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache build *.egg-info

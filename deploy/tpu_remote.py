@@ -43,16 +43,16 @@ WORKER_VARS = ("TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES", "TPU_PROCESS_ADDRESSES",
 # Registries whose pulls need `gcloud auth configure-docker HOST` first: Artifact Registry and Container Registry.
 _GOOGLE_REGISTRY = re.compile(r"^(?:[a-z0-9-]+-docker\.pkg\.dev|(?:[a-z]+\.)?gcr\.io)$")
 
-# Install the locked dependencies unless the VM's python3 already has them (3.11 + jax + ...; found, not
-# imported, which would cost seconds per worker): a venv made by uv (which brings its own Python 3.11;
-# TPU VM images ship 3.10), with libtpu.
+# Install the locked dependencies unless the VM's python3 already has them (3.11 or newer + jax + ...; found,
+# not imported, which would cost seconds per worker): a venv made by uv (which brings its own Python 3.12,
+# whose lock gets JAX 0.12; TPU VM images ship 3.10), with libtpu.
 DEFAULT_SETUP = """\
-if python3 -c 'import sys, importlib.util as u; sys.exit(sys.version_info[:2] != (3, 11) or not all(
+if python3 -c 'import sys, importlib.util as u; sys.exit(sys.version_info[:2] < (3, 11) or not all(
     u.find_spec(m) for m in ("jax", "flax", "optax", "orbax.checkpoint", "tyro", "portpicker")))' >/dev/null 2>&1
 then
   :  # python3 already has the job's dependencies
 else
-  [ -x .venv/bin/python ] || { python3 -m pip install --quiet --user uv && python3 -m uv venv --python 3.11 .venv; }
+  [ -x .venv/bin/python ] || { python3 -m pip install --quiet --user uv && python3 -m uv venv --python 3.12 .venv; }
   python3 -m uv pip install --quiet --python .venv/bin/python -r requirements.lock -e '.[tpu]'
 fi"""
 

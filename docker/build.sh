@@ -5,7 +5,7 @@
 #
 #   FLAVOR  cpu (requirements.lock), cuda or tpu (docker/requirements-FLAVOR.lock)
 #   IMAGE   the tag, e.g. jax-cluster-job:cpu
-#   BUILD OPTIONS go to `ENGINE build` unchanged, e.g. --build-arg BASE=python:3.11-slim@sha256:...
+#   BUILD OPTIONS go to `ENGINE build` unchanged, e.g. --build-arg BASE=python:3.13-slim@sha256:...
 #
 # The engine is docker/engine.sh's choice (CONTAINER_ENGINE=docker|podman
 # overrides). The context is the repository root; .dockerignore keeps it to the

@@ -187,7 +187,9 @@ def run(cfg: TrainConfig, task: Task) -> int:
         "train_loss": float(final["loss"]) if final else None,
         **{f"eval_{name}": eval_metrics.get(name) for name in task.shown},
         "seconds": round(time.perf_counter() - began, 3),
-        "params_norm": float(optax.global_norm(trained)),
+        # jitted: an eager norm of sharded leaves is a chain of cross-process additions that can
+        # interleave differently on each process and hang (seen under fsdp on 2 processes)
+        "params_norm": float(jax.jit(optax.tree.norm)(trained)),
         "params_sha256": fingerprint(trained),
         "goodput": split,
     })

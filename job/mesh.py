@@ -1,12 +1,15 @@
 """Meshes whose devices span several slices: GPU nodes, or TPU slices of a multislice job.
 
 jax gives the devices of each GPU node (and of each TPU slice) their own
-`slice_index`, and `jax.make_mesh` refuses such a set. Here the mesh is built
-with `mesh_utils.create_hybrid_device_mesh`: the leading (data) axis runs
-across slices over the slower network (DCN), the other axes stay inside one
-slice (NVLink / ICI). Axis names, types and shape are those of the one-slice mesh.
+slice number, and `jax.make_mesh` refuses such a set. The number is
+`partition_index` where jax has that name (its replacement for `slice_index`)
+and `slice_index` before; `partition_of` reads whichever the device carries.
+Here the mesh is built the way `mesh_utils.create_hybrid_device_mesh` builds
+it, grouping by that number: the leading (data) axis runs across slices over
+the slower network (DCN), the other axes stay inside one slice (NVLink / ICI).
+Axis names, types and shape are those of the one-slice mesh.
 
-Device order: slices in `slice_index` order, each slice laid out by jax
+Device order: slices in slice-number order, each slice laid out by jax
 (GPU: by device id; TPU: by physical topology). The rows along the leading axis
 are then stably sorted by their lowest process index, so every process's rows
 form one block and the blocks follow process order, as the data loader expects
@@ -25,16 +28,27 @@ from jax.sharding import AxisType, Mesh
 
 from job.errors import ConfigError
 
-_SLICE = "slice_index"
+# The device attribute that numbers its slice: the new name first, so that reading it never touches the
+# deprecated one where both exist (checked against jax 0.10.2 and 0.12.0.1; CPU devices carry neither).
+_SLICE_ATTRIBUTES = ("partition_index", "slice_index")
+
+
+def partition_of(device: Any) -> Any:
+    """The slice (partition) number of `device`; None when it carries none (CPU devices)."""
+    for name in _SLICE_ATTRIBUTES:
+        value = getattr(device, name, None)
+        if value is not None:
+            return value
+    return None
 
 
 def slice_sizes(devices: Sequence[Any]) -> dict[Any, int]:
-    """{slice_index: device count}; devices without a slice_index count under None."""
-    return dict(collections.Counter(getattr(d, _SLICE, None) for d in devices))
+    """{slice number: device count}; devices without one count under None."""
+    return dict(collections.Counter(partition_of(d) for d in devices))
 
 
 def spans_slices(devices: Sequence[Any]) -> bool:
-    """True when the devices carry more than one distinct slice_index."""
+    """True when the devices carry more than one distinct slice number."""
     return len(slice_sizes(devices)) > 1
 
 
@@ -77,12 +91,17 @@ def hybrid_mesh(devices: Sequence[Any], shape: Sequence[int], axis_names: Sequen
     """
     _, slices = equal_slices(devices, what)
     inner = (shape[0] // slices, *shape[1:])
-    outer = (slices,) + (1,) * (len(shape) - 1)
-    array = mesh_utils.create_hybrid_device_mesh(
-        inner, outer, list(devices), process_is_granule=False, allow_split_physical_axes=True)
+    granules = collections.defaultdict(list)
+    for device in devices:
+        granules[partition_of(device)].append(device)
+    # one mesh per slice, stacked along the leading axis in slice order (create_hybrid_device_mesh with
+    # dcn shape (slices, 1, ...), grouping by partition_of instead of by the slice_index attribute alone)
+    blocks = [mesh_utils.create_device_mesh(inner, granules[key], allow_split_physical_axes=True)
+              for key in sorted(granules)]
+    array = np.concatenate(blocks, axis=0)
     return Mesh(rows_by_process(array), tuple(axis_names),
                 axis_types=(AxisType.Auto,) * len(shape))
 
 
-__all__ = ["check_model_axis", "equal_slices", "hybrid_mesh", "rows_by_process",
+__all__ = ["check_model_axis", "equal_slices", "hybrid_mesh", "partition_of", "rows_by_process",
            "slice_sizes", "spans_slices"]

@@ -51,12 +51,9 @@ def create_device_mesh() -> Mesh:
     devices = jax.devices()
     if spans_slices(devices):
         return hybrid_mesh(devices, (len(devices),), (DATA_PARALLELISM_AXIS_NAME,), "create_device_mesh()")
-    return jax.make_mesh(
-        axis_shapes=(len(devices),),
-        axis_names=(DATA_PARALLELISM_AXIS_NAME,),
-        axis_types=(AxisType.Auto,),
-        devices=devices,
-    )
+    # positional: the first argument is `axis_shapes` up to jax 0.10, `axis_sizes` from 0.11
+    return jax.make_mesh((len(devices),), (DATA_PARALLELISM_AXIS_NAME,),
+                         axis_types=(AxisType.Auto,), devices=devices)
 
 
 def create_replicated_sharding(mesh: Mesh) -> NamedSharding:

@@ -1,8 +1,10 @@
 """Cloud TPU pod slices: one process per TPU VM worker.
 
 `TpuPod` reads the variables a TPU VM's runtime exposes on GKE (and that our
-gcloud launcher and simulator export): TPU_WORKER_ID and TPU_WORKER_HOSTNAMES,
-plus the MEGASCALE_* variables of multislice jobs. `CloudTpuVm` covers plain
+gcloud launcher and simulator export): TPU_WORKER_ID and the worker list, plus
+the MEGASCALE_* variables of multislice jobs. The worker list is looked up as
+jax 0.12 looks it up: the file named by TPU_PROCESS_ADDRESSES_PATH, then
+TPU_PROCESS_ADDRESSES, then TPU_WORKER_HOSTNAMES. `CloudTpuVm` covers plain
 GCE TPU VMs, whose facts live in the metadata server: there jax's own
 detection is asked.
 """
@@ -15,6 +17,7 @@ from job.cluster.base import ClusterEnv, Env, read_int, read_port
 from job.errors import ConfigError
 
 WORKER_ID = "TPU_WORKER_ID"
+ADDRESSES_PATH = "TPU_PROCESS_ADDRESSES_PATH"  # a file holding the list (newer GKE runtimes; jax >= 0.11 reads it)
 HOSTNAMES = ("TPU_PROCESS_ADDRESSES", "TPU_WORKER_HOSTNAMES")
 NUM_SLICES = "MEGASCALE_NUM_SLICES"
 SLICE_ID = "MEGASCALE_SLICE_ID"
@@ -39,14 +42,29 @@ class TpuPod(ClusterEnv):
 
     @classmethod
     def is_present(cls, env: Env) -> bool:
-        return WORKER_ID in env and any(name in env for name in HOSTNAMES)
+        return WORKER_ID in env and any(name in env for name in (ADDRESSES_PATH, *HOSTNAMES))
+
+    @classmethod
+    def _worker_list(cls, env: Env) -> tuple[str, str]:
+        """(where it came from, the comma-separated list)."""
+        if ADDRESSES_PATH in env:
+            path = env[ADDRESSES_PATH]
+            where = f"{ADDRESSES_PATH}={path}"
+            try:
+                with open(path, encoding="utf-8") as f:
+                    return where, f.read().strip()
+            except OSError as exc:
+                raise ConfigError(ADDRESSES_PATH, expected="a readable file of comma-separated worker addresses",
+                                  found=f"{path} ({exc.strerror})", fix=f"unset {ADDRESSES_PATH}, or {_FIX}") from exc
+        name = next(name for name in HOSTNAMES if name in env)
+        return name, env[name]
 
     @classmethod
     def workers(cls, env: Env) -> list[str]:
-        name = next(name for name in HOSTNAMES if name in env)
-        hosts = [_without_port(entry) for entry in env[name].split(",")]
+        where, listed = cls._worker_list(env)
+        hosts = [_without_port(entry) for entry in listed.split(",")]
         if not all(hosts):
-            raise ConfigError(name, expected="comma-separated worker host names", found=env[name], fix=_FIX)
+            raise ConfigError(where, expected="comma-separated worker host names", found=listed or "''", fix=_FIX)
         return hosts
 
     @classmethod

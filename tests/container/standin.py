@@ -1,8 +1,8 @@
 """A stand-in for the Dockerfile's default base image, made without a registry.
 
 CI reaches no image registry, so the container tests make
-docker.io/library/python:3.11-slim themselves: Debian bookworm by
-`mmdebstrap --variant=minbase` with Python 3.11, venv and CA certificates,
+docker.io/library/python:3.13-slim themselves: Debian trixie by
+`mmdebstrap --variant=minbase` with Python 3.13, venv and CA certificates,
 streamed into `podman import` under that exact name. The project's Dockerfile
 is built unchanged on top of it. (mmdebstrap, not debootstrap: measured side by
 side on 2 busy cores, 58 s against 126 s, and it writes the tarball itself.)
@@ -10,7 +10,7 @@ side on 2 busy cores, 58 s against 126 s, and it writes the tarball itself.)
 Test only, and specific to this kind of machine: the host's CA certificates
 (its HTTPS proxy's among them) are added, so that pip inside the build reaches
 PyPI. A base that already carries this recipe's label is reused; a real
-python:3.11-slim found locally (no label) is used as it is and never replaced.
+python:3.13-slim found locally (no label) is used as it is and never replaced.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
-NAME = "docker.io/library/python:3.11-slim"  # the Dockerfile's default BASE
-SUITE = "bookworm"  # python:3.11-slim's Debian release
+NAME = "docker.io/library/python:3.13-slim"  # the Dockerfile's default BASE
+SUITE = "trixie"  # python:3.13-slim's Debian release (its python3 is 3.13)
 MIRROR = "http://deb.debian.org/debian"
 PACKAGES = ("python3", "python3-venv", "ca-certificates")
 HOST_CAS = Path("/usr/local/share/ca-certificates")
 LABEL = "jax-cluster-job.standin"
-# What python:3.11-slim's own config says (and what the Dockerfile's ENV PATH extends).
+# What python:3.13-slim's own config says (and what the Dockerfile's ENV PATH extends).
 CHANGES = (
     "ENV=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "ENV=LANG=C.UTF-8",

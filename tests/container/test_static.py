@@ -14,6 +14,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from tests.container.conftest import ROOT, engine_env
 
@@ -48,14 +49,26 @@ def tool(name: str, fix: str) -> str:
     return found
 
 
-def pins(lock: Path) -> dict[str, str]:
+# Every Python the project supports: the locks are universal (environment markers per Python).
+PYTHONS = ("3.11", "3.12", "3.13")
+
+
+def pins(lock: Path, python: str = "3.13") -> dict[str, str]:
+    """NAME -> VERSION of the lines of `lock` that apply to CPython `python` on x86_64 Linux."""
+    target = {"python_version": python, "python_full_version": f"{python}.0", "sys_platform": "linux",
+              "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
+              "platform_python_implementation": "CPython", "implementation_name": "cpython"}
     found = {}
     for line in lock.read_text().splitlines():
         if line.strip() and not line.lstrip().startswith("#"):
-            name, sep, version = line.strip().partition("==")
-            assert sep and re.fullmatch(r"[A-Za-z0-9._-]+", name), \
-                f"{lock.name}: expected NAME==VERSION, found {line!r}"
-            found[name.lower()] = version
+            requirement = Requirement(line.strip())
+            specifiers = list(requirement.specifier)
+            assert len(specifiers) == 1 and specifiers[0].operator == "==" and not requirement.extras, \
+                f"{lock.name}: expected NAME==VERSION [; MARKER], found {line!r}"
+            if requirement.marker is None or requirement.marker.evaluate(target):
+                name = requirement.name.lower()
+                assert name not in found, f"{lock.name}: {name} pinned twice for Python {python}"
+                found[name] = specifiers[0].version
     return found
 
 
@@ -89,8 +102,9 @@ def test_shellcheck_passes_on_every_shell_script_in_the_repo() -> None:
     assert proc.returncode == 0, f"shellcheck {' '.join(scripts)}\n{proc.stdout}{proc.stderr}"
 
 
-def test_every_flavour_pins_the_project_and_the_same_versions_of_what_they_share() -> None:
-    locks = {flavour: pins(path) for flavour, path in LOCKS.items()}
+@pytest.mark.parametrize("python", PYTHONS)
+def test_every_flavour_pins_the_project_and_the_same_versions_of_what_they_share(python: str) -> None:
+    locks = {flavour: pins(path, python) for flavour, path in LOCKS.items()}
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     names = {re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0].lower() for requirement in project}
     for flavour, pinned in locks.items():
@@ -102,22 +116,31 @@ def test_every_flavour_pins_the_project_and_the_same_versions_of_what_they_share
         differing = {name: (locks["cpu"][name], version) for name, version in locks[flavour].items()
                      if name in locks["cpu"] and locks["cpu"][name] != version}
         assert not differing, (
-            f"docker/requirements-{flavour}.lock: expected the versions of requirements.lock, found "
-            f"(cpu, {flavour}) = {differing}. Fix: make lock (it re-resolves all three together)")
+            f"docker/requirements-{flavour}.lock: expected the versions of requirements.lock for Python {python}, "
+            f"found (cpu, {flavour}) = {differing}. Fix: make lock (it re-resolves all three together)")
     assert locks["cuda"]["jax-cuda12-plugin"] == locks["cuda"]["jax-cuda12-pjrt"] == locks["cpu"]["jax"]
 
 
+@pytest.mark.parametrize(("python", "jax"), [("3.11", "0.10."), ("3.12", "0.12."), ("3.13", "0.12.")])
+def test_python_3_11_keeps_jax_0_10_and_newer_pythons_get_jax_0_12(python: str, jax: str) -> None:
+    for flavour, lock in LOCKS.items():
+        pinned = pins(lock, python)
+        assert pinned["jax"].startswith(jax) and pinned["jaxlib"] == pinned["jax"], \
+            f"{lock.name} for Python {python}: expected jax {jax}x, found jax {pinned['jax']}, jaxlib {pinned['jaxlib']}"
+
+
+@pytest.mark.parametrize("python", PYTHONS)
 @pytest.mark.parametrize("flavour", sorted(LOCKS))
-def test_each_lock_resolves_on_its_own_for_its_platform(flavour: str) -> None:
-    # uv reads metadata only (no wheel downloads): every pin exists for CPython 3.11 on that
+def test_each_lock_resolves_on_its_own_for_its_platform(flavour: str, python: str) -> None:
+    # uv reads metadata only (no wheel downloads): every pin that applies exists for that CPython on that
     # platform, and resolving the pinned set adds nothing and changes nothing.
     uv = tool("uv", "pip install uv (the test extra has it)")
-    proc = subprocess.run([uv, "pip", "compile", str(LOCKS[flavour]), "--python-version", "3.11",
+    proc = subprocess.run([uv, "pip", "compile", str(LOCKS[flavour]), "--python-version", python,
                            "--python-platform", PLATFORMS[flavour], "--no-header", "--no-annotate"],
                           capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, f"{LOCKS[flavour].name} does not resolve:\n{proc.stderr}"
+    assert proc.returncode == 0, f"{LOCKS[flavour].name} does not resolve for Python {python}:\n{proc.stderr}"
     resolved = {n.lower(): v for n, _, v in (line.partition("==") for line in proc.stdout.split()) if v}
-    assert resolved == pins(LOCKS[flavour])
+    assert resolved == pins(LOCKS[flavour], python)
 
 
 @pytest.mark.parametrize("flavour", ["cpu", "cuda", "tpu"])

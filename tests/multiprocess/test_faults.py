@@ -176,9 +176,11 @@ MID_TRAINING = {
     "rank 1 hangs in Python (--watchdog-s 5)": (1, f"sleep@{FAULT_STEP}", ("--watchdog-s", "5"), 86,
                                           ("watchdog: no training step completed for",)),
 }
+SMOKE_FAULT = "SIGKILL of rank 1"  # the one fault case of the second Python's smoke (make test-smoke)
 
 
-@pytest.mark.parametrize("name", list(MID_TRAINING))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.smoke) if name == SMOKE_FAULT else name
+                                  for name in MID_TRAINING])
 def test_fault_during_training(name: str, tmp_path: Path, straight: Path, record_property) -> None:
     rank, fault, flags, code, says = MID_TRAINING[name]
     outcome = faulty(tmp_path, rank, fault, *flags)

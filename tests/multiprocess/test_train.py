@@ -40,6 +40,7 @@ def train_losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records if r["split"] == "train"}
 
 
+@pytest.mark.smoke
 def test_synthetic_task_converges(tmp_path: Path) -> None:
     # measured: eval accuracy 1.000 from step 50 (4x2, default config); loss 3.4 -> 0.02
     train(2, 2, tmp_path, "--steps", "80", "--eval-every", "40", "--log-every", "20")
@@ -103,6 +104,7 @@ def _preempt(run_dir: Path, n: int, devices: int, sig: signal.Signals, rank: int
     return proc.returncode, "".join(lines) + out
 
 
+@pytest.mark.smoke
 def test_exact_resume_after_sigterm_to_one_nonzero_rank(tmp_path: Path) -> None:
     flags = ("--steps", "40", "--ckpt.every", "10", "--eval-every", "40", *SMALL)
     train(2, 2, tmp_path / "straight", *flags, "--log-every", "40")

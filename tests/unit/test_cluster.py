@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -508,6 +509,25 @@ BAD_TPU_TABLES: tuple[tuple[str, Env, str], ...] = (
 def test_malformed_tpu_table(env: Env, variable: str) -> None:
     with pytest.raises(ConfigError, match=variable):
         detect(env)
+
+
+def test_tpu_worker_list_from_a_process_addresses_file_wins_as_in_jax_0_12(tmp_path: Path) -> None:
+    listed = tmp_path / "addresses"
+    listed.write_text("10.1.0.1:8476,10.1.0.2:8476\n")
+    env = {"TPU_WORKER_ID": "1", "TPU_PROCESS_ADDRESSES_PATH": str(listed), "TPU_WORKER_HOSTNAMES": "a,b,c,d"}
+    assert TpuPod.is_present(env)
+    assert detect(env) == ClusterInfo("tpu", 1, 2, "10.1.0.1:8482", None)
+
+
+@pytest.mark.parametrize("content", [None, "", "a,,b"])
+def test_an_unreadable_or_malformed_process_addresses_file_is_one_clear_error(tmp_path: Path,
+                                                                              content: str | None) -> None:
+    listed = tmp_path / "addresses"
+    if content is not None:
+        listed.write_text(content)
+    with pytest.raises(ConfigError, match="TPU_PROCESS_ADDRESSES_PATH") as err:
+        detect({"TPU_WORKER_ID": "0", "TPU_PROCESS_ADDRESSES_PATH": str(listed)})
+    assert "expected" in str(err.value) and "Fix" in str(err.value)
 
 
 def test_tpu_ipv6_process_address_port_is_replaced() -> None:

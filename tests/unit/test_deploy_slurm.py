@@ -446,18 +446,37 @@ def test_make_venv_flavor_cuda_builds_venv_cuda_from_the_cuda_lock_and_cpu_is_un
         assert proc.returncode == 0, proc.stderr
         return [line for line in proc.stdout.splitlines() if not line.startswith("[ -n ")]  # the FLAVOR guard
 
-    assert recipe("FLAVOR=cuda") == [
-        "python3 -m venv .venv-cuda",
-        ".venv-cuda/bin/pip install --quiet --disable-pip-version-check -r docker/requirements-cuda.lock",
-        ".venv-cuda/bin/pip install --quiet --disable-pip-version-check --no-deps -e .",
-        "touch .venv-cuda/bin/.installed",
-    ]
-    assert recipe() == [
-        "python3 -m venv .venv",
-        ".venv/bin/pip install --quiet --disable-pip-version-check -r requirements.lock",
-        ".venv/bin/pip install --quiet --disable-pip-version-check --no-deps -e .",
-        "touch .venv/bin/.installed",
-    ]
+    def made(venv: str, lock: str) -> list[str]:
+        return [
+            "python3 -m venv --clear " + venv,
+            f"{venv}/bin/pip install --quiet --disable-pip-version-check -r {lock}",
+            f"{venv}/bin/pip install --quiet --disable-pip-version-check --no-deps -e .",
+            f"{venv}/bin/python -c 'import sys; print(sys.version.split()[0], sys.base_prefix)' > {venv}/bin/.installed",
+        ]
+
+    assert recipe("FLAVOR=cuda")[1:] == made(".venv-cuda", "docker/requirements-cuda.lock")
+    assert recipe()[1:] == made(".venv", "requirements.lock")
+    assert "expected PYTHON to be Python 3.11 or newer" in recipe()[0]  # checked before anything is made
     proc = subprocess.run(["make", "venv", "FLAVOR=tpu"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 2 and "expected FLAVOR=cpu or FLAVOR=cuda, found FLAVOR=tpu" in proc.stderr
+
+
+@pytest.mark.parametrize(("stamp", "given", "remade"), [
+    ("0.0.0 /elsewhere", True, True),  # made with another interpreter: PYTHON=... makes it again
+    (None, True, False),  # made with this one
+    ("0.0.0 /elsewhere", False, False),  # no PYTHON given: whatever .venv has stays
+])
+def test_make_venv_python_makes_a_venv_of_another_interpreter_again(tmp_path: Path, stamp: str | None,
+                                                                   given: bool, remade: bool) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "VENV", "FLAVOR", "MAKEFLAGS", "MAKELEVEL")}
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    this = subprocess.run([sys.executable, "-c", "import sys; print(sys.version.split()[0], sys.base_prefix)"],
+                          capture_output=True, text=True, check=True).stdout
+    (venv / "bin" / ".installed").write_text(stamp + "\n" if stamp else this)
+    argv = ["make", "--no-print-directory", "-n", "venv", f"VENV={venv}", *([f"PYTHON={sys.executable}"] * given)]
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert (f"-m venv --clear {venv}" in proc.stdout) is remade, proc.stdout
+    assert ("was made with Python 0.0.0; making it again with" in proc.stderr) is remade, proc.stderr

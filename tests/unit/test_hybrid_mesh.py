@@ -19,6 +19,7 @@ from jax.sharding import AxisType, Mesh
 from job import multihost
 from job import sharding as sh
 from job.errors import ConfigError
+from job.mesh import hybrid_mesh
 
 H100 = "NVIDIA H100 80GB HBM3"
 MODEL_AXES = range(1, 9)
@@ -283,3 +284,32 @@ def test_single_slice_keeps_its_model_axis_error(name: str) -> None:
     devices = SINGLE_SLICE[name]
     with pytest.raises(ConfigError, match=f"a positive divisor of the device count {len(devices)}"):
         sh.make_mesh(devices, model_axis=3)
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionedGpu:
+    """A GPU as jax 0.11 and later name it: `partition_index` numbers the node."""
+
+    id: int
+    process_index: int
+    partition_index: int
+    platform: str = "gpu"
+    device_kind: str = H100
+
+    @property
+    def slice_index(self) -> int:  # the deprecated name: reading it is the mistake under test
+        raise AssertionError("read slice_index on a device that has partition_index")
+
+
+@pytest.mark.parametrize("case", VALID, ids=_ids)
+def test_devices_numbered_by_partition_index_give_the_slice_index_mesh(case: tuple[Topology, int]) -> None:
+    topo, m = case
+    old = topo.gpus()
+    new = [PartitionedGpu(d.id, d.process_index, d.slice_index) for d in old]
+    assert [d.id for d in sh.make_mesh(new, model_axis=m).devices.flat] == \
+        [d.id for d in sh.make_mesh(old, model_axis=m).devices.flat]
+    assert multihost_mesh_ids(new) == multihost_mesh_ids(old)
+
+
+def multihost_mesh_ids(devices: list) -> list[int]:
+    return [d.id for d in hybrid_mesh(devices, (len(devices),), ("devices",), "test").devices.flat]
