@@ -25,7 +25,7 @@ SLURM_ENV := /var/tmp/jax-job-slurm/env.sh
 # ARGS given on the command line reach the job as shell-style words (never run); otherwise deploy.slurm's default
 SLURM_ARGS = $(if $(filter command line,$(origin ARGS)),--args=$(call quote,ARGS))
 
-.PHONY: help venv run-local test-local test-unit test-smoke bench plot lock clean slurm-up slurm-down submit-slurm
+.PHONY: help venv run-local test-local test-unit test-smoke bench rerun plot lock clean slurm-up slurm-down submit-slurm
 
 help: ## list every target
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -80,6 +80,9 @@ test-smoke: $(BIN)/.installed ## the unit tier and a multi-process smoke (train,
 
 bench: $(BIN)/.installed ## benchmarks vs hand-written JAX (~10-15 min on 2 cores): bench/RESULTS.md + launch plot; BENCH_ARGS=--quick
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+rerun: $(BIN)/.installed ## replay RUN_DIR's recorded command (provenance.json) into NEW (default RUN_DIR-rerun-TIME); says first how the code differs
+	$(BIN)/python -m job rerun $(call quote,RUN_DIR) $(if $(NEW),$(call quote,NEW))
 
 plot: $(BIN)/.installed ## loss, eval loss, learning rate and throughput of a run as a PNG: make plot RUN_DIR=runs/local
 	$(BIN)/python -m job plot $(call quote,RUN_DIR)

@@ -5,6 +5,7 @@
     python -m job tokenize INPUT.txt OUTPUT.npy               # text -> byte-level token file (the lm task's)
     python -m job plot RUN_DIR                                # loss, lr, throughput -> RUN_DIR/metrics.png
     python -m job check-run-dir gs://BUCKET/run1              # can this host write there? exit 0, or why and 2
+    python -m job rerun RUN_DIR [NEW_RUN_DIR]                 # replay RUN_DIR's recorded command into a new run dir
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from job.errors import ConfigError
+from job.errors import BAD_INPUT_EXIT_CODE, ConfigError
 
 USAGE = __doc__.strip().split("\n", 1)[1]
 
@@ -34,10 +35,20 @@ def main(argv: list[str] | None = None) -> int:
             config.validate(cfg, chosen)  # bad input: one clear line and exit 2, before anything starts
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr)
-            return 2
-        code = loop.run(cfg, chosen)
+            return BAD_INPUT_EXIT_CODE
+        try:
+            code = loop.run(cfg, chosen, ["train", *flags])
+        except ConfigError as exc:  # found inside the run (a state unlike the saved one, ...): still bad input
+            if not _distributed():
+                print(f"error: {exc}", file=sys.stderr)
+                return BAD_INPUT_EXIT_CODE
+            raise  # job.initialize's exit hook prints it and ends this process with 2, skipping the shutdown barrier
         _shutdown()
         return code
+    if command == "rerun":
+        from job.provenance import rerun_command
+
+        return rerun_command(rest)
     if command == "check-run-dir":
         from job.storage import check_run_dir_command
 
@@ -60,11 +71,17 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def _distributed() -> bool:
+    import jax
+
+    return jax.distributed.is_initialized()
+
+
 def _shutdown() -> None:
     """A clean end: leave the distributed runtime together (its shutdown barrier)."""
     import jax
 
-    if jax.distributed.is_initialized():
+    if _distributed():
         jax.distributed.shutdown()
 
 

@@ -162,6 +162,22 @@ class Checkpointer:
         return self.manager.restore(step, args=ocp.args.PyTreeRestore(
             item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target)))
 
+    def newest_specs(self) -> tuple[int, dict[str, tuple]] | None:
+        """(step, {leaf path: (shape, dtype)}) of the newest step whose tree metadata reads, else None.
+
+        Read before anything is restored, to tell a state this run does not build (bad input,
+        job.resume) from a damaged checkpoint (set aside by restore_newest)."""
+        from job.resume import leaf_specs
+
+        self._started()
+        for step in sorted(self.all_steps(), reverse=True):
+            try:
+                return step, leaf_specs(self.manager.item_metadata(step))
+            except Exception as exc:  # noqa: BLE001 - unreadable metadata: restore_newest sets the step aside
+                log.warning("checkpoint step %d in %s: its tree metadata does not read (%s: %s)", step,
+                            self.directory, type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
+        return None
+
     def restore_newest(self, like: Any) -> tuple[int, Any]:
         """The newest checkpoint that reads back; an unreadable one is reported and skipped."""
         steps = sorted(self.all_steps(), reverse=True)

@@ -74,6 +74,8 @@ class TrainConfig(Generic[M, D]):
     model_axis: int = 1  # devices per tensor-parallel group (the mesh's "model" axis)
     resume: bool = True  # continue from the newest complete checkpoint in run_dir
     watchdog_s: float = 600.0  # no step within this many seconds: dump every stack, exit 86 (0 = off)
+    # name a host whose own time per step (input wait, dispatch) is over this x the median (job/stragglers.py)
+    straggler_ratio: float = 1.2
     # jax's persistent compilation cache: a folder, "none" (off), or "" = $JOB_COMPILE_CACHE, else
     # $JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/job/jax (~/.cache/job/jax); see job/compile_cache.py
     compile_cache: str = ""
@@ -105,6 +107,8 @@ def validate(cfg: TrainConfig, task: Task) -> None:
         (0 <= cfg.seed <= MAX_SEED, "--seed", f"an integer 0..{MAX_SEED}", cfg.seed, "pass --seed 0"),
         (_finite(cfg.watchdog_s) and cfg.watchdog_s >= 0, "--watchdog-s", "a finite number of seconds >= 0",
          cfg.watchdog_s, "pass --watchdog-s 600, or 0 to turn the watchdog off"),
+        (_finite(cfg.straggler_ratio) and cfg.straggler_ratio >= 1, "--straggler-ratio", "a finite ratio >= 1",
+         cfg.straggler_ratio, "pass --straggler-ratio 1.2"),
         (bool(run_dir) and run_dir.isprintable(), "--run-dir", "a non-empty path without control characters",
          run_dir, "pass --run-dir runs/example"),
         (url_problem(run_dir) is None, "--run-dir", "a folder path or gs://BUCKET/FOLDER", run_dir,

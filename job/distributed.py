@@ -25,7 +25,7 @@ from typing import ClassVar
 
 from job.cluster import ClusterInfo, detect
 from job.cluster.base import CUDA_VISIBLE_DEVICES, read_id_list, read_int
-from job.errors import ConfigError, InitOrderError, JobError
+from job.errors import BAD_INPUT_EXIT_CODE, ConfigError, InitOrderError, JobError
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,10 @@ def _exit_on_uncaught(previous, before_exit: Callable[[], None] | None = None):
         sys.stderr.flush()
         if before_exit is not None:  # the output filter writes out the message before the process ends
             before_exit()
-        code = value.code if isinstance(value, SystemExit) and isinstance(value.code, int) else 1
+        if isinstance(value, ConfigError):
+            code = BAD_INPUT_EXIT_CODE
+        else:
+            code = value.code if isinstance(value, SystemExit) and isinstance(value.code, int) else 1
         os._exit(code or 1)
 
     return hook

@@ -8,6 +8,9 @@ import math
 from collections.abc import Sequence
 
 
+BAD_INPUT_EXIT_CODE = 2  # a ConfigError, wherever it is found: before the start or inside the run
+
+
 class JobError(Exception):
     """Base class of the errors this package raises on purpose."""
 

@@ -21,7 +21,7 @@ from etils import epath
 from flax import nnx
 
 import job
-from job import config, storage
+from job import config, provenance, resume, storage
 from job.config import TrainConfig, to_dict, to_json
 from job.errors import ConfigError
 from job.goodput import Goodput, describe
@@ -37,11 +37,22 @@ def count_params(model: nnx.Module) -> int:
     return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
-def run(cfg: TrainConfig, task: Task) -> int:
-    """Train `task` to cfg.steps (resuming if possible). Returns 0, or REQUEUE_EXIT_CODE when preempted."""
+def run(cfg: TrainConfig, task: Task, argv: list[str] | None = None) -> int:
+    """Train `task` to cfg.steps (resuming if possible). Returns 0, or REQUEUE_EXIT_CODE when preempted.
+
+    `argv` is the command line that made `cfg` (`python -m job ARGV`), recorded for `python -m job rerun`."""
     config.validate(cfg, task)
     timer = Goodput()
+    # from here on a SIGTERM (USR1, USR2) is heard in every phase: start-up, the first compilation,
+    # evaluation and saves end with the last finished step saved and REQUEUE_EXIT_CODE
+    # (after job.initialize: jax's own preemption notifier takes SIGTERM there, and this guard takes it back)
     info = job.initialize()
+    with PreemptionGuard() as guard:
+        return _run(cfg, task, argv, timer, info, guard)
+
+
+def _run(cfg: TrainConfig, task: Task, argv: list[str] | None, timer: Goodput, info: job.ClusterInfo,
+         guard: PreemptionGuard) -> int:
     from job import compile_cache
 
     cache_dir = compile_cache.enable(cfg.compile_cache)  # before the first compilation
@@ -59,6 +70,7 @@ def run(cfg: TrainConfig, task: Task) -> int:
     from job.profile import StepProfiler
     from job.report import Reporter
     from job.steps import jit_eval_step, jit_train_step, make_optimizer
+    from job.stragglers import StragglerWatch
 
     run_dir = storage.run_path(cfg.run_dir)  # a local folder or gs://BUCKET/FOLDER (etils.epath)
     checked = preflight.check(to_dict(cfg), run_dir / "checkpoints")
@@ -71,7 +83,6 @@ def run(cfg: TrainConfig, task: Task) -> int:
             fix=f"use --data.global-batch {divisor * max(1, -(-cfg.data.global_batch // divisor))}",
         )
     source = task.source(cfg.data, cfg.model)
-    only_specific_processes()(_save_config)(run_dir, cfg)
 
     model = task.build(cfg.model, nnx.Rngs(cfg.seed))
     tx, schedule = make_optimizer(cfg.optim, cfg.steps)
@@ -82,10 +93,18 @@ def run(cfg: TrainConfig, task: Task) -> int:
     graphdef, state = nnx.split({"model": model, "optimizer": optimizer})
     del model, optimizer  # from here on `state` is the one copy; the steps donate it
 
+    moved = None if cfg.resume else resume.move_aside_for_fresh_start(run_dir / "checkpoints")
     checkpoints = Checkpointer(run_dir / "checkpoints", cfg.ckpt)
-    start = 0
+    start, changed = 0, []
+    newest = checkpoints.newest_specs() if cfg.resume else None
+    if newest is not None:  # a state this run does not build stops it here, with nothing touched (exit 2)
+        changed = resume.check(run_dir, to_dict(cfg), *newest, state)
+    only_specific_processes()(_save_config)(run_dir, cfg)
+    only_specific_processes()(provenance.record)(run_dir, argv, _topology(info, mesh))
     if cfg.resume and checkpoints.all_steps():  # read back first: an unreadable newest step is set aside
         start, state = checkpoints.restore_newest(state)
+    elif cfg.resume:  # never from step 0 over checkpoints that were set aside as unreadable
+        resume.refuse_fresh_start_over_set_aside(checkpoints.directory)
     if start >= cfg.steps:
         only_specific_processes()(log.info)("already complete at step %d; use a new --run-dir or raise --steps",
                                             start)
@@ -98,12 +117,15 @@ def run(cfg: TrainConfig, task: Task) -> int:
     def batch(split: str, step: int) -> dict[str, jax.Array]:
         return global_batch(source, batch_sharding, split=split, step=step, size=cfg.data.global_batch)
 
-    def evaluate() -> dict[str, float]:
-        """Every metric averaged over the eval batches (weighted by the task's weight metric)."""
+    def evaluate() -> dict[str, float] | None:
+        """Every metric averaged over the eval batches (weighted by the task's weight metric); None when
+        a preemption signal reached any process during it (each batch ends with the collective check)."""
         sums: dict[str, float] = {}
         total = 0.0
         for i in range(cfg.data.eval_batches):
             metrics = {k: float(v) for k, v in jax.device_get(eval_step(state, batch("eval", i))).items()}
+            if guard.should_stop():
+                return None
             weight = metrics.pop(task.weight) if task.weight else 1.0
             for name, value in metrics.items():
                 sums[name] = sums.get(name, 0.0) + value * weight
@@ -117,13 +139,26 @@ def run(cfg: TrainConfig, task: Task) -> int:
     profiler = StepProfiler(cfg.profile.steps, cfg.steps, run_dir, info.process_id)
     if start:
         report.message("resumed from step %d (%s)", start, run_dir / "checkpoints")
+    if start and changed:
+        report.message("changed since the saved run (the state is the same): %s", ", ".join(
+            f"{resume.flag(name)} {old!r} -> {new!r}" for name, old, new in changed))
+    if moved is not None:
+        report.message("--no-resume: starting afresh; the earlier checkpoints are kept in %s", moved)
     report.message("%s", checked.line())
     report.message("%s; task %s; %d parameters; mesh %s; rule %s", info.summary(), task.name, params,
                    dict(mesh.shape), cfg.rule)
     began, last_saved, metrics, eval_metrics = time.perf_counter(), start, {}, {}
+    watch = StragglerWatch(cfg.straggler_ratio)
     code = 0
     timer.started()
-    with contextlib.ExitStack() as stack, sharding.mesh_context(mesh), PreemptionGuard() as guard:
+    if guard.should_stop():  # a signal during start-up (build, restore): no step since the last save
+        report.message("preempted before the first step: nothing new to save; exiting with %d (requeue)",
+                       REQUEUE_EXIT_CODE)
+        report.flush()
+        timer.flush()
+        checkpoints.close()
+        return REQUEUE_EXIT_CODE
+    with contextlib.ExitStack() as stack, sharding.mesh_context(mesh):
         cache_events = stack.enter_context(compile_cache.CacheEvents())
         stack.callback(profiler.stop)
         stack.callback(report.flush)  # however the loop ends (an error, too), the records so far are written
@@ -136,10 +171,12 @@ def run(cfg: TrainConfig, task: Task) -> int:
             logs = done % cfg.log_every == 0 or done == cfg.steps
             evaluates = cfg.data.eval_batches and (done % cfg.eval_every == 0 or done == cfg.steps)
             saves = done % cfg.ckpt.every == 0 or done == cfg.steps
+            step_began = time.perf_counter()
             with timer.part("input_wait"):
                 next_batch = upcoming.get(step)
             with profiler.step(done) as outputs, timer.step():  # starting and ending a trace is not a step
                 state, metrics = train_step(state, next_batch)
+                host_s = time.perf_counter() - step_began  # this host's own part: its batch and the dispatch
                 outputs.append(metrics)
                 if step == start or logs or evaluates or saves:  # what follows waits for it: time it here
                     jax.block_until_ready(metrics)
@@ -147,17 +184,25 @@ def run(cfg: TrainConfig, task: Task) -> int:
                 with timer.part("logging"):
                     values = {k: float(v) for k, v in jax.device_get(metrics).items()}
                     report.train(done, values, float(schedule(step)))
+                    report.hosts(done, watch.share())  # one all-gather of one number, on log steps only
                     only_specific_processes()(timer.progress)(run_dir, done)
+            interrupted = False  # by a preemption signal during the evaluation: save this step and stop
             if evaluates:
                 with timer.part("eval"):
-                    eval_metrics = evaluate()
-                report.eval(done, eval_metrics)
-            if saves:
+                    evaluated = evaluate()
+                if evaluated is None:
+                    interrupted = True
+                else:
+                    eval_metrics = evaluated
+                    report.eval(done, eval_metrics)
+            if saves and not interrupted:
                 with timer.part("checkpoint"):
                     checkpoints.save(done, state)
                 last_saved = done
             with timer.part("steps"):  # a collective every step: part of what a step costs
-                stop = guard.should_stop()
+                stop = interrupted or guard.should_stop()
+            if step != start and not (evaluates or saves):  # a step's time: no compilation, evaluation or save
+                watch.add(host_s, time.perf_counter() - step_began)
             if stop:
                 if last_saved != done:
                     with timer.part("checkpoint"):
@@ -191,9 +236,18 @@ def run(cfg: TrainConfig, task: Task) -> int:
         # interleave differently on each process and hang (seen under fsdp on 2 processes)
         "params_norm": float(jax.jit(optax.tree.norm)(trained)),
         "params_sha256": fingerprint(trained),
+        "slowest_hosts": watch.slowest(),  # the processes named as stragglers, each at its slowest
         "goodput": split,
     })
     return code
+
+
+def _topology(info: job.ClusterInfo, mesh: jax.sharding.Mesh) -> dict:
+    """Where the run ran, for its provenance record."""
+    devices = jax.devices()
+    return {"kind": info.kind, "processes": info.num_processes, "local_devices": jax.local_device_count(),
+            "devices": len(devices), "platform": devices[0].platform, "device_kind": devices[0].device_kind,
+            "mesh": dict(mesh.shape), "hosts": len({d.process_index for d in devices})}
 
 
 def _save_config(run_dir: epath.Path, cfg: TrainConfig) -> None:

@@ -70,6 +70,16 @@ class Reporter:
                      self._shown(metrics), lr, rate, self.unit, step_time * 1e3)
 
     @only_specific_processes()
+    def hosts(self, step: int, stragglers: Sequence[Any]) -> None:
+        """The stragglers of this log interval (job.stragglers): one line naming each, and the metrics."""
+        if not stragglers:
+            return
+        slowest = stragglers[0]
+        self._write(step, "hosts", {"stragglers": float(len(stragglers)), "slowest_process": float(slowest.process),
+                                    "slowest_host_ms": slowest.host_ms, "slowest_ratio": slowest.ratio})
+        log.info("stragglers at step %d: %s", step, "; ".join(s.line() for s in stragglers))
+
+    @only_specific_processes()
     def eval(self, step: int, metrics: dict[str, float]) -> None:
         self._write(step, "eval", metrics)
         log.info("eval at step %d  %s", step, self._shown(metrics))

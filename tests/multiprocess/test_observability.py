@@ -249,3 +249,20 @@ def test_the_filters_have_written_everything_out_before_a_process_ends(ending: s
         assert len(pids) == 2, pids  # the two filters, of stdout and stderr
         alive = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
         assert alive == [], f"process {rank}: filter processes {alive} outlived it"
+
+
+def test_a_host_whose_rows_cost_more_is_named_as_the_straggler_and_no_other(tmp_path: Path) -> None:
+    # 3 processes; rank 1's batches cost 150 ms more (the others wait for it inside every step)
+    argv = launcher_argv(3, [sys.executable, str(ROOT / "tests" / "scenarios" / "faulty.py"), "1", "slow-rows=150",
+                             "--", "train", "--run-dir", str(tmp_path), "--steps", "16", "--log-every", "4",
+                             "--eval-every", "100", "--data.global-batch", "30", *SMALL], devices=1)
+    proc = run(argv, timeout=300)
+    assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
+    lines = [line for line in proc.stderr.splitlines() if "stragglers at step" in line]
+    assert lines, explain(proc, proc.stdout, proc.stderr)
+    for line in lines:
+        assert line.startswith("[rank 0] ") and "process 1 (" in line, line  # only process 0 reports it
+        assert "process 0 (" not in line and "process 2 (" not in line, line
+    assert [host["process"] for host in summary(tmp_path)["slowest_hosts"]] == [1]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert {r["slowest_process"] for r in records if r["split"] == "hosts"} == {1.0}

@@ -167,7 +167,7 @@ def test_bad_input_is_one_clear_error_before_training(flags: list[str], message:
 def test_token_file_with_wrong_dtype_is_refused(tmp_path: Path) -> None:
     np.save(tmp_path / "floats.npy", np.zeros(1000, np.float32))
     proc = run([*JOB, "--run-dir", str(tmp_path / "run"), "--data.source", str(tmp_path / "floats.npy")], timeout=120)
-    assert proc.returncode == 1, explain(proc, proc.stdout, proc.stderr)
+    assert proc.returncode == 2, explain(proc, proc.stdout, proc.stderr)  # bad input, though found in the run
     assert "float32" in proc.stderr and "uint16" in proc.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 

@@ -11,6 +11,8 @@ On every rank but RANK this is exactly `python -m job`. On RANK, FAULT is:
     raise@N     raise RuntimeError when step N starts (a bug in rank RANK)
     exit-early  exit 3 before joining the cluster (a process that never starts)
     hang-early  block forever before joining the cluster
+    term-at-start  SIGTERM itself once start-up is over (state built and restored), before step 1
+    slow-rows=MS   every batch of rows costs MS milliseconds more on this rank (a slow input host)
     version=P:V report package P at version V (a host with another image)
     flag=F:V    append `F V` to the job's flags (a host started with other flags)
 
@@ -78,6 +80,25 @@ if me == rank:
     elif kind == "exit-early":
         announce()
         os._exit(3)
+    elif kind == "term-at-start":
+        real_jit_train_step = steps.jit_train_step
+
+        def signalled(*a, **k):  # the loop makes its step once start-up is done, before its first step
+            announce()
+            os.kill(os.getpid(), signal.SIGTERM)
+            return real_jit_train_step(*a, **k)
+
+        steps.jit_train_step = signalled
+    elif kind == "slow-rows":
+        from job import batches
+
+        real_global_batch = batches.global_batch
+
+        def slow_global_batch(*a, **k):
+            time.sleep(float(value) / 1e3)
+            return real_global_batch(*a, **k)
+
+        batches.global_batch = slow_global_batch
     elif kind == "hang-early":
         announce()
         sleep_forever()

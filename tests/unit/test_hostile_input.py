@@ -125,6 +125,8 @@ MAX_STEPS = str(config.MAX_STEPS + 1)
     (["--watchdog-s=-1"], ["--watchdog-s"]),
     (["--watchdog-s=nan"], ["--watchdog-s"]),
     (["--watchdog-s=inf"], ["--watchdog-s"]),
+    (["--straggler-ratio=0.5"], ["--straggler-ratio"]),
+    (["--straggler-ratio=nan"], ["--straggler-ratio"]),
     (["--seed=-1"], ["--seed"]),
     (["--data.source=/nonexistent/tokens.npy"], ["data.source", "python -m job tokenize"]),
     (["--run-dir=s3://bucket/run1"], ["--run-dir", "only gs:// URLs"]),
@@ -245,10 +247,12 @@ def test_job_config_check_refuses_clearly_or_accepts_only_sane_numbers(
 
 def test_job_cli_still_accepts_the_defaults_and_reaches_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     ran: list[config.TrainConfig] = []
-    monkeypatch.setattr(loop, "run", lambda cfg, chosen: ran.append(cfg) or 0)
+    argvs: list[list[str]] = []
+    monkeypatch.setattr(loop, "run", lambda cfg, chosen, argv: ran.append(cfg) or argvs.append(argv) or 0)
     monkeypatch.setattr(job_cli, "_shutdown", lambda: None)
     assert job_cli.main(["train", "--steps=5", "--optim.lr=1e-3", "--watchdog-s=0"]) == 0
     assert [c.steps for c in ran] == [5]
+    assert argvs == [["train", "--steps=5", "--optim.lr=1e-3", "--watchdog-s=0"]]  # recorded for `rerun`
 
 
 # ====================================================================== the launcher: python -m job.launch

@@ -1,0 +1,141 @@
+"""Never lose a run, on 2 real processes: a changed flag is an error that leaves the checkpoints byte for
+byte, only unreadable checkpoints are set aside and a run never restarts from step 0 over them, a SIGTERM
+in the middle of an evaluation saves and requeues, and a recorded run repeats bitwise."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.launching import ROOT, child_env, explain, launcher_argv, rank_pids, run, scenario, wait_for_line
+from tests.multiprocess.test_train import JOB, REQUEUE, SMALL, summary, train
+
+pytestmark = pytest.mark.multiprocess
+
+BAD_INPUT = 2
+FLAGS = ("--eval-every", "100", "--log-every", "2", "--model.dim", "32", "--model.mlp-dim", "64")
+
+
+def digests(folder: Path) -> dict[str, str]:
+    """Every file under `folder` with the sha256 of its bytes."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_changed_flag_stops_with_one_error_and_leaves_every_checkpoint_byte_for_byte(tmp_path: Path) -> None:
+    train(2, 1, tmp_path, "--steps", "4", "--ckpt.every", "2", "--model.layers", "2", *FLAGS)
+    before, config = digests(tmp_path / "checkpoints"), (tmp_path / "config.json").read_text()
+    assert {name.split("/")[0] for name in before} == {"2", "4"}
+
+    changed = train(2, 1, tmp_path, "--steps", "8", "--ckpt.every", "2", "--model.layers", "3", *FLAGS,
+                    expect=BAD_INPUT)
+    out = changed.stdout + changed.stderr
+    assert "--model.layers saved 2, given 3" in out, out
+    assert "--steps saved" not in out  # a flag that leaves the state as it was is not a suspect
+    assert "rerun with the saved flags (--model.layers 2)" in out and "--no-resume" in out
+    assert "is unreadable" not in out and "moved the unreadable" not in out
+    for rank in (0, 1):
+        assert f"[rank {rank}] StateMismatch: --run-dir" in out  # every process stops with it, exit 2
+    assert digests(tmp_path / "checkpoints") == before
+    assert (tmp_path / "config.json").read_text() == config
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["2", "4"]
+
+    original = train(2, 1, tmp_path, "--steps", "8", "--ckpt.every", "2", "--model.layers", "2", *FLAGS)
+    assert "resumed from step 4" in original.stderr
+    assert "changed since the saved run (the state is the same): --steps 4 -> 8" in original.stderr
+    assert summary(tmp_path)["final_step"] == 8
+
+
+def test_only_unreadable_checkpoints_are_set_aside_and_no_run_restarts_from_zero_over_them(tmp_path: Path) -> None:
+    train(2, 1, tmp_path, "--steps", "4", "--ckpt.every", "2", "--model.layers", "1", *FLAGS)
+    for path in (tmp_path / "checkpoints").rglob("*"):  # damage every step's arrays, keep the metadata
+        if path.is_file() and path.stat().st_size > 0 and "METADATA" not in path.name:
+            path.write_bytes(b"\0garbage" * 4)
+    damaged = train(2, 1, tmp_path, "--steps", "8", *FLAGS, "--model.layers", "1", expect=BAD_INPUT)
+    assert "is unreadable" in damaged.stderr and "steps [4, 2] all unreadable" in damaged.stderr + damaged.stdout
+    aside = sorted(p.name.split(".")[0] for p in (tmp_path / "checkpoints").iterdir())
+    assert aside == ["2", "4"] and all(".unreadable-" in p.name for p in (tmp_path / "checkpoints").iterdir())
+
+    again = train(2, 1, tmp_path, "--steps", "8", *FLAGS, "--model.layers", "1", expect=BAD_INPUT)
+    assert "set aside as unreadable" in again.stdout + again.stderr
+    assert not (tmp_path / "checkpoints" / "8").exists()  # it did not train from step 0
+
+    fresh = train(2, 1, tmp_path, "--steps", "4", *FLAGS, "--model.layers", "1", "--no-resume")
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("checkpoints.before-fresh-start-")]
+    assert len(kept) == 1 and sorted(p.name.split(".")[0] for p in kept[0].iterdir()) == ["2", "4"]
+    assert "starting afresh; the earlier checkpoints are kept in" in fresh.stderr
+    assert summary(tmp_path)["final_step"] == 4 and sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["4"]
+
+
+def test_sigterm_in_the_middle_of_a_long_evaluation_saves_the_step_and_requeues(tmp_path: Path,
+                                                                                record_property) -> None:
+    # 20 steps; at step 10 a long evaluation (thousands of batches); SIGTERM to rank 1 one second into it
+    flags = ("--steps", "20", "--log-every", "10", "--eval-every", "10", "--ckpt.every", "100", *SMALL)
+    argv = launcher_argv(2, [*JOB, "--run-dir", str(tmp_path), *flags, "--data.eval-batches", "5000"], devices=1)
+    proc = subprocess.Popen(argv, env=child_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    lines = wait_for_line(proc, "step 10/", timeout=180)
+    time.sleep(1.0)
+    pids = rank_pids(proc.pid)
+    sent = time.monotonic()
+    os.kill(pids[1], signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    record_property("sigterm_to_exit_s", round(time.monotonic() - sent, 2))
+    output = "".join(lines) + out
+    assert proc.returncode == REQUEUE, output
+    assert "preempted: saved step 10" in output
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["10"]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert not [r for r in records if r["split"] == "eval"], "the evaluation at step 10 was not cut short"
+    resumed = train(2, 1, tmp_path, *flags, "--data.eval-batches", "2")
+    assert "resumed from step 10" in resumed.stderr and summary(tmp_path)["final_step"] == 20
+
+
+def test_a_signal_before_the_first_step_exits_75_with_nothing_new_to_save(tmp_path: Path) -> None:
+    train(2, 1, tmp_path, "--steps", "2", "--ckpt.every", "2", *SMALL)
+    before = digests(tmp_path / "checkpoints")
+    # rank 1 gets SIGTERM once its state is built and restored, before its first step
+    proc = run(launcher_argv(2, scenario("faulty.py", "1", "term-at-start", "--", "train", "--run-dir",
+                                         str(tmp_path), "--steps", "4", *SMALL), devices=1), timeout=180)
+    assert proc.returncode == REQUEUE, explain(proc, proc.stdout, proc.stderr)
+    assert "preempted before the first step: nothing new to save" in proc.stdout + proc.stderr
+    assert digests(tmp_path / "checkpoints") == before
+
+
+def test_a_recorded_run_reruns_bitwise_into_a_new_dir_and_a_code_difference_is_said_first(tmp_path: Path) -> None:
+    original = tmp_path / "original"
+    train(2, 2, original, "--steps", "6", "--ckpt.every", "3", *SMALL, "--log-every", "3", "--eval-every", "6")
+    record = json.loads((original / "provenance.json").read_text())["attempts"][-1]
+    assert record["argv"][0] == "train" and record["topology"]["processes"] == 2
+    assert record["topology"]["local_devices"] == 2 and record["python"] and record["packages"]["jax"]
+    assert "XLA_FLAGS" in record["env"] and record["locks"]["requirements.lock"]
+
+    proc = subprocess.run([sys.executable, "-m", "job", "rerun", str(original), str(tmp_path / "again")],
+                          env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
+    assert summary(tmp_path / "again")["params_sha256"] == summary(original)["params_sha256"]
+
+    edited = tmp_path / "edited"
+    shutil.copytree(original, edited, ignore=shutil.ignore_patterns("checkpoints"))
+    record_file = json.loads((edited / "provenance.json").read_text())
+    record_file["attempts"][-1]["code"]["commit"] = "0" * 40
+    record_file["attempts"][-1]["packages"]["jax"] = "0.4.1"
+    (edited / "provenance.json").write_text(json.dumps(record_file))
+    proc = subprocess.run([sys.executable, "-m", "job", "rerun", str(edited), str(tmp_path / "third")],
+                          env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
+    assert "rerun: this checkout differs from the one that ran" in proc.stderr
+    assert f"commit: recorded {'0' * 40}" in proc.stderr and "jax: recorded 0.4.1" in proc.stderr
+    assert summary(tmp_path / "third")["params_sha256"] == summary(original)["params_sha256"]
+
+    refused = run([sys.executable, "-m", "job", "rerun", str(original), str(tmp_path / "again")])
+    assert refused.returncode == BAD_INPUT and "expected a new or empty folder" in refused.stderr
