@@ -64,9 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from job import task
 
-    extra = task.load(task.DEFAULT_TASK).commands.get(command)
+    try:  # a task's own commands: `python -m job sample --task NAME ...` (the default task's without --task)
+        extra = task.load(task.task_name(rest)).commands.get(command)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return BAD_INPUT_EXIT_CODE
     if extra is not None:
-        return extra(rest)
+        return extra(task.without_task(rest))
     print(f"usage:\n{USAGE}\nexpected one of the commands above, found {' '.join(args)!r}", file=sys.stderr)
     return 2
 

@@ -29,15 +29,22 @@ MAX_STEPS = 2**31 - 1  # optax counts steps in int32
 MAX_SEED = 2**63 - 1  # jax.random.key takes a C long
 
 
+OPTIMIZER_NAMES = ("adamw", "adam", "sgd", "lion", "adafactor")  # --optim.name (job/optimizers.py)
+SCHEDULE_NAMES = ("cosine", "linear", "constant", "warmup-stable-decay")  # --optim.schedule
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
+    name: str = "adamw"  # adamw, adam, sgd (momentum b1), lion or adafactor (job/optimizers.py)
+    schedule: str = "cosine"  # after the warmup: cosine, linear, constant or warmup-stable-decay
     lr: float = 3e-3  # peak learning rate, reached after the warmup
     warmup_steps: int = 20  # linear warmup from 0
-    min_lr_ratio: float = 0.1  # cosine decay ends at lr * min_lr_ratio
-    weight_decay: float = 0.01  # AdamW decoupled weight decay
-    clip_norm: float = 1.0  # global gradient norm clip
-    b1: float = 0.9  # Adam beta1
-    b2: float = 0.98  # Adam beta2
+    min_lr_ratio: float = 0.1  # cosine, linear and the stable schedule's decay end at lr * min_lr_ratio
+    decay_fraction: float = 0.2  # warmup-stable-decay: the last fraction of the steps decays
+    weight_decay: float = 0.01  # decoupled weight decay (adamw, lion, adafactor)
+    clip_norm: float = 1.0  # global gradient norm clip (0 = no clipping)
+    b1: float = 0.9  # Adam's and Lion's beta1; SGD's momentum
+    b2: float = 0.98  # Adam's and Lion's beta2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,8 +127,14 @@ def validate(cfg: TrainConfig, task: Task) -> None:
          "pass --optim.min-lr-ratio 0.1"),
         (_finite(o.weight_decay) and o.weight_decay >= 0, "--optim.weight-decay", "a finite number >= 0",
          o.weight_decay, "pass --optim.weight-decay 0.01 (0 for none)"),
-        (_finite(o.clip_norm) and o.clip_norm > 0, "--optim.clip-norm", "a finite gradient norm > 0",
-         o.clip_norm, "pass --optim.clip-norm 1.0"),
+        (o.name in OPTIMIZER_NAMES, "--optim.name", f"one of {', '.join(OPTIMIZER_NAMES)}", o.name,
+         "pass --optim.name adamw"),
+        (o.schedule in SCHEDULE_NAMES, "--optim.schedule", f"one of {', '.join(SCHEDULE_NAMES)}", o.schedule,
+         "pass --optim.schedule cosine"),
+        (_finite(o.decay_fraction) and 0 < o.decay_fraction <= 1, "--optim.decay-fraction", "a fraction 0 < f <= 1",
+         o.decay_fraction, "pass --optim.decay-fraction 0.2"),
+        (_finite(o.clip_norm) and o.clip_norm >= 0, "--optim.clip-norm", "a finite gradient norm >= 0 (0: no clipping)",
+         o.clip_norm, "pass --optim.clip-norm 1.0, or 0 for no clipping"),
         (0 <= o.b1 < 1, "--optim.b1", "a decay rate 0 <= b1 < 1", o.b1, "pass --optim.b1 0.9"),
         (0 <= o.b2 < 1, "--optim.b2", "a decay rate 0 <= b2 < 1", o.b2, "pass --optim.b2 0.98"),
     )

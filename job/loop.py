@@ -85,7 +85,7 @@ def _run(cfg: TrainConfig, task: Task, argv: list[str] | None, timer: Goodput, i
     source = task.source(cfg.data, cfg.model)
 
     model = task.build(cfg.model, nnx.Rngs(cfg.seed))
-    tx, schedule = make_optimizer(cfg.optim, cfg.steps)
+    tx, schedule = task.optimizer(cfg, cfg.steps) if task.optimizer else make_optimizer(cfg.optim, cfg.steps)
     optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
     sharding.shard_model(model, mesh, rule=cfg.rule)
     sharding.shard_model(optimizer, mesh, rule=cfg.rule)

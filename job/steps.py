@@ -18,21 +18,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import optax
 from flax import nnx
 
-from job.config import OptimConfig
+from job.optimizers import make_optimizer
 
 Loss = Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]
-
-
-def make_optimizer(o: OptimConfig, steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """AdamW with global-norm clipping, linear warmup and cosine decay to `lr * min_lr_ratio` at `steps`."""
-    schedule = optax.warmup_cosine_decay_schedule(0.0, o.lr, o.warmup_steps, max(steps, o.warmup_steps + 1),
-                                                  end_value=o.lr * o.min_lr_ratio)
-    tx = optax.chain(optax.clip_by_global_norm(o.clip_norm),
-                     optax.adamw(schedule, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay))
-    return tx, schedule
 
 
 def train_step_fn(loss: Loss, graphdef: nnx.GraphDef, state: nnx.State,

@@ -2,6 +2,8 @@
 
 A task is one folder, `job/tasks/NAME/`, whose `task.py` defines
 `TASK = Task(...)`; `python -m job train --task NAME` runs it (default `lm`).
+A fork keeps its tasks in its own package instead: `--task mytasks.minigpt:TASK`
+loads the Task object TASK of the importable module mytasks.minigpt.
 The loop, checkpoints, reporting and benchmarks see only this interface:
 
     TASK = Task(
@@ -57,6 +59,8 @@ class Task:
     items_per_row: Callable[[Any], int] = lambda model_cfg: 1  # throughput unit per row (tokens for an LM)
     unit: str = "samples"  # what items_per_row counts, for the progress line (tok, samples)
     commands: Mapping[str, Callable[[list[str]], int]] = dataclasses.field(default_factory=dict)  # python -m job X
+    # (TrainConfig, steps) -> (optax transformation, schedule), seeing the task's own config; None: --optim.*
+    optimizer: Callable[[Any, int], tuple[Any, Any]] | None = None
 
 
 def names() -> list[str]:
@@ -66,7 +70,10 @@ def names() -> list[str]:
 
 
 def load(name: str) -> Task:
-    """The TASK of job/tasks/NAME/, or one clear error listing the tasks there are."""
+    """The TASK of job/tasks/NAME/, or the Task at MODULE:ATTR in any importable module (a fork's own
+    package); one clear error when there is none."""
+    if ":" in name:
+        return _load_from_module(name)
     if name not in names():
         raise ConfigError("--task", expected=f"one of {', '.join(names())} (folders under job/tasks/)", found=name,
                           fix=f"pass --task {DEFAULT_TASK}, or add the folder job/tasks/{name}/ with a TASK")
@@ -83,6 +90,24 @@ def load(name: str) -> Task:
     return task
 
 
+def _load_from_module(spec: str) -> Task:
+    """`--task mytasks.minigpt:TASK`: the Task object ATTR of MODULE."""
+    module_name, _, attr = spec.partition(":")
+    fix = "pass --task PACKAGE.MODULE:ATTR with the module importable (installed, or on PYTHONPATH)"
+    if not module_name or not attr.isidentifier():
+        raise ConfigError("--task", expected="NAME (a folder under job/tasks/) or MODULE:ATTR", found=spec, fix=fix)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError("--task", expected=f"an importable module {module_name}", found=f"{spec} ({exc})",
+                          fix=fix) from exc
+    task = getattr(module, attr, None)
+    if not isinstance(task, Task):
+        raise ConfigError("--task", expected=f"{module_name}.{attr} to be a job.task.Task", found=type(task).__name__,
+                          fix=f"define {attr} = job.task.Task(...) in {module_name}")
+    return task
+
+
 def task_name(args: Sequence[str]) -> str:
     """The value of --task in a command line (the last one given), else the default."""
     name = DEFAULT_TASK
@@ -94,4 +119,17 @@ def task_name(args: Sequence[str]) -> str:
     return name
 
 
-__all__ = ["DEFAULT_TASK", "Rows", "SPLITS", "Task", "load", "names", "task_name"]
+def without_task(args: Sequence[str]) -> list[str]:
+    """`args` without its --task flags (what a task's own command gets)."""
+    out, skip = [], False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+        elif arg == "--task" and i + 1 < len(args):
+            skip = True
+        elif not arg.startswith("--task="):
+            out.append(arg)
+    return out
+
+
+__all__ = ["DEFAULT_TASK", "Rows", "SPLITS", "Task", "load", "names", "task_name", "without_task"]

@@ -45,3 +45,20 @@ def test_the_classifier_resumes_exactly_after_a_preemption(tmp_path: Path) -> No
 def test_an_unknown_task_is_one_clear_error(tmp_path: Path) -> None:
     proc = train(1, 1, tmp_path, "--task", "nope", expect=2)
     assert "--task: expected one of classify, lm" in proc.stderr and "job/tasks/nope/" in proc.stderr
+
+
+USER_TASK = ("--task", "tests.user_tasks.regression:TASK", "--eval-every", "20", "--log-every", "10")
+
+
+def test_a_users_task_outside_the_package_with_its_own_optimizer_learns_and_resumes_bitwise(tmp_path: Path) -> None:
+    train(2, 2, tmp_path / "straight", *USER_TASK, "--steps", "20")
+    result = summary(tmp_path / "straight")
+    assert result["task"] == "regression" and result["eval_loss"] < 0.2, result
+    records = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["lr"] for r in records if r["split"] == "train"] == pytest.approx([0.05, 0.025])  # its own schedule
+    metadata = (tmp_path / "straight" / "checkpoints" / "20" / "default" / "_METADATA").read_text()
+    assert '"trace"' in metadata and '"mu"' not in metadata  # SGD's momentum, not AdamW's moments
+    train(2, 2, tmp_path / "resumed", *USER_TASK, "--steps", "10")
+    resumed = train(2, 2, tmp_path / "resumed", *USER_TASK, "--steps", "20")
+    assert "resumed from step 10" in resumed.stderr
+    assert summary(tmp_path / "resumed")["params_sha256"] == result["params_sha256"]

@@ -119,7 +119,7 @@ MAX_STEPS = str(config.MAX_STEPS + 1)
     (["--optim.warmup-steps=-5"], ["--optim.warmup-steps"]),
     (["--optim.min-lr-ratio=5"], ["--optim.min-lr-ratio"]),
     (["--optim.weight-decay=nan"], ["--optim.weight-decay"]),
-    (["--optim.clip-norm=0"], ["--optim.clip-norm"]),
+    (["--optim.clip-norm=-1"], ["--optim.clip-norm"]),  # 0 is no clipping
     (["--optim.b1=1"], ["--optim.b1"]),
     (["--optim.b2=-0.1"], ["--optim.b2"]),
     (["--watchdog-s=-1"], ["--watchdog-s"]),
@@ -241,7 +241,7 @@ def test_job_config_check_refuses_clearly_or_accepts_only_sane_numbers(
         return
     assert 1 <= steps <= config.MAX_STEPS and 0 <= seed <= config.MAX_SEED and every >= 1 and keep >= 1
     assert all(math.isfinite(x) for x in (watchdog, lr, ratio, decay, clip, b1, b2))
-    assert lr > 0 and clip > 0 and watchdog >= 0 and decay >= 0 and 0 <= ratio <= 1 and 0 <= b1 < 1 and 0 <= b2 < 1
+    assert lr > 0 and clip >= 0 and watchdog >= 0 and decay >= 0 and 0 <= ratio <= 1 and 0 <= b1 < 1 and 0 <= b2 < 1
     assert dim >= 1 and dim % heads == 0 and vocab >= 1 and model_axis >= 1 and rule in ("replicated", "fsdp", "tensor")
 
 
