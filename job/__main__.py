@@ -39,8 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             code = loop.run(cfg, chosen, ["train", *flags])
         except ConfigError as exc:  # found inside the run (a state unlike the saved one, ...): still bad input
-            if not _distributed():
-                print(f"error: {exc}", file=sys.stderr)
+            if not _distributed():  # printed as job.initialize's exit hook prints it
+                if not exc.reported:
+                    print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
                 return BAD_INPUT_EXIT_CODE
             raise  # job.initialize's exit hook prints it and ends this process with 2, skipping the shutdown barrier
         _shutdown()

@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 
 import jax
 from etils import epath
@@ -161,8 +162,10 @@ def _run(cfg: TrainConfig, task: Task, argv: list[str] | None, timer: Goodput, i
     with contextlib.ExitStack() as stack, sharding.mesh_context(mesh):
         cache_events = stack.enter_context(compile_cache.CacheEvents())
         stack.callback(profiler.stop)
-        stack.callback(report.flush)  # however the loop ends (an error, too), the records so far are written
-        stack.callback(timer.flush)
+        # however the loop ends (an error, too), the records so far are written; a full disk there is
+        # a warning, not an error over the one that ended the loop (a failed save's CheckpointError)
+        stack.callback(_written, report.flush, "metrics")
+        stack.callback(_written, timer.flush, "goodput record")
         # the next 2 batches (rows and transfer) are made on a thread while this step runs; it stops with the loop
         upcoming = stack.enter_context(Prefetch(lambda s: batch("train", s), range(start, cfg.steps)))
         dog = None
@@ -240,6 +243,13 @@ def _run(cfg: TrainConfig, task: Task, argv: list[str] | None, timer: Goodput, i
         "goodput": split,
     })
     return code
+
+
+def _written(flush: Callable[[], None], what: str) -> None:
+    try:
+        flush()
+    except OSError as exc:
+        log.warning("could not write the %s at the end of the run: %s", what, exc)
 
 
 def _topology(info: job.ClusterInfo, mesh: jax.sharding.Mesh) -> dict:

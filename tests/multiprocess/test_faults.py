@@ -222,8 +222,8 @@ def test_coordinator_port_in_use(tmp_path: Path, straight: Path, record_property
         port = holder.getsockname()[1]
         started = time.time()
         outcome = launch([*JOB, "--run-dir", str(tmp_path), *FLAGS], extra=("--port", str(port)))
-    check(outcome, since=started, code=1, name="coordinator port in use (from launch)", record=record_property,
-          says=(f"[rank 0] ConfigError: coordinator port: expected port {port} free", "rank 0 exited with code 1"))
+    check(outcome, since=started, code=2, name="coordinator port in use (from launch)", record=record_property,
+          says=(f"[rank 0] ConfigError: coordinator port: expected port {port} free", "rank 0 exited with code 2"))
     check_resume(tmp_path, straight, complete_steps(tmp_path), record_property)
 
 

@@ -120,9 +120,9 @@ def test_coordinator_port_in_use_is_one_clear_error(tmp_path: Path) -> None:
         started = time.monotonic()
         proc = run(launcher_argv(2, scenario("hold.py", "hold"), extra=("--port", str(port))), timeout=120)
     elapsed = time.monotonic() - started
-    assert proc.returncode == 1, explain(proc, proc.stdout, proc.stderr)
+    assert proc.returncode == 2, explain(proc, proc.stdout, proc.stderr)  # a ConfigError: bad input, exit 2
     assert f"coordinator port: expected port {port} free on this host (process 0), found 'in use" in proc.stderr
-    assert "rank 0 exited with code 1" in proc.stderr
+    assert "rank 0 exited with code 2" in proc.stderr
     assert elapsed < 30
 
 
