@@ -166,12 +166,14 @@ def move_aside_for_fresh_start(directory: epath.Path) -> epath.Path | None:
     """--no-resume over existing checkpoints: the whole folder moves aside (by process 0; every process
     calls this together), so the new run's steps never mix with the old ones and nothing is deleted.
     Returns where it went, or None when there was nothing to move."""
-    if not holds_checkpoints(directory):
-        return None
+    found = holds_checkpoints(directory)
+    # every process looks before process 0 moves anything, and every process meets both barriers
+    # whatever it found (a process that looked after the move would skip a barrier the others wait in)
+    barrier(f"fresh start: looked in {directory}")
     target = directory.with_name(f"{FRESH_START}{int(time.time())}")
-    if jax.process_index() == 0:
+    if found and jax.process_index() == 0:
         storage.move_aside(directory, target)
         log.warning("--no-resume: moved the checkpoints of the earlier run to %s", target)
-    barrier(f"fresh start: move {directory} aside")
+    barrier(f"fresh start: moved {directory} aside")
     storage.forget_listings(directory.parent)
-    return target
+    return target if found else None
