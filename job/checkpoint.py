@@ -27,7 +27,8 @@ from orbax.checkpoint.type_handlers import ArrayHandler, create_type_handler_reg
 from job import priority, storage
 from job.config import CheckpointConfig
 from job.errors import ConfigError, JobError
-from job.multihost import barrier
+from job.multihost import barrier, coordination_client
+from job.trees import leaf_specs
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ POLL_S = 0.05  # how often wait() looks at this process's save
 PEER_POLL_S = 1.0  # how often wait() asks the coordinator whether another process's save failed
 WRITER_NICE = 19  # the save's threads give way to the loop's, the input's and the step's for CPU time
 WRITER_THREADS = "ts_pool_worker"  # tensorstore's thread pool, which copies and writes the arrays
+SET_ASIDE = ".unreadable-"  # STEP.unreadable-TIME: a step that did not read back, moved aside and kept
 
 
 class CheckpointError(JobError, RuntimeError):
@@ -167,15 +169,13 @@ class Checkpointer:
 
         Read before anything is restored, to tell a state this run does not build (bad input,
         job.resume) from a damaged checkpoint (set aside by restore_newest)."""
-        from job.resume import leaf_specs
-
         self._started()
         for step in sorted(self.all_steps(), reverse=True):
             try:
                 return step, leaf_specs(self.manager.item_metadata(step))
             except Exception as exc:  # noqa: BLE001 - unreadable metadata: restore_newest sets the step aside
-                log.warning("checkpoint step %d in %s: its tree metadata does not read (%s: %s)", step,
-                            self.directory, type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
+                log.warning("checkpoint step %d in %s: its tree metadata does not read (%s)", step,
+                            self.directory, _first_line(exc))
         return None
 
     def restore_newest(self, like: Any) -> tuple[int, Any]:
@@ -185,8 +185,8 @@ class Checkpointer:
             try:
                 return step, self.restore(step, like)
             except Exception as exc:  # noqa: BLE001 - any read failure means: try the previous one
-                log.warning("checkpoint step %d in %s is unreadable (%s: %s); trying an older one",
-                            step, self.directory, type(exc).__name__, str(exc).splitlines()[0][:200])
+                log.warning("checkpoint step %d in %s is unreadable (%s); trying an older one",
+                            step, self.directory, _first_line(exc))
                 self._quarantine(step)
                 # a failed read can leave the manager unusable: start a fresh one
                 self.manager = self._manager()
@@ -202,7 +202,7 @@ class Checkpointer:
 
         source = self.directory / str(step)
         if jax.process_index() == 0 and source.exists():
-            target = source.with_name(f"{step}.unreadable-{int(time.time())}")
+            target = source.with_name(f"{step}{SET_ASIDE}{int(time.time())}")
             storage.move_aside(source, target)
             log.warning("moved the unreadable checkpoint to %s", target)
         barrier(f"checkpoint quarantine {step}")  # a dead peer here is a named timeout, not a hang
@@ -270,6 +270,12 @@ class Checkpointer:
         logging.getLogger("absl").removeHandler(self._listener)
 
 
+def _first_line(exc: BaseException) -> str:
+    """"Type: the first 200 characters of its message's first line" (orbax's messages run long)."""
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {lines[0][:200] if lines else ''}"
+
+
 @jax.jit
 def _copy(arrays: list[jax.Array]) -> list[jax.Array]:
     return [jnp.copy(x) for x in arrays]
@@ -309,18 +315,9 @@ class _FailureListener(logging.Handler):
             self._report(exc)
 
 
-def _client() -> Any:
-    """The coordination service client of a multi-process run, else None."""
-    if jax.process_count() == 1:
-        return None
-    from jax._src import distributed
-
-    return distributed.global_state.client
-
-
 def _post_failure(message: str) -> None:
     """Tell the other processes that this one could not write (best effort: the error is raised anyway)."""
-    client = _client()
+    client = coordination_client()
     if client is not None:
         try:
             client.key_value_set(f"{FAILED_KEY}{jax.process_index()}", f"process {jax.process_index()}: {message}",
@@ -331,7 +328,7 @@ def _post_failure(message: str) -> None:
 
 def _posted_failures() -> list[str]:
     """What other processes posted about their failed writes (empty when none did)."""
-    client = _client()
+    client = coordination_client()
     if client is None:
         return []
     return [value for _, value in sorted(client.key_value_dir_get(FAILED_KEY))]

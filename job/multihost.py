@@ -143,6 +143,15 @@ def _barrier_timeout_s() -> float:
     return float(os.environ.get("JOB_BARRIER_TIMEOUT", "300"))
 
 
+def coordination_client() -> Any:
+    """The coordination service client of a multi-process run (its key-value store and barriers), else None."""
+    if jax.process_count() == 1:
+        return None
+    from jax._src import distributed
+
+    return distributed.global_state.client
+
+
 def barrier(name: str, timeout_s: float | None = None) -> None:
     """Wait until every process reaches the barrier `name`. Collective.
 
@@ -153,9 +162,7 @@ def barrier(name: str, timeout_s: float | None = None) -> None:
     if jax.process_count() == 1:
         return
     timeout_s = _barrier_timeout_s() if timeout_s is None else timeout_s
-    from jax._src import distributed
-
-    client = distributed.global_state.client
+    client = coordination_client()
     if client is None:
         multihost_utils.sync_global_devices(name)
         return

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import optax
 
-from job.config import OPTIMIZER_NAMES, SCHEDULE_NAMES, OptimConfig
+from job.config import OPTIMIZER_NAMES, OptimConfig
 
 
 def _adamw(o: OptimConfig, lr: optax.Schedule) -> optax.GradientTransformation:
@@ -40,15 +40,10 @@ def _adafactor(o: OptimConfig, lr: optax.Schedule) -> optax.GradientTransformati
     return optax.adafactor(lr, weight_decay_rate=o.weight_decay or None)
 
 
-# name -> (what it is, for --help and errors; its transformation). b1/b2: Adam's and Lion's betas, SGD's momentum.
-OPTIMIZERS: dict[str, tuple[str, Callable[[OptimConfig, optax.Schedule], optax.GradientTransformation]]] = {
-    "adamw": ("AdamW: b1, b2, decoupled weight decay", _adamw),
-    "adam": ("Adam: b1, b2, no weight decay", _adam),
-    "sgd": ("SGD with momentum b1 (0: plain SGD)", _sgd),
-    "lion": ("Lion: b1, b2, decoupled weight decay", _lion),
-    "adafactor": ("Adafactor: factored second moments, weight decay", _adafactor),
+# --optim.name -> its transformation (b1/b2: Adam's and Lion's betas, SGD's momentum)
+OPTIMIZERS: dict[str, Callable[[OptimConfig, optax.Schedule], optax.GradientTransformation]] = {
+    "adamw": _adamw, "adam": _adam, "sgd": _sgd, "lion": _lion, "adafactor": _adafactor,
 }
-SCHEDULES = SCHEDULE_NAMES
 assert tuple(OPTIMIZERS) == OPTIMIZER_NAMES, "job.config.OPTIMIZER_NAMES lists the optimizers above"
 
 
@@ -76,8 +71,8 @@ def make_schedule(o: OptimConfig, steps: int) -> optax.Schedule:
 def make_optimizer(o: OptimConfig, steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """`o.name` with `o.schedule`, after global-norm clipping at `o.clip_norm` (0: no clipping)."""
     schedule = make_schedule(o, steps)
-    tx = OPTIMIZERS[o.name][1](o, schedule)
+    tx = OPTIMIZERS[o.name](o, schedule)
     return (optax.chain(optax.clip_by_global_norm(o.clip_norm), tx) if o.clip_norm > 0 else tx), schedule
 
 
-__all__ = ["OPTIMIZERS", "SCHEDULES", "make_optimizer", "make_schedule"]
+__all__ = ["OPTIMIZERS", "make_optimizer", "make_schedule"]

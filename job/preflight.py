@@ -175,12 +175,11 @@ def exchange(facts: dict[str, Any], run_dir: epath.Path, decide: Callable[[list[
     and only process 0 reads N records (the others read one verdict).
     """
     import jax
-    from jax._src import distributed
 
-    from job.multihost import barrier
+    from job.multihost import barrier, coordination_client
 
     me, count = jax.process_index(), jax.process_count()
-    client = distributed.global_state.client
+    client = coordination_client()
     barrier("preflight: probes written")
     facts["run dir shared"] = sees_process_0(run_dir) if facts["run dir"] == WRITABLE else "-"
     client.key_value_set(f"job/preflight/facts/{me}", json.dumps(facts, default=str), allow_overwrite=True)

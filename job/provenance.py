@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import logging
 import os
 import platform
 import shlex
@@ -30,11 +29,9 @@ from typing import Any
 
 from etils import epath
 
-from job import storage
+from job import preflight, storage
 from job.cluster.local import COORDINATOR, NUM_PROCESSES, PROCESS_ID
 from job.errors import ConfigError
-
-log = logging.getLogger(__name__)
 
 RECORD = "provenance.json"
 ROOT = Path(__file__).resolve().parent.parent  # the checkout (or image folder) the job package sits in
@@ -81,15 +78,6 @@ def _sha256(path: Path) -> str | None:
         return None
 
 
-def _version(package: str) -> str:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "absent"
-
-
 def environment(env: Mapping[str, str]) -> dict[str, str]:
     """The variables that change what jax, XLA and the collectives do."""
     return {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES)}
@@ -98,7 +86,7 @@ def environment(env: Mapping[str, str]) -> dict[str, str]:
 def software() -> dict[str, Any]:
     """What the code runs on: Python, the libraries, the locks."""
     return {"python": platform.python_version(), "executable": sys.executable,
-            "packages": {p: _version(p) for p in PACKAGES},
+            "packages": {p: preflight._version(p) for p in PACKAGES},  # as preflight compares them
             "locks": {name: _sha256(ROOT / name) for name in LOCKS if (ROOT / name).exists()}}
 
 
@@ -126,11 +114,11 @@ def record(run_dir: epath.Path, argv: Sequence[str] | None, topology: Mapping[st
         attempts = json.loads(path.read_text())["attempts"]
     except (OSError, ValueError, KeyError):
         attempts = []
+    storage.make_dirs(run_dir)
     if diff:
         entry["code"]["diff_file"] = f"code-{len(attempts)}.diff"
         (run_dir / entry["code"]["diff_file"]).write_text(diff)
     attempts.append(entry)
-    storage.make_dirs(run_dir)
     path.write_text(json.dumps({"attempts": attempts}, indent=2) + "\n")
     return entry
 
@@ -149,9 +137,8 @@ def differences(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> list[str
         if recorded.get("locks", {}).get(name) != now.get("locks", {}).get(name):
             lines.append(f"{name}: recorded sha256 {recorded.get('locks', {}).get(name)}, "
                          f"here {now.get('locks', {}).get(name)}")
-    for key in ("python",):
-        if recorded.get(key) != now.get(key):
-            lines.append(f"{key}: recorded {recorded.get(key)}, here {now.get(key)}")
+    if recorded.get("python") != now.get("python"):
+        lines.append(f"python: recorded {recorded.get('python')}, here {now.get('python')}")
     for package, version in sorted((recorded.get("packages") or {}).items()):
         if (now.get("packages") or {}).get(package) != version:
             lines.append(f"{package}: recorded {version}, here {(now.get('packages') or {}).get(package)}")

@@ -29,22 +29,23 @@ import jax
 from etils import epath
 
 from job import storage
+from job.checkpoint import SET_ASIDE
 from job.errors import ConfigError
 from job.multihost import barrier
 from job.preflight import flatten
+from job.trees import leaf_specs
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
-SET_ASIDE = ".unreadable-"  # what Checkpointer adds to the name of a step it set aside
 FRESH_START = "checkpoints.before-fresh-start-"  # where --no-resume moves the old checkpoints
 # Config fields that say where and how the run is run, not what it is: never reported as changed.
 NOT_COMPARED = frozenset({"run_dir", "resume"})
 # Fields that leave the state's structure and shapes as they are: free to change on resume (the run
 # says which did), and never named as the cause of a state that differs.
-FREE = ("steps", "log_every", "eval_every", "watchdog_s", "straggler_ratio", "compile_cache", "seed", "ckpt.", "wandb.", "profile.",
-        "optim.lr", "optim.warmup_steps", "optim.min_lr_ratio", "optim.schedule", "optim.decay_fraction",
-        "data.eval_batches")
+FREE = ("steps", "log_every", "eval_every", "watchdog_s", "straggler_ratio", "compile_cache", "seed",
+        "ckpt.", "wandb.", "profile.", "data.eval_batches",
+        "optim.lr", "optim.warmup_steps", "optim.min_lr_ratio", "optim.schedule", "optim.decay_fraction")
 SHOWN_LEAVES = 3  # at most this many differing state leaves are named in the error
 
 
@@ -68,24 +69,6 @@ def config_changes(saved: Mapping[str, Any], given: Mapping[str, Any]) -> list[t
 def is_free(name: str) -> bool:
     """True for a dotted field that leaves the train state's structure and shapes as they are."""
     return any(name == free or (free.endswith(".") and name.startswith(free)) for free in FREE)
-
-
-def _key(entry: Any) -> str:
-    for attribute in ("key", "idx", "name"):
-        if hasattr(entry, attribute):
-            return str(getattr(entry, attribute))
-    return str(entry)
-
-
-def leaf_specs(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
-    """{"model/blocks/0/attn/q/kernel/value": (shape, dtype)} for every array-like leaf of `tree`
-    (a train state, or the tree metadata orbax keeps of a saved one)."""
-    specs = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        shape = getattr(leaf, "shape", None)
-        if shape is not None:
-            specs["/".join(_key(entry) for entry in path)] = (tuple(shape), str(getattr(leaf, "dtype", "")))
-    return specs
 
 
 def state_differences(saved: Mapping[str, tuple], built: Mapping[str, tuple]) -> list[str]:

@@ -14,7 +14,6 @@ shows it, this does not.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import socket
 import statistics
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
-log = logging.getLogger(__name__)
+from job.multihost import coordination_client
 
 FLOOR = 0.2  # a straggler's host time is over this share of the whole step time
 HOST_KEY = "job/stragglers/host/"  # where each process posts its host name (coordination service)
@@ -38,7 +37,8 @@ class Straggler:
     ratio: float  # host_ms / the median of every process's
 
     def line(self) -> str:
-        return f"process {self.process} ({self.host}) {self.host_ms:.1f} ms/step host time, {self.ratio:.1f}x the median"
+        return (f"process {self.process} ({self.host}) {self.host_ms:.1f} ms/step host time, "
+                f"{self.ratio:.1f}x the median")
 
 
 def named(times_ms: np.ndarray, step_ms: float, ratio: float) -> list[tuple[int, float, float]]:
@@ -58,7 +58,7 @@ class StragglerWatch:
         self._host_s, self._step_s, self._steps = 0.0, 0.0, 0
         self._hosts: dict[int, str] = {}
         self._worst: dict[int, Straggler] = {}  # the slowest interval of each process named so far
-        self._client = _client() if self.processes > 1 else None
+        self._client = coordination_client()
         if self._client is not None:
             self._client.key_value_set(f"{HOST_KEY}{jax.process_index()}", socket.gethostname(), allow_overwrite=True)
 
@@ -97,9 +97,3 @@ class StragglerWatch:
             except Exception:  # noqa: BLE001 - a name is a nicety: the process id still says who
                 self._hosts[process] = "?"
         return self._hosts[process]
-
-
-def _client() -> Any:
-    from jax._src import distributed
-
-    return distributed.global_state.client

@@ -3,6 +3,7 @@
     path_str(("blocks", 0, "mlp", "kernel"))   # "blocks/0/mlp/kernel"
     is_array(np.zeros(3)), is_array(np.float32(1.0))                   # True, False
     is_array(np.float32(1.0), scalars=True)                            # True
+    leaf_specs({"w": jnp.zeros((2, 3))})                                # {"w": ((2, 3), "float32")}
 """
 
 from __future__ import annotations
@@ -17,6 +18,17 @@ import numpy as np
 def path_str(keys: Sequence[Any]) -> str:
     """A leaf's path as "a/b/0": jax key paths and NNX state paths alike; "<root>" for the empty path."""
     return jax.tree_util.keystr(tuple(keys), simple=True, separator="/") or "<root>"
+
+
+def leaf_specs(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
+    """{"model/blocks/0/attn/q/kernel/value": (shape, dtype)} for every array-like leaf of `tree`
+    (a train state, or the tree metadata orbax keeps of a saved one)."""
+    specs = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        shape = getattr(leaf, "shape", None)
+        if shape is not None:
+            specs[path_str(path)] = (tuple(shape), str(getattr(leaf, "dtype", "")))
+    return specs
 
 
 def is_array(leaf: Any, *, scalars: bool = False) -> bool:

@@ -125,8 +125,9 @@ def test_every_flavour_pins_the_project_and_the_same_versions_of_what_they_share
 def test_python_3_11_keeps_jax_0_10_and_newer_pythons_get_jax_0_12(python: str, jax: str) -> None:
     for flavour, lock in LOCKS.items():
         pinned = pins(lock, python)
-        assert pinned["jax"].startswith(jax) and pinned["jaxlib"] == pinned["jax"], \
-            f"{lock.name} for Python {python}: expected jax {jax}x, found jax {pinned['jax']}, jaxlib {pinned['jaxlib']}"
+        assert pinned["jax"].startswith(jax) and pinned["jaxlib"] == pinned["jax"], (
+            f"{lock.name} for Python {python}: expected jax {jax}x, "
+            f"found jax {pinned['jax']}, jaxlib {pinned['jaxlib']}")
 
 
 @pytest.mark.parametrize("python", PYTHONS)

@@ -73,7 +73,8 @@ def test_only_unreadable_checkpoints_are_set_aside_and_no_run_restarts_from_zero
     kept = [p for p in tmp_path.iterdir() if p.name.startswith("checkpoints.before-fresh-start-")]
     assert len(kept) == 1 and sorted(p.name.split(".")[0] for p in kept[0].iterdir()) == ["2", "4"]
     assert "starting afresh; the earlier checkpoints are kept in" in fresh.stderr
-    assert summary(tmp_path)["final_step"] == 4 and sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["4"]
+    assert summary(tmp_path)["final_step"] == 4
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["4"]
 
 
 def test_sigterm_in_the_middle_of_a_long_evaluation_saves_the_step_and_requeues(tmp_path: Path,
