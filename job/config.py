@@ -27,6 +27,7 @@ D = TypeVar("D")  # the task's data config
 
 MAX_STEPS = 2**31 - 1  # optax counts steps in int32
 MAX_SEED = 2**63 - 1  # jax.random.key takes a C long
+MAX_ACCUM = 4096  # micro-batches per step; more is a typo (each one is a scan iteration)
 
 
 OPTIMIZER_NAMES = ("adamw", "adam", "sgd", "lion", "adafactor")  # --optim.name (job/optimizers.py)
@@ -77,8 +78,11 @@ class TrainConfig(Generic[M, D]):
     seed: int = 0  # parameter initialisation seed
     log_every: int = 10  # log and write metrics every N steps
     eval_every: int = 50  # evaluate on held-out data every N steps (and at the end)
-    rule: str = "replicated"  # sharding rule: replicated, fsdp or tensor
+    # how the state is split over the ("data", "model") mesh: replicated, fsdp (over "data"), tensor (over
+    # "model") or fsdp_tensor (both, on a 2-D mesh); see job/sharding.py
+    rule: str = "replicated"
     model_axis: int = 1  # devices per tensor-parallel group (the mesh's "model" axis)
+    accum_steps: int = 1  # micro-batches per step: gradients of K slices of the global batch, one update
     resume: bool = True  # continue from the newest complete checkpoint in run_dir
     watchdog_s: float = 600.0  # no step within this many seconds: dump every stack, exit 86 (0 = off)
     # name a host whose own time per step (input wait, dispatch) is over this x the median (job/stragglers.py)
@@ -92,6 +96,13 @@ class TrainConfig(Generic[M, D]):
     profile: ProfileConfig = ProfileConfig()
 
 
+def _divisor_near(n: int, k: int) -> int:
+    """The divisor of n nearest to k (the lower one on a tie)."""
+    if not isinstance(n, int) or n < 1:
+        return 1
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - k), d))
+
+
 def _finite(x: float) -> bool:
     return isinstance(x, int | float) and math.isfinite(x)
 
@@ -103,9 +114,20 @@ def defaults(task: Task) -> TrainConfig:
 
 def validate(cfg: TrainConfig, task: Task) -> None:
     """Every check that needs no devices (run before anything starts); raises ConfigError on the first bad value."""
+    from job.sharding import TRAIN_RULES
+
+    if cfg.rule not in TRAIN_RULES:
+        raise ConfigError("--rule", expected=f"one of {', '.join(TRAIN_RULES)}", found=cfg.rule,
+                          fix="pass --rule replicated (safe), fsdp, tensor or fsdp_tensor")
     task.validate(cfg.model, cfg.data, rule=cfg.rule, model_axis=cfg.model_axis)
     o, run_dir = cfg.optim, cfg.run_dir
     checks = (  # (ok, flag, expected, found, fix); comparisons are written so that NaN fails them
+        (1 <= cfg.accum_steps <= MAX_ACCUM, "--accum-steps", f"an integer 1..{MAX_ACCUM}", cfg.accum_steps,
+         "pass --accum-steps 1 (no accumulation)"),
+        (cfg.accum_steps < 1 or cfg.data.global_batch % cfg.accum_steps == 0, "--accum-steps",
+         f"a divisor of --data.global-batch {cfg.data.global_batch}", cfg.accum_steps,
+         f"pass --accum-steps {_divisor_near(cfg.data.global_batch, cfg.accum_steps)}, or a --data.global-batch "
+         f"that is a multiple of {cfg.accum_steps}"),
         (1 <= cfg.steps <= MAX_STEPS, "--steps", f"an integer 1..{MAX_STEPS}", cfg.steps, "pass --steps 200"),
         (cfg.log_every >= 1, "--log-every", "an integer >= 1", cfg.log_every, "pass --log-every 10"),
         (cfg.eval_every >= 1, "--eval-every", "an integer >= 1", cfg.eval_every, "pass --eval-every 50"),

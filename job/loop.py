@@ -64,6 +64,7 @@ def _run(cfg: TrainConfig, task: Task, argv: list[str] | None, timer: Goodput, i
     from jax.sharding import NamedSharding, PartitionSpec
 
     from job import preflight, sharding
+    from job import state as state_plan
     from job.batches import Prefetch, global_batch
     from job.checkpoint import Checkpointer
     from job.fingerprint import fingerprint
@@ -76,44 +77,45 @@ def _run(cfg: TrainConfig, task: Task, argv: list[str] | None, timer: Goodput, i
     run_dir = storage.run_path(cfg.run_dir)  # a local folder or gs://BUCKET/FOLDER (etils.epath)
     checked = preflight.check(to_dict(cfg), run_dir / "checkpoints")
     mesh = sharding.make_mesh(model_axis=cfg.model_axis)
-    divisor = sharding.batch_size_divisor(mesh)
+    divisor = sharding.batch_size_divisor(mesh) * cfg.accum_steps  # every micro-batch over every data shard
     if cfg.data.global_batch % divisor:
+        per = f" x --accum-steps {cfg.accum_steps}" if cfg.accum_steps > 1 else ""
         raise ConfigError(
-            "--data.global-batch", expected=f"a multiple of the data-parallel size {divisor}",
-            found=cfg.data.global_batch,
+            "--data.global-batch", expected=f"a multiple of the data-parallel size "
+            f"{sharding.batch_size_divisor(mesh)}{per} = {divisor}", found=cfg.data.global_batch,
             fix=f"use --data.global-batch {divisor * max(1, -(-cfg.data.global_batch // divisor))}",
         )
     source = task.source(cfg.data, cfg.model)
 
-    model = task.build(cfg.model, nnx.Rngs(cfg.seed))
     tx, schedule = task.optimizer(cfg, cfg.steps) if task.optimizer else make_optimizer(cfg.optim, cfg.steps)
-    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
-    sharding.shard_model(model, mesh, rule=cfg.rule)
-    sharding.shard_model(optimizer, mesh, rule=cfg.rule)
-    params = count_params(model)
-    graphdef, state = nnx.split({"model": model, "optimizer": optimizer})
-    del model, optimizer  # from here on `state` is the one copy; the steps donate it
+    # shapes and placement first, no array made; the state is then created as its shards, or restored into them
+    planned = state_plan.plan(task, cfg, mesh, tx)
+    params = planned.params
 
     moved = None if cfg.resume else resume.move_aside_for_fresh_start(run_dir / "checkpoints")
     checkpoints = Checkpointer(run_dir / "checkpoints", cfg.ckpt)
     start, changed = 0, []
     newest = checkpoints.newest_specs() if cfg.resume else None
     if newest is not None:  # a state this run does not build stops it here, with nothing touched (exit 2)
-        changed = resume.check(run_dir, to_dict(cfg), *newest, state)
+        changed = resume.check(run_dir, to_dict(cfg), *newest, planned.abstract)
     only_specific_processes()(_save_config)(run_dir, cfg)
     only_specific_processes()(provenance.record)(run_dir, argv, _topology(info, mesh))
     if cfg.resume and checkpoints.all_steps():  # read back first: an unreadable newest step is set aside
-        start, state = checkpoints.restore_newest(state)
-    elif cfg.resume:  # never from step 0 over checkpoints that were set aside as unreadable
-        resume.refuse_fresh_start_over_set_aside(checkpoints.directory)
+        start, state = checkpoints.restore_newest(planned.abstract)
+    else:
+        if cfg.resume:  # never from step 0 over checkpoints that were set aside as unreadable
+            resume.refuse_fresh_start_over_set_aside(checkpoints.directory)
+        state = planned.init()
     if start >= cfg.steps:
         only_specific_processes()(log.info)("already complete at step %d; use a new --run-dir or raise --steps",
                                             start)
         checkpoints.close()
         return 0
-    train_step, eval_step = jit_train_step(task.loss, graphdef, state), jit_eval_step(task.loss, graphdef)
-
     batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh)))
+    train_step = jit_train_step(task.loss, planned.graphdef, planned.shardings, accum_steps=cfg.accum_steps,
+                                weight=task.weight,
+                                micro_sharding=NamedSharding(mesh, PartitionSpec(None, sharding.batch_axes(mesh))))
+    eval_step = jit_eval_step(task.loss, planned.eval_graphdef)
 
     def batch(split: str, step: int) -> dict[str, jax.Array]:
         return global_batch(source, batch_sharding, split=split, step=step, size=cfg.data.global_batch)
@@ -227,7 +229,7 @@ def _run(cfg: TrainConfig, task: Task, argv: list[str] | None, timer: Goodput, i
     only_specific_processes()(timer.progress)(run_dir, last_saved, "end")
     report.message("%s", describe(split))
     final = jax.device_get(metrics)
-    trained = nnx.state(nnx.merge(graphdef, state)["model"], nnx.Param)
+    trained = nnx.state(nnx.merge(planned.graphdef, state)["model"], nnx.Param)
     report.close({
         "final_step": last_saved,
         "completed": code == 0,

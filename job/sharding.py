@@ -49,6 +49,10 @@ RULES: Mapping[str, tuple[tuple[str, str | None], ...]] = types.MappingProxyType
     "fsdp": tuple((name, _FSDP.get(name)) for name in LOGICAL_AXES),
     "tensor": tuple((name, _TENSOR.get(name)) for name in LOGICAL_AXES),
 })
+# what --rule accepts: RULES (the seed-parity table) and both at once on a 2-D mesh, "embed" over
+# "data" and the tensor-parallel axes over "model"
+TRAIN_RULES: Mapping[str, tuple[tuple[str, str | None], ...]] = types.MappingProxyType({
+    **RULES, "fsdp_tensor": tuple((name, _FSDP.get(name, _TENSOR.get(name))) for name in LOGICAL_AXES)})
 del _FSDP, _TENSOR
 UNANNOTATED = "an nnx.Param without a sharding annotation"
 
@@ -101,6 +105,41 @@ def batch_size_divisor(mesh: Mesh) -> int:
     return math.prod(mesh.shape[name] for name in batch_axes(mesh))
 
 
+AxisRules = Mapping[str, Mapping[str, str | None]]  # {logical name: {rule: mesh axis or None}}
+
+
+def rule_table(rule: str, logical_axes: AxisRules | None = None) -> dict[str, str | None]:
+    """{logical axis name: mesh axis or None} of `rule`: the built-in table merged with a task's own
+    names (`Task.logical_axes`, e.g. {"experts": {"tensor": "model"}}); a rule a name does not mention
+    keeps that dimension whole."""
+    if rule not in TRAIN_RULES:
+        raise ConfigError("--rule", expected=f"one of {', '.join(TRAIN_RULES)}", found=rule,
+                          fix="pass --rule replicated (every array whole on every device), fsdp, tensor "
+                          "or fsdp_tensor")
+    table = dict(TRAIN_RULES[rule])
+    for name, by_rule in (logical_axes or {}).items():
+        problem = _axis_rule_problem(name, by_rule)
+        if problem:
+            raise ConfigError(f"logical axis {name!r}", expected="{rule: 'data', 'model' or None} with rules "
+                              f"from {', '.join(TRAIN_RULES)}", found=f"{by_rule!r} ({problem})",
+                              fix=f"declare it like logical_axes={{{name!r}: {{'tensor': 'model'}}}}")
+        table[name] = by_rule.get(rule)
+    return table
+
+
+def _axis_rule_problem(name: Any, by_rule: Any) -> str:
+    if not isinstance(name, str) or not name:
+        return "the name is not a non-empty string"
+    if not isinstance(by_rule, Mapping):
+        return "not a mapping of rule names"
+    for rule, axis in by_rule.items():
+        if rule not in TRAIN_RULES:
+            return f"unknown rule {rule!r}"
+        if axis not in (DATA_AXIS, MODEL_AXIS, None):
+            return f"mesh axis {axis!r} is neither {DATA_AXIS!r}, {MODEL_AXIS!r} nor None"
+    return ""
+
+
 def _spec_for(names: Any, shape: tuple[int, ...], rule: Mapping[str, str | None],
               mesh: Mesh) -> tuple[PartitionSpec | None, str]:
     """The spec for one annotated variable, or (None, why it cannot be used)."""
@@ -118,7 +157,7 @@ def _spec_for(names: Any, shape: tuple[int, ...], rule: Mapping[str, str | None]
             if name is None:
                 continue
             if name not in rule:
-                return None, f"unknown logical axis {name!r} (known: {', '.join(LOGICAL_AXES)})"
+                return None, f"unknown logical axis {name!r} (known: {', '.join(rule)})"
             axis = rule[name]
             if axis is None:
                 continue
@@ -137,6 +176,49 @@ def _spec_for(names: Any, shape: tuple[int, ...], rule: Mapping[str, str | None]
     return PartitionSpec(*spec), ""
 
 
+def placement(state: Any, mesh: Mesh, rule: str = "replicated",
+              logical_axes: AxisRules | None = None) -> tuple[Any, list[str]]:
+    """(the NamedSharding of every array of an NNX state, the variables that fell back to replicated).
+
+    `state` may be abstract (`nnx.eval_shape`): only each variable's shape and annotation are read,
+    so the placement is known before any array exists. Annotated variables follow `rule_table`;
+    unannotated ones replicate, and so does one whose annotation cannot be used. The fallbacks name
+    those annotations and, under every rule but "replicated", each `nnx.Param` without one (other
+    variables, such as rng state and optimizer moments without a source annotation, replicate
+    silently)."""
+    table = rule_table(rule, logical_axes)
+    fallbacks: list[str] = []
+
+    def place(path: tuple[Any, ...], var: Any) -> Any:
+        value = var.get_value() if isinstance(var, nnx.Variable) else var
+        if getattr(value, "shape", None) is None:
+            return None
+        spec = PartitionSpec()
+        names = var.get_metadata().get("out_sharding") if isinstance(var, nnx.Variable) else None
+        if names is None:
+            if rule != "replicated" and isinstance(var, nnx.Param):
+                fallbacks.append(f"{path_str(path)}: {UNANNOTATED}")
+        else:
+            found, why = _spec_for(names, tuple(value.shape), table, mesh)
+            if found is None:
+                fallbacks.append(f"{path_str(path)}: {why}")
+            else:
+                spec = found
+        return NamedSharding(mesh, spec)
+
+    shardings = jax.tree_util.tree_map_with_path(place, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return shardings, fallbacks
+
+
+def fallback_warning(what: str, fallbacks: Sequence[str], mesh: Mesh,
+                     table: Mapping[str, str | None]) -> str:
+    """The one warning that lists every variable placed replicated against its annotation."""
+    return (f"{what}: {len(fallbacks)} variable(s) fell back to replicated:\n  " + "\n  ".join(fallbacks)
+            + "\nFix: annotate with job.sharding.axes(...) using one name per dimension from "
+            f"{tuple(table)} (None for a dimension kept whole; a task declares more in Task.logical_axes), "
+            f"and sizes divisible by the mesh axes {dict(mesh.shape)}")
+
+
 def shard_model(node: Any, mesh: Mesh, rule: str = "replicated") -> Any:
     """Place every variable of an NNX graph node (model, Optimizer, EMA) on `mesh`, in place.
 
@@ -145,6 +227,10 @@ def shard_model(node: Any, mesh: Mesh, rule: str = "replicated") -> Any:
     those annotations and, under every rule but "replicated", each `nnx.Param`
     that has no annotation (other variables, such as RNG state and optimizer
     moments, replicate silently). Idempotent. Returns `node`.
+
+    A migration API: it places arrays that already exist in full on each
+    process. The training loop builds its state already placed instead
+    (`job.state`, from the same annotations).
     """
     if rule not in RULES:
         raise ConfigError("sharding rule", expected=f"one of {sorted(RULES)}", found=rule,
@@ -155,35 +241,19 @@ def shard_model(node: Any, mesh: Mesh, rule: str = "replicated") -> Any:
     if any(t == AxisType.Explicit for t in mesh.axis_types):
         warnings.warn(f"mesh has Explicit axes {mesh.axis_types}; these helpers expect Auto axes. "
                       "Fix: build the mesh with job.sharding.make_mesh", UserWarning, stacklevel=2)
-    mapping = dict(RULES[rule])
-    fallbacks: list[str] = []
     placed = 0
-    for path, var in nnx.to_flat_state(nnx.state(node)):
+    state = nnx.state(node)
+    shardings, fallbacks = placement(state, mesh, rule)
+    for (_, var), (_, where) in zip(nnx.to_flat_state(state), nnx.to_flat_state(shardings)):
         value = var.get_value()
         if not is_array(value):
             continue
-        names = var.get_metadata().get("out_sharding")
-        spec = PartitionSpec()
-        if names is None:
-            if rule != "replicated" and isinstance(var, nnx.Param):
-                fallbacks.append(f"{path_str(path)}: {UNANNOTATED}")
-        else:
-            found, why = _spec_for(names, tuple(value.shape), mapping, mesh)
-            if found is None:
-                fallbacks.append(f"{path_str(path)}: {why}")
-            else:
-                spec = found
-        var.set_value(jax.device_put(value, NamedSharding(mesh, spec)))
+        var.set_value(jax.device_put(value, where))
         placed += 1
     log.debug("shard_model: placed %s variables with rule %s", placed, rule)
     if fallbacks:
-        warnings.warn(
-            f"shard_model(rule={rule!r}): {len(fallbacks)} variable(s) fell back to replicated:\n  "
-            + "\n  ".join(fallbacks)
-            + "\nFix: annotate with job.sharding.axes(...) using one name per dimension from "
-            f"{LOGICAL_AXES} (None for a dimension kept whole), and sizes divisible by the mesh axes "
-            f"{dict(mesh.shape)}",
-            UserWarning, stacklevel=2)
+        warnings.warn(fallback_warning(f"shard_model(rule={rule!r})", fallbacks, mesh, dict(RULES[rule])),
+                      UserWarning, stacklevel=2)
     return node
 
 
@@ -299,8 +369,8 @@ def mesh_context(mesh: Mesh | None) -> Iterator[Mesh | None]:
 
 
 __all__ = [
-    "DATA_AXIS", "LOGICAL_AXES", "MODEL_AXIS", "RULES", "axes", "batch_axes",
-    "batch_size_divisor", "check_batch_divisible", "make_mesh", "mesh_context",
-    "pad_for_mesh", "partitioned", "replicate", "resolve_mesh", "shard_batch",
-    "shard_model", "shard_sample_init", "sharding_of",
+    "DATA_AXIS", "LOGICAL_AXES", "MODEL_AXIS", "RULES", "TRAIN_RULES", "AxisRules", "axes", "batch_axes",
+    "batch_size_divisor", "check_batch_divisible", "fallback_warning", "make_mesh", "mesh_context",
+    "pad_for_mesh", "partitioned", "placement", "replicate", "resolve_mesh", "rule_table",
+    "shard_batch", "shard_model", "shard_sample_init", "sharding_of",
 ]

@@ -61,6 +61,9 @@ class Task:
     commands: Mapping[str, Callable[[list[str]], int]] = dataclasses.field(default_factory=dict)  # python -m job X
     # (TrainConfig, steps) -> (optax transformation, schedule), seeing the task's own config; None: --optim.*
     optimizer: Callable[[Any, int], tuple[Any, Any]] | None = None
+    # the task's own logical axis names, merged with job.sharding's: {name: {rule: "data", "model" or None}},
+    # e.g. {"experts": {"tensor": "model"}}; a rule a name does not mention keeps that dimension whole
+    logical_axes: Mapping[str, Mapping[str, str | None]] = dataclasses.field(default_factory=dict)
 
 
 def names() -> list[str]:

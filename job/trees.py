@@ -26,8 +26,14 @@ def leaf_specs(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
     specs = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         shape = getattr(leaf, "shape", None)
-        if shape is not None:
-            specs[path_str(path)] = (tuple(shape), str(getattr(leaf, "dtype", "")))
+        if shape is None:
+            continue
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+            # a typed rng key is saved as its key data (uint32[..., 2] for threefry): compare it as such
+            data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(tuple(shape), dtype))
+            shape, dtype = data.shape, data.dtype
+        specs[path_str(path)] = (tuple(shape), str(dtype if dtype is not None else ""))
     return specs
 
 

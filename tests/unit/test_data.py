@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import subprocess
 import sys
 from pathlib import Path
@@ -148,7 +150,7 @@ def test_token_file_windows_lie_in_their_split(tmp_path: Path, suffix: str, dtyp
     content = np.arange(base, base + 1000).astype(dtype)  # a window's first token gives its offset
     path = write_tokens(tmp_path / f"tokens{suffix}", content)
     source = data.TokenFile(path, seq_len=16, seed=0, dtype=dtype, eval_fraction=0.25)
-    assert source.vocab_size == base + 1000
+    assert source.vocab_size is None  # no FILE.json beside it, and opening never reads the tokens
     for split, (lo, hi) in (("train", (0, 750)), ("eval", (750, 1000))):
         offsets = []
         for step in range(4):
@@ -163,13 +165,43 @@ def test_token_file_windows_lie_in_their_split(tmp_path: Path, suffix: str, dtyp
         assert max(offsets) - min(offsets) > (hi - lo) // 2  # and spread over the split
 
 
-@pytest.mark.parametrize("where", [0, 63, 64, 999])
-def test_vocab_size_scans_in_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: int) -> None:
-    monkeypatch.setattr(data, "CHUNK_TOKENS", 64)  # 1000 tokens = 15 full chunks + 40
+def test_opening_a_token_file_reads_none_of_its_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_tokens(tmp_path / "t.npy", np.arange(1000).astype(np.uint16))
+    real_load = np.load
+    opened = []
+
+    def load(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - a memory map whose reads are recorded
+        tokens = real_load(*args, **kwargs)
+        opened.append(tokens)
+        return tokens
+
+    monkeypatch.setattr(np, "load", load)
+    data.TokenFile(path, seq_len=8)
+    assert len(opened) == 1 and isinstance(opened[0], np.memmap)
+    assert opened[0].offset == 128  # the mapping starts after the header
+
+
+@pytest.mark.parametrize("where", [0, 500, 999])
+def test_a_token_above_the_vocabulary_of_an_undescribed_file_stops_the_batch_that_reads_it(
+        tmp_path: Path, where: int) -> None:
     content = np.random.default_rng(1).integers(0, 50, size=1000).astype(np.uint16)
     content[where] = 777
-    source = data.TokenFile(write_tokens(tmp_path / "t.bin", content), seq_len=8)
-    assert source.vocab_size == 778
+    source = data.make_source(data.DataConfig(source=str(write_tokens(tmp_path / "t.bin", content)),
+                                              eval_fraction=0.5), vocab_size=100, seq_len=8)
+    with pytest.raises(ConfigError, match="pass --model.vocab-size 778 or more") as info:
+        for step in range(200):
+            for split in ("train", "eval"):
+                source.rows(split, step, 0, 16)
+    assert "777 is in a" in str(info.value) and "python -m job tokenize" in str(info.value)
+
+
+def test_a_description_beside_the_file_gives_its_vocabulary_and_a_stale_one_is_refused(tmp_path: Path) -> None:
+    path = write_tokens(tmp_path / "t.npy", np.arange(100).astype(np.uint16))
+    data.sidecar(path).write_text(json.dumps({"tokens": 100, "vocab_size": 300}))
+    assert data.TokenFile(path, seq_len=8).vocab_size == 300
+    data.sidecar(path).write_text(json.dumps({"tokens": 99, "vocab_size": 300}))
+    with pytest.raises(ConfigError, match="stale t.npy.json"):
+        data.TokenFile(path, seq_len=8)
 
 
 def _error(path: Path, **kwargs) -> str:
@@ -238,13 +270,14 @@ def test_split_of_exactly_seq_len_plus_one_works(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- make_source, rows, config
 
 
-def test_make_source_checks_the_model_vocab(tmp_path: Path) -> None:
+def test_make_source_checks_the_model_vocab_before_the_first_step(tmp_path: Path) -> None:
     path = write_tokens(tmp_path / "t.npy", np.r_[np.zeros(200), 99].astype(np.uint16))
+    data.sidecar(path).write_text(json.dumps({"tokens": 201, "vocab_size": 100}))
     cfg = data.DataConfig(source=str(path))
     with pytest.raises(ConfigError) as info:
         data.make_source(cfg, vocab_size=50, seq_len=8)
     message = str(info.value)
-    assert "100" in message and "50" in message and "--model.vocab_size 100" in message and str(path) in message
+    assert "100" in message and "50" in message and "--model.vocab-size 100" in message and str(path) in message
     source = data.make_source(cfg, vocab_size=100, seq_len=8)
     assert isinstance(source, data.TokenFile) and source.vocab_size == 100
 
@@ -282,9 +315,12 @@ def test_tokenize_text_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     tokens = np.load(dst)
     assert tokens.dtype == np.uint16 and tokens.shape == (len(raw),)
     assert tokens.astype(np.uint8).tobytes() == raw and tokens.max() > 127
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.npy"]  # no partial file left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.npy", "out.npy.json"]  # no partial file
+    assert json.loads((tmp_path / "out.npy.json").read_text())["tokens"] == len(raw)
     source = data.make_source(data.DataConfig(source=str(dst)), vocab_size=256, seq_len=16)
-    assert source.vocab_size == tokens.max() + 1
+    assert source.vocab_size == 256
+    with pytest.raises(ConfigError, match="--model.vocab-size 256"):  # known before any batch
+        data.make_source(data.DataConfig(source=str(dst)), vocab_size=200, seq_len=16)
 
 
 def test_tokenize_text_errors_and_empty_input(tmp_path: Path) -> None:

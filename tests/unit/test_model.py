@@ -212,7 +212,7 @@ def test_validate_accepts_good_configs(cfg: ModelConfig, rule: str, model_axis: 
     (ModelConfig(heads=1), "tensor", 2, ["model.heads", "found 1", "model_axis=2", "--model-axis 1"]),
     (ModelConfig(mlp_dim=255), "tensor", 2, ["model.mlp_dim", "found 255", "model_axis=2", "--model.mlp-dim 256"]),
     (ModelConfig(vocab_size=257), "tensor", 2, ["model.vocab_size", "found 257", "--model.vocab-size 258"]),
-    (ModelConfig(), "zero3", 1, ["sharding rule", "'zero3'"]),
+    (ModelConfig(), "zero3", 1, ["--rule", "'zero3'"]),
     (ModelConfig(), "tensor", 0, ["model_axis", "found 0"]),
 ])
 def test_validate_rejects_bad_configs(cfg: ModelConfig, rule: str, model_axis: int, expected: list[str]) -> None:

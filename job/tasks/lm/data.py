@@ -19,6 +19,7 @@ and a host reads only the windows of its own rows.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 from typing import TypedDict
@@ -32,6 +33,7 @@ from job.task import SPLITS  # a split's index is its id in the row hash
 TOKEN_DTYPES = ("uint16", "uint32")
 CHUNK_TOKENS = 1 << 24  # tokens (or bytes) touched at once when scanning or writing a file
 PAD, BOS, SEP = 0, 1, 2
+BYTE_VOCAB = 256  # byte-level tokens: 0..255
 _TOKENIZE = "`python -m job tokenize INPUT.txt OUTPUT.npy`"
 
 
@@ -149,12 +151,29 @@ def _open_tokens(path: Path, dtype: str) -> np.ndarray:
                       found=suffix or "no extension", fix=f"convert it with {_TOKENIZE}")
 
 
-def _max_token(tokens: np.ndarray) -> int:
-    """Largest token, scanning CHUNK_TOKENS at a time (the file is never read whole)."""
-    top = 0
-    for lo in range(0, len(tokens), CHUNK_TOKENS):
-        top = max(top, int(tokens[lo:lo + CHUNK_TOKENS].max()))
-    return top
+def sidecar(path: Path) -> Path:
+    """FILE.json beside a token file: what `python -m job tokenize` knows of what it wrote."""
+    return path.with_name(path.name + ".json")
+
+
+def _described_vocab(path: Path, tokens: np.ndarray) -> int | None:
+    """The vocabulary size FILE.json records for this very file (its token count must match), else None."""
+    try:
+        described = json.loads(sidecar(path).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"token file description {sidecar(path)}", expected="the JSON `python -m job tokenize` "
+                          "writes", found=str(err), fix=f"delete it, or write the file again with {_TOKENIZE}") from err
+    if not isinstance(described, dict) or described.get("tokens") != len(tokens):
+        raise ConfigError(f"token file description {sidecar(path)}",
+                          expected=f"a description of the {len(tokens)} tokens of {path}",
+                          found=f"{described.get('tokens') if isinstance(described, dict) else described!r} tokens",
+                          fix=f"delete the stale {sidecar(path).name}, or write both again with {_TOKENIZE}")
+    vocab = described.get("vocab_size")
+    require(isinstance(vocab, int) and vocab >= 1, f"token file description {sidecar(path)}",
+            "an integer vocab_size >= 1", vocab, f"write it again with {_TOKENIZE}")
+    return vocab
 
 
 class TokenFile(_Source):
@@ -178,7 +197,10 @@ class TokenFile(_Source):
                      f"at least seq_len + 1 = {seq_len + 1} tokens",
                      f"{hi - lo} tokens ({n} in the file, eval_fraction={eval_fraction})",
                      "use a longer file, a smaller --model.seq_len, or another --data.eval_fraction")
-        self.vocab_size = _max_token(self.tokens) + 1
+        # opening costs the same for any size: nothing reads the whole file; with no FILE.json beside it
+        # (`python -m job tokenize` writes one) each batch's tokens are checked as they are read
+        self.vocab_size = _described_vocab(self.path, self.tokens)
+        self.limit = self.vocab_size
         self._mask = np.ones(seq_len, np.float32)
         self.width = 1
 
@@ -186,7 +208,14 @@ class TokenFile(_Source):
         lo, hi = self.splits[split]
         offsets = lo + below(bits[:, 0], hi - lo - self.seq_len + 1)
         windows = offsets[:, None] + np.arange(self.seq_len)  # fancy indexing reads only these windows' pages
-        return np.asarray(self.tokens[windows]).astype(np.int32)
+        tokens = np.asarray(self.tokens[windows])
+        if self.limit is not None and len(tokens) and int(tokens.max()) >= self.limit:
+            raise ConfigError(f"model.vocab_size for token file {self.path}",
+                              expected=f"more than its largest token: {int(tokens.max())} is in a {split} batch",
+                              found=f"model.vocab_size {self.limit}",
+                              fix=f"pass --model.vocab-size {int(tokens.max()) + 1} or more (write the file with "
+                              f"{_TOKENIZE} to have its vocabulary checked before the first step)")
+        return tokens.astype(np.int32)
 
 
 def make_source(cfg: DataConfig, *, vocab_size: int, seq_len: int) -> ReverseTask | TokenFile:
@@ -195,16 +224,21 @@ def make_source(cfg: DataConfig, *, vocab_size: int, seq_len: int) -> ReverseTas
         return ReverseTask(vocab_size, seq_len, cfg.seed)
     source = TokenFile(cfg.source, seq_len=seq_len, seed=cfg.seed, dtype=cfg.dtype,
                        eval_fraction=cfg.eval_fraction)
-    require(source.vocab_size <= vocab_size, f"model.vocab_size for token file {source.path}",
-             f"at least the file's vocab_size {source.vocab_size} (its largest token + 1)",
-             f"model.vocab_size {vocab_size}", f"pass --model.vocab_size {source.vocab_size} (or more)")
+    if source.vocab_size is None:  # no description: every batch is checked against the model's vocabulary
+        source.limit = vocab_size
+    require(source.vocab_size is None or source.vocab_size <= vocab_size,
+            f"model.vocab_size for token file {source.path}",
+            f"at least the file's vocab_size {source.vocab_size} ({sidecar(source.path).name})",
+            f"model.vocab_size {vocab_size}", f"pass --model.vocab-size {source.vocab_size} (or more)")
     return source
 
 
 def tokenize_text(text_path: str | os.PathLike[str], out_path: str | os.PathLike[str]) -> int:
     """Byte-level tokens (uint16 .npy, values 0..255) of a UTF-8 text file, streamed; returns the count.
 
-    Any bytes are kept as they are; the output appears only once complete.
+    Any bytes are kept as they are; the output appears only once complete, then its description
+    OUTPUT.npy.json (token count and vocabulary size), which lets a run check the vocabulary at
+    start without reading the file.
     """
     src, dst = Path(text_path), Path(out_path)
     require(src.is_file(), "text file to tokenize", "an existing file", str(src), "check the input path")
@@ -225,4 +259,6 @@ def tokenize_text(text_path: str | os.PathLike[str], out_path: str | os.PathLike
         raise ConfigError(f"text file {src}", expected=f"{n} bytes", found=f"{pos} bytes (it shrank while read)",
                           fix="tokenize it again once it stops changing")
     os.replace(partial, dst)
+    sidecar(dst).write_text(json.dumps({"tokens": n, "vocab_size": BYTE_VOCAB, "dtype": "uint16",
+                                        "tokenizer": "bytes"}) + "\n")
     return n

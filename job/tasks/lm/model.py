@@ -7,7 +7,7 @@ Replace it with yours; keep the logical-axis annotations so `job.sharding` can p
     loss, metrics = loss_fn(model, tokens, mask)  # tokens int32 [B, T], mask float [B, T]
 
 Every parameter carries one logical axis name per dimension ("vocab", "embed",
-"heads", "mlp", or None); `job.sharding.RULES` maps those names to mesh axes.
+"heads", "mlp", or None); `job.sharding.TRAIN_RULES` maps those names to mesh axes.
 Call `validate(cfg, rule=..., model_axis=...)` first to fail fast on a config
 that the chosen sharding rule cannot split.
 """
@@ -23,7 +23,7 @@ import optax
 from flax import nnx
 
 from job.errors import ConfigError
-from job.sharding import RULES, axes, partitioned
+from job.sharding import TRAIN_RULES, axes, partitioned
 
 DTYPES = ("float32", "bfloat16")
 MAX_SIZE = 2**31 - 1  # any model size above this is a typo (and overflows int32 shapes)
@@ -40,6 +40,7 @@ class ModelConfig:
     layers: int = 2  # transformer blocks
     mlp_dim: int = 256  # MLP hidden width ("mlp")
     dtype: str = "float32"  # activation/compute dtype ("float32" or "bfloat16"); params stay float32
+    remat: bool = False  # recompute each block's activations in the backward pass instead of keeping them
 
 
 def _linear(cfg: ModelConfig, n_in: int, n_out: int, names: tuple[str, str], rngs: nnx.Rngs) -> nnx.Linear:
@@ -124,8 +125,14 @@ class Transformer(nnx.Module):
                               found=t, fix="shorten the batch or raise --model.seq-len")
         x = self.embed(tokens) + self.pos[:t].astype(self.cfg.dtype)
         for block in self.blocks:
-            x = block(x)
+            x = _remat_call(block, x) if self.cfg.remat else block(x)
         return self.head(self.norm(x)).astype(jnp.float32)
+
+
+@nnx.remat
+def _remat_call(block: Block, x: jax.Array) -> jax.Array:
+    """A block whose activations are recomputed for the gradient: memory of one block's, not all of them."""
+    return block(x)
 
 
 def loss_fn(model: Transformer, tokens: jax.Array, mask: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -165,8 +172,8 @@ def _nearest(candidates: list[int], target: int, n: int = 2) -> list[int]:
 def validate(cfg: ModelConfig, *, rule: str, model_axis: int) -> None:
     """Raise ConfigError for a config that cannot be built or sharded with `rule`.
 
-    Call before building anything. The fsdp/tensor fit of "embed" on the data
-    axis is left to `job.sharding.shard_model`, which knows the mesh.
+    Call before building anything. The fsdp fit of "embed" on the data axis is
+    left to the placement (`job.sharding.placement`), which knows the mesh.
     """
     for field in ("vocab_size", "seq_len", "dim", "heads", "layers", "mlp_dim"):
         value = getattr(cfg, field)
@@ -180,12 +187,12 @@ def validate(cfg: ModelConfig, *, rule: str, model_axis: int) -> None:
     if cfg.dtype not in DTYPES:
         raise ConfigError("model.dtype", expected=f"one of {DTYPES}", found=cfg.dtype,
                           fix="pass --model.dtype float32 (or bfloat16 on GPU/TPU)")
-    if rule not in RULES:
-        raise ConfigError("sharding rule", expected=f"one of {sorted(RULES)}", found=rule,
-                          fix="pass rule='replicated' (safe), 'fsdp' or 'tensor'")
+    if rule not in TRAIN_RULES:
+        raise ConfigError("--rule", expected=f"one of {', '.join(TRAIN_RULES)}", found=rule,
+                          fix="pass --rule replicated (safe), fsdp, tensor or fsdp_tensor")
     if isinstance(model_axis, bool) or not isinstance(model_axis, int) or model_axis < 1:
         raise ConfigError("model_axis", expected="a positive int", found=model_axis, fix="use --model-axis 1")
-    if rule != "tensor" or model_axis == 1:
+    if rule not in ("tensor", "fsdp_tensor") or model_axis == 1:
         return
     axis_ok = [d for d in _divisors(cfg.heads) if d > 1 and cfg.mlp_dim % d == 0 and cfg.vocab_size % d == 0]
     axis_fix = f"use --model-axis {_or(axis_ok)}" if axis_ok else "use --model-axis 1"
@@ -193,14 +200,14 @@ def validate(cfg: ModelConfig, *, rule: str, model_axis: int) -> None:
         heads_ok = _nearest([h for h in _divisors(cfg.dim) if h % model_axis == 0], cfg.heads)
         heads_fix = f", or --model.heads {_or(heads_ok)}" if heads_ok else ""
         raise ConfigError("model.heads",
-                          expected=f"a multiple of model_axis={model_axis} (rule 'tensor' splits heads)",
+                          expected=f"a multiple of model_axis={model_axis} (rule {rule!r} splits heads)",
                           found=cfg.heads, fix=f"{axis_fix}{heads_fix}")
     for field in ("mlp_dim", "vocab_size"):
         value = getattr(cfg, field)
         if value % model_axis:
             up = -(-value // model_axis) * model_axis
             raise ConfigError(f"model.{field}",
-                              expected=f"a multiple of model_axis={model_axis} (rule 'tensor' splits it)",
+                              expected=f"a multiple of model_axis={model_axis} (rule {rule!r} splits it)",
                               found=value, fix=f"{axis_fix}, or {_flag(field)} {up}")
 
 

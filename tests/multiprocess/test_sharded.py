@@ -1,0 +1,140 @@
+"""A state too big for one device: created as its shards, trained alike under every rule, accumulated
+over micro-batches, resumed on other topologies, and a user's own model (dropout, its own optimizer
+and axis name) from outside the package under fsdp and tensor.
+
+Each run goes through tests/scenarios/held.py, which records on every process the shape of the
+shards it holds right after the state was created and right after it was restored."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.launching import explain, launcher_argv, run, scenario
+from tests.multiprocess.test_train import SMALL, summary, train_losses
+
+pytestmark = pytest.mark.multiprocess
+
+STEPS = 30
+FLAGS = ("--steps", str(STEPS), "--log-every", "1", "--eval-every", str(STEPS), "--ckpt.every", "15", *SMALL)
+RULES = {  # rule flags -> {leaf: the shape each process holds of it}; the model is 32 wide, its mlp 64
+    "replicated": ((), (32, 32), (64, 32)),
+    "fsdp": (("--rule", "fsdp"), (8, 32), (64, 8)),  # "embed" over data = 4
+    "tensor": (("--rule", "tensor", "--model-axis", "2"), (32, 16), (32, 32)),  # heads, mlp over model = 2
+    "fsdp_tensor": (("--rule", "fsdp_tensor", "--model-axis", "2"), (16, 16), (32, 16)),
+}
+Q = "blocks/0/attn/q/kernel/value"  # ("embed", "heads"), 32 x 32
+DOWN = "blocks/0/mlp/down/kernel/value"  # ("mlp", "embed"), 64 x 32
+
+
+def held_train(n: int, devices: int, run_dir: Path, *flags: str) -> str:
+    """`python -m job train` on n x devices through held.py; its output."""
+    argv = launcher_argv(n, scenario("held.py", "train", "--run-dir", str(run_dir), *flags), devices=devices)
+    proc = run(argv, timeout=300)
+    assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
+    return proc.stdout + proc.stderr
+
+
+def held(run_dir: Path, n: int) -> list[dict]:
+    return [json.loads((run_dir / f"held-{rank}.json").read_text()) for rank in range(n)]
+
+
+def assert_held(records: list[dict], moment: str, q: tuple[int, int], down: tuple[int, int]) -> None:
+    """On every process: the shards of two kernels, in the model and in both Adam moments, have the
+    rule's shape."""
+    for rank, record in enumerate(records):
+        shapes = record[moment]["shapes"]
+        for leaf, whole, part in ((Q, [32, 32], q), (DOWN, [64, 32], down)):
+            found = {path: shape for path, shape in shapes.items() if path.endswith(leaf)}
+            assert sorted(found) == ["model/" + leaf, *(f"optimizer/opt_state/1/0/{m}/{leaf}" for m in ("mu", "nu"))]
+            assert all(shape == [whole, list(part)] for shape in found.values()), (rank, moment, found)
+
+
+@pytest.fixture(scope="module")
+def rule_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]]:
+    """The LM trained 30 steps on 2 processes x 2 devices under each rule: {rule: (run dir, output)}."""
+    root = tmp_path_factory.mktemp("rules")
+    return {rule: (root / rule, held_train(2, 2, root / rule, *FLAGS, *flags))
+            for rule, (flags, _, _) in RULES.items()}
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_the_lm_state_is_created_as_its_shards_and_trains_alike_under_every_rule(
+        rule: str, rule_runs: dict[str, tuple[Path, str]]) -> None:
+    run_dir, output = rule_runs[rule]
+    _, q, down = RULES[rule]
+    assert_held(held(run_dir, 2), "init", q, down)
+    assert "experimental" not in output and "fell back" not in output, output  # first-class: no warning
+    reference = train_losses(rule_runs["replicated"][0])
+    losses = train_losses(run_dir)
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    for step, loss in reference.items():
+        assert losses[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), (rule, step)
+    assert summary(run_dir)["completed"] is True
+
+
+@pytest.mark.parametrize(("n", "devices"), [(4, 1), (1, 4)])
+def test_an_fsdp_run_resumes_on_another_topology_with_the_losses_of_one_uninterrupted(
+        n: int, devices: int, rule_runs: dict[str, tuple[Path, str]], tmp_path: Path) -> None:
+    straight = rule_runs["fsdp"][0]
+    shutil.copytree(straight, tmp_path / "run")
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / str(STEPS))  # as if stopped after the save at step 15
+    for copied in [tmp_path / "run" / "metrics.jsonl", *(tmp_path / "run").glob("held-*.json")]:
+        copied.unlink()
+    output = held_train(n, devices, tmp_path / "run", *FLAGS, "--rule", "fsdp")
+    assert "resumed from step 15" in output
+    records = held(tmp_path / "run", n)
+    assert all(record["restore"]["step"] == 15 and "init" not in record for record in records)
+    assert_held(records, "restore", (8, 32), (64, 8))  # "embed" over data = 4 on either topology
+    resumed, reference = train_losses(tmp_path / "run"), train_losses(straight)
+    assert sorted(resumed) == list(range(16, STEPS + 1))
+    for step, loss in resumed.items():
+        assert loss == pytest.approx(reference[step], rel=1e-5, abs=1e-6), step
+
+
+def test_gradient_accumulation_gives_the_losses_of_the_whole_batch(
+        rule_runs: dict[str, tuple[Path, str]], tmp_path: Path) -> None:
+    held_train(2, 2, tmp_path, *FLAGS, "--rule", "fsdp", "--accum-steps", "4")  # 32 rows: 4 x 8, 2 per device
+    reference, accumulated = train_losses(rule_runs["fsdp"][0]), train_losses(tmp_path)
+    assert sorted(accumulated) == sorted(reference)
+    for step, loss in reference.items():
+        assert accumulated[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), step
+
+
+def test_a_global_batch_that_micro_batches_cannot_split_over_the_data_shards_is_refused(tmp_path: Path) -> None:
+    # 32 rows in 16 micro-batches is 2 rows each, fewer than the 4 data shards (the mesh has 4 on "data")
+    proc = run(launcher_argv(2, [sys.executable, "-m", "job", "train", "--run-dir", str(tmp_path), *FLAGS,
+                                 "--accum-steps", "16"], devices=2), timeout=300)
+    assert proc.returncode == 2, explain(proc, proc.stdout, proc.stderr)
+    assert "--data.global-batch: expected a multiple of the data-parallel size 4 x --accum-steps 16 = 64" in proc.stdout + proc.stderr
+    assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
+
+
+USER = ("--task", "tests.user_tasks.minigpt:TASK", "--log-every", "1", "--eval-every", "6")
+
+
+def test_a_users_dropout_model_with_its_own_optimizer_and_axis_trains_under_fsdp(tmp_path: Path) -> None:
+    output = held_train(2, 2, tmp_path, *USER, "--steps", "12", "--rule", "fsdp")
+    assert "fell back" not in output, output
+    losses = train_losses(tmp_path)
+    assert losses[12] < 0.85 * losses[1], losses  # it learns its counting sequences
+    for record in held(tmp_path, 2):  # "embed" (32) over data = 4, its own "hidden" kept whole under fsdp
+        assert record["init"]["shapes"]["model/blocks/0/qkv/kernel/value"] == [[32, 96], [8, 96]]
+        assert record["init"]["shapes"]["model/blocks/0/dropout1/rngs/key/value"] == [[], []]
+
+
+def test_a_users_dropout_model_resumes_bitwise_under_tensor_parallelism(tmp_path: Path) -> None:
+    flags = (*USER, "--rule", "tensor", "--model-axis", "2")
+    held_train(2, 2, tmp_path / "straight", *flags, "--steps", "12")
+    for record in held(tmp_path / "straight", 2):  # its own "hidden" over model = 2
+        assert record["init"]["shapes"]["model/blocks/0/qkv/kernel/value"] == [[32, 96], [32, 48]]
+    held_train(2, 2, tmp_path / "resumed", *flags, "--steps", "6")
+    output = held_train(2, 2, tmp_path / "resumed", *flags, "--steps", "12")
+    assert "resumed from step 6" in output
+    straight, resumed = train_losses(tmp_path / "straight"), train_losses(tmp_path / "resumed")
+    assert [resumed[s] for s in range(7, 13)] == [straight[s] for s in range(7, 13)]  # the same dropout masks
+    assert summary(tmp_path / "resumed")["params_sha256"] == summary(tmp_path / "straight")["params_sha256"]

@@ -1,0 +1,172 @@
+"""job.state and job.steps on 8 CPU devices: the train state planned before it exists and created as
+its shards, train and eval modes, a task's own logical axes, and gradient accumulation."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import warnings
+
+_FLAG = "--xla_force_host_platform_device_count=8"
+if "jax" not in sys.modules and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}".strip()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+import pytest  # noqa: E402
+from flax import nnx  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from job import sharding as sh  # noqa: E402
+from job import state, steps  # noqa: E402
+from job.errors import ConfigError  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class Cfg:
+    rule: str = "fsdp_tensor"
+    seed: int = 0
+    model: object = None
+
+
+class Net(nnx.Module):
+    """The flax MNIST tutorial's ingredients: a layer, batch norm, dropout; one kernel in the task's own
+    "experts" axis name, written with nnx.with_partitioning (flax's eager sharding would need a mesh)."""
+
+    def __init__(self, rngs: nnx.Rngs, deterministic: bool = False) -> None:
+        self.up = nnx.Linear(16, 32, kernel_init=nnx.with_partitioning(nnx.initializers.lecun_normal(),
+                                                                       ("embed", "experts")), rngs=rngs)
+        self.bn = nnx.BatchNorm(32, rngs=rngs)
+        self.dropout = nnx.Dropout(0.5, deterministic=deterministic, rngs=rngs)
+        self.down = nnx.Linear(32, 4, kernel_metadata=sh.axes("experts", None), rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down(self.dropout(self.bn(self.up(x))))
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeTask:
+    deterministic: bool = False
+    logical_axes: dict = dataclasses.field(default_factory=lambda: {"experts": {"tensor": "model",
+                                                                                "fsdp_tensor": "model"}})
+
+    def build(self, cfg: object, rngs: nnx.Rngs) -> Net:
+        return Net(rngs, self.deterministic)
+
+
+def mesh() -> jax.sharding.Mesh:
+    return sh.make_mesh(model_axis=2)  # data 4 x model 2
+
+
+def test_the_state_is_planned_without_arrays_and_created_as_its_shards() -> None:
+    planned = state.plan(FakeTask(), Cfg(), mesh(), optax.adam(1e-3))
+    leaves = dict(nnx.to_flat_state(planned.abstract))
+    kernel = leaves[("model", "up", "kernel")].get_value()
+    assert isinstance(kernel, jax.ShapeDtypeStruct) and kernel.sharding.spec == P("data", "model")
+    assert leaves[("model", "down", "kernel")].get_value().sharding.spec == P("model")
+    assert leaves[("model", "dropout", "rngs", "key")].get_value().sharding.spec == P()
+    assert planned.params == 16 * 32 + 32 + 2 * 32 + 32 * 4 + 4
+    created = planned.init()
+    for path, var in nnx.to_flat_state(created):
+        want = leaves[path].get_value()
+        value = var.get_value()
+        assert value.sharding == want.sharding and value.shape == want.shape and value.dtype == want.dtype, path
+    up = dict(nnx.to_flat_state(created))[("model", "up", "kernel")].get_value()
+    assert {shard.data.shape for shard in up.addressable_shards} == {(4, 16)}
+    mu = [v.get_value() for p, v in nnx.to_flat_state(created) if p[-2:] == ("up", "kernel") and "mu" in p]
+    assert len(mu) == 1 and mu[0].sharding.spec == P("data", "model")  # the moments follow their parameter
+
+
+def test_the_init_gives_the_values_of_an_eager_build() -> None:
+    planned = state.plan(FakeTask(), Cfg(rule="replicated"), mesh(), optax.adam(1e-3))
+    created = nnx.merge(planned.graphdef, planned.init())["model"]
+    with nnx.use_eager_sharding(False):
+        eager = Net(nnx.Rngs(0))
+    np.testing.assert_allclose(np.asarray(created.up.kernel.get_value()), np.asarray(eager.up.kernel.get_value()),
+                               rtol=1e-6)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_steps_run_in_train_mode_and_evaluations_in_eval_mode(deterministic: bool) -> None:
+    planned = state.plan(FakeTask(deterministic=deterministic), Cfg(), mesh(), optax.adam(1e-3))
+    created = planned.init()
+    trained, evaluated = nnx.merge(planned.graphdef, created)["model"], nnx.merge(planned.eval_graphdef, created)["model"]
+    assert (trained.dropout.deterministic, trained.bn.use_running_average) == (False, False)
+    assert (evaluated.dropout.deterministic, evaluated.bn.use_running_average) == (True, True)
+
+
+def test_a_tasks_own_axis_names_join_the_table_and_an_unknown_one_falls_back_with_one_warning() -> None:
+    assert sh.rule_table("tensor", {"experts": {"tensor": "model"}})["experts"] == "model"
+    assert sh.rule_table("fsdp", {"experts": {"tensor": "model"}})["experts"] is None  # not mentioned: whole
+    task = FakeTask(logical_axes={"experts": {"fsdp": None}})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state.plan(dataclasses.replace(task, logical_axes={}), Cfg(), mesh(), optax.adam(1e-3))
+    messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert len(messages) == 1 and "model/up/kernel: unknown logical axis 'experts'" in messages[0], messages
+    assert "Task.logical_axes" in messages[0]
+
+
+@pytest.mark.parametrize(("axes", "problem"), [
+    ({"experts": {"tensr": "model"}}, "unknown rule 'tensr'"),
+    ({"experts": {"tensor": "modle"}}, "mesh axis 'modle'"),
+    ({"experts": "model"}, "not a mapping"),
+])
+def test_a_bad_axis_declaration_is_one_clear_error(axes: dict, problem: str) -> None:
+    with pytest.raises(ConfigError, match=problem):
+        sh.rule_table("tensor", axes)
+
+
+def test_an_unknown_rule_is_one_clear_error() -> None:
+    with pytest.raises(ConfigError, match="--rule: expected one of replicated, fsdp, tensor, fsdp_tensor"):
+        sh.rule_table("zero3")
+
+
+def test_micro_batch_k_holds_rows_k_k_plus_K_and_so_on() -> None:
+    rows = jnp.arange(12)[:, None] * jnp.ones((1, 3), jnp.int32)
+    micro = steps.micro_batches({"x": rows}, 4)["x"]
+    assert micro.shape == (4, 3, 3)
+    assert [int(r) for r in micro[1, :, 0]] == [1, 5, 9]
+
+
+class Mlp(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.a = nnx.Linear(3, 8, rngs=rngs)
+        self.b = nnx.Linear(8, 1, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.b(jnp.tanh(self.a(x)))[:, 0]
+
+
+def weighted_loss(model: Mlp, batch: dict) -> tuple[jax.Array, dict]:
+    """A mean over the rows the mask keeps: micro-batches hold different numbers of them."""
+    error = (model(batch["x"]) - batch["y"]) ** 2 * batch["mask"]
+    count = batch["mask"].sum()
+    value = error.sum() / jnp.maximum(count, 1.0)
+    return value, {"loss": value, "rows": count}
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_accumulated_micro_batches_give_the_whole_batchs_gradient_and_metrics(k: int) -> None:
+    rng = np.random.default_rng(0)
+    batch = {"x": jnp.asarray(rng.normal(size=(16, 3)), jnp.float32), "y": jnp.asarray(rng.normal(size=16), jnp.float32),
+             "mask": jnp.asarray(rng.integers(0, 2, 16), jnp.float32)}
+    model = Mlp(nnx.Rngs(0))
+    graphdef, start = nnx.split({"model": model, "optimizer": nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)})
+    whole = jax.jit(lambda s, b: steps.train_step_fn(weighted_loss, graphdef, s, b, weight="rows"))
+    split = jax.jit(lambda s, b: steps.train_step_fn(weighted_loss, graphdef, s, b, accum_steps=k, weight="rows"))
+    (a, ma), (b, mb) = whole(start, batch), split(start, batch)
+    assert float(mb["rows"]) == float(ma["rows"]) == float(batch["mask"].sum())
+    assert float(mb["loss"]) == pytest.approx(float(ma["loss"]), rel=1e-6)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-7)
+
+
+def test_a_typed_rng_key_is_compared_as_the_key_data_a_checkpoint_holds() -> None:
+    from job.trees import leaf_specs
+
+    assert leaf_specs({"key": jax.random.key(0)}) == {"key": ((2,), "uint32")}
+    assert leaf_specs({"key": jax.ShapeDtypeStruct((), jax.random.key(0).dtype)}) == {"key": ((2,), "uint32")}
