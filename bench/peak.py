@@ -33,8 +33,22 @@ def main(argv: list[str]) -> int:
         code = entry.main(argv)
     import jax
 
-    emit({"rank": jax.process_index(), "exit": code, "peak_rss_mib": peak_rss_bytes() / 2**20})
+    stats = jax.local_devices()[0].memory_stats() or {}
+    device_peak = stats.get("peak_bytes_in_use")
+    emit({"rank": jax.process_index(), "exit": code, "peak_rss_mib": peak_rss_bytes() / 2**20,
+          "device_peak_mib": device_peak / 2**20 if device_peak else None, "parameters": _parameters(argv)})
     return code
+
+
+def _parameters(argv: list[str]) -> int | None:
+    """The parameter count the run's summary.json reports, when it wrote one."""
+    import json
+    from pathlib import Path
+
+    if "--run-dir" not in argv:
+        return None
+    summary = Path(argv[argv.index("--run-dir") + 1]) / "summary.json"
+    return json.loads(summary.read_text()).get("parameters") if summary.is_file() else None
 
 
 if __name__ == "__main__":

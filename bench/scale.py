@@ -11,6 +11,14 @@ holds: its state, gradients, activations and compiled programs.
   2 steps, replicated vs fsdp, and an fsdp run resumed from its checkpoint;
 - accumulation and remat: one process, a global batch of 32 x 128 tokens of a 12M LM, with
   --accum-steps 1 / 4 and --model.remat off / on (activation memory falls with either);
+- checkpoints at scale: one process, 4 CPU devices, the fsdp state of a 126M LM (1.5 GB of
+  float32 parameters and Adam moments, created as its shards): the whole orbax write
+  (`Checkpointer.save` + `wait`) against numpy writing the same shards (`np.save` each), and
+  `Checkpointer.restore` into the abstract state against `np.load` of those files and
+  `jax.make_array_from_single_device_arrays` with the same shardings; page cache, no fsync;
+- token files at scale: time of a whole 1-step `python -m job train` (start-up to exit, one process,
+  compilation cache warm) on a 2 GiB token file (1.07G uint16 tokens) against a 200 KB one,
+  interleaved; both described by the FILE.json `tokenize` writes;
 - the largest model: the LM at ~1B parameters (dim 2048, 16 heads, 20 layers, mlp 8192) under
   fsdp over 4 processes with remat: created sharded, 2 steps, saved, resumed for 2 more.
   Replicated it would need its 16 GB of state on every process (64 GB here).
@@ -24,9 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.procs import launch_template
+from bench.procs import emit, launch_template, run_worker
 from bench.report import Section, standalone
-from bench.timing import median
+from bench.timing import fmt_ratio, fmt_s, interleave, median, ratio
 
 NAME = "scale"
 TITLE = "10. Models that need the cluster: sharded state, accumulation, the largest model"
@@ -39,6 +47,111 @@ LM_1B = ("--model.vocab-size", "256", "--model.dim", "2048", "--model.heads", "1
          "--model.mlp-dim", "8192", "--model.remat")
 COMMON = ("--log-every", "1", "--eval-every", "1000", "--data.eval-batches", "0", "--watchdog-s", "0",
           "--compile-cache", "none")
+
+
+CKPT_MODEL = {"vocab_size": 256, "dim": 1024, "heads": 8, "layers": 10, "mlp_dim": 4096}  # 126M parameters
+QUICK_CKPT_MODEL = {"vocab_size": 256, "dim": 512, "heads": 8, "layers": 4, "mlp_dim": 2048}  # 12.7M
+
+
+def worker(argv: list[str]) -> None:
+    """Checkpoints at scale, in one process with 4 devices: orbax vs numpy, write and restore."""
+    import dataclasses
+
+    import jax
+    import numpy as np
+    import optax
+
+    from job import config, sharding, state
+    from job import task as tasks
+    from job.checkpoint import Checkpointer
+    from job.config import CheckpointConfig
+
+    quick = "--quick" in argv
+    task = tasks.load("lm")
+    cfg = dataclasses.replace(config.defaults(task), rule="fsdp",
+                              model=task.model_config(**(QUICK_CKPT_MODEL if quick else CKPT_MODEL)))
+    mesh = sharding.make_mesh()
+    planned = state.plan(task, cfg, mesh, optax.adamw(1e-3))
+    train_state = jax.block_until_ready(planned.init())
+    leaves = jax.tree.leaves(train_state)
+    nbytes = sum(x.nbytes for x in leaves)
+    root = Path(tempfile.mkdtemp(prefix="bench-ckpt-scale-"))
+    ckpt = Checkpointer(root / "orbax", CheckpointConfig(every=1, keep=1))
+    steps = iter(range(1, 1000))
+    saved: list[int] = []
+
+    def orbax_write() -> None:
+        step = next(steps)
+        ckpt.save(step, train_state)
+        ckpt.wait()
+        saved.append(step)
+
+    npdir = root / "numpy"
+
+    def numpy_write() -> None:
+        shutil.rmtree(npdir, ignore_errors=True)
+        npdir.mkdir()
+        for i, x in enumerate(leaves):
+            for j, shard in enumerate(x.addressable_shards):
+                np.save(npdir / f"{i}-{j}.npy", np.asarray(shard.data))
+
+    reps = 2 if quick else 3
+    writes = interleave({"orbax": orbax_write, "numpy": numpy_write}, reps=reps, warmup=1)
+
+    def orbax_restore() -> None:
+        jax.block_until_ready(ckpt.restore(saved[-1], planned.abstract))
+
+    def numpy_restore() -> None:
+        arrays = []
+        for i, x in enumerate(leaves):
+            shards = [jax.device_put(np.load(npdir / f"{i}-{j}.npy"), shard.device)
+                      for j, shard in enumerate(x.addressable_shards)]
+            arrays.append(jax.make_array_from_single_device_arrays(x.shape, x.sharding, shards))
+        jax.block_until_ready(arrays)
+
+    restores = interleave({"orbax": orbax_restore, "numpy": numpy_restore}, reps=reps, warmup=1)
+    restored = ckpt.restore(saved[-1], planned.abstract)
+    exact = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in
+                zip(jax.tree.leaves(restored), leaves, strict=True))
+    ckpt.close()
+    shutil.rmtree(root, ignore_errors=True)
+    emit({"bytes": nbytes, "params": planned.params, "writes": writes, "restores": restores, "exact": exact})
+
+
+BIG_TOKENS = 1 << 30  # 2 GiB of uint16
+SMALL_TOKENS = 100_000
+
+
+def _token_file(path: Path, n: int) -> Path:
+    """A .npy of n uint16 tokens (a repeating byte pattern), written in chunks, with its description."""
+    import json
+
+    import numpy as np
+
+    from job.tasks.lm import data
+
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint16, shape=(n,))
+    chunk = 1 << 24
+    pattern = (np.arange(chunk) * 7 % 256).astype(np.uint16)
+    for lo in range(0, n, chunk):
+        out[lo:lo + chunk] = pattern[:min(chunk, n - lo)]
+    out.flush()
+    del out
+    data.sidecar(path).write_text(json.dumps({"tokens": n, "vocab_size": 256}))
+    return path
+
+
+def _first_step_s(token_file: Path, run_dir: Path) -> float:
+    import subprocess
+
+    from bench.procs import ROOT, cpu_env
+
+    shutil.rmtree(run_dir, ignore_errors=True)
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "job", "train", "--run-dir", str(run_dir), "--steps", "1",
+                    "--data.source", str(token_file), "--model.vocab-size", "256", "--data.eval-batches", "0",
+                    "--watchdog-s", "0"], cwd=ROOT, env=cpu_env(1), check=True, capture_output=True, timeout=600)
+    return time.perf_counter() - start
 
 
 def params(dim: int, layers: int, mlp: int, vocab: int = 256, seq: int = 32) -> int:
@@ -99,6 +212,32 @@ def run(quick: bool = False) -> Section:
              "< 1"),
             ("activation memory, 12M LM, --model.remat / none", f"{accum[(1, True)] / accum[(1, False)]:.2f}x", "< 1"),
         ]
+        at_scale = run_worker("bench.scale", ["--quick"] if quick else [], devices=4, timeout_s=1800)
+        w, r = at_scale["writes"], at_scale["restores"]
+        gb = at_scale["bytes"] / 1e9
+        label = f"{at_scale['params'] / 1e6:.0f}M LM state, fsdp over 4 devices ({gb:.2f} GB)"
+        section.notes.append(
+            f"checkpoints at scale, {label}: whole write {fmt_s(median(w['orbax']))} (orbax) vs "
+            f"{fmt_s(median(w['numpy']))} (numpy), {fmt_ratio(w['orbax'], w['numpy'])}; restore "
+            f"{fmt_s(median(r['orbax']))} vs {fmt_s(median(r['numpy']))}, {fmt_ratio(r['orbax'], r['numpy'])}; "
+            f"restored bitwise: {at_scale['exact']}")
+        section.headline += [
+            (f"checkpoint write, orbax / numpy, {gb:.2f} GB sharded state", f"{ratio(w['orbax'], w['numpy']):.2f}x",
+             "<= 2"),
+            (f"checkpoint restore, orbax / numpy, {gb:.2f} GB sharded state",
+             f"{ratio(r['orbax'], r['numpy']):.2f}x", "<= 2"),
+        ]
+        big_file = _token_file(tmp / "big.npy", SMALL_TOKENS * 10 if quick else BIG_TOKENS)
+        small_file = _token_file(tmp / "small.npy", SMALL_TOKENS)
+        firsts = interleave({"big": lambda: _first_step_s(big_file, tmp / "tok"),
+                             "small": lambda: _first_step_s(small_file, tmp / "tok")}, reps=2 if quick else 3)
+        size_gib = big_file.stat().st_size / 2**30
+        section.headline.append((f"time to the first step, {size_gib:.2f} GiB token file / 200 KB one",
+                                 fmt_ratio(firsts["big"], firsts["small"]), "<= 1.2"))
+        section.notes.append(f"token files: a 1-step run takes {fmt_s(median(firsts['big']))} on the "
+                             f"{size_gib:.2f} GiB file and {fmt_s(median(firsts['small']))} on the small one "
+                             "(the file in the page cache, as just written)")
+        big_file.unlink()
         if not quick:
             size = f"{params(2048, 20, 8192) / 1e9:.2f}B"
             began = time.perf_counter()
@@ -127,4 +266,4 @@ def run(quick: bool = False) -> Section:
 
 
 if __name__ == "__main__":
-    sys.exit(standalone(sys.argv[1:], run))
+    sys.exit(standalone(sys.argv[1:], run, worker))
