@@ -6,6 +6,8 @@
     python -m job plot RUN_DIR                                # loss, lr, throughput -> RUN_DIR/metrics.png
     python -m job check-run-dir gs://BUCKET/run1              # can this host write there? exit 0, or why and 2
     python -m job rerun RUN_DIR [NEW_RUN_DIR]                 # replay RUN_DIR's recorded command into a new run dir
+    python -m job eval --run-dir RUN_DIR [--step N]           # evaluate a checkpoint (any topology): RUN_DIR/eval-N.json
+    python -m job export --run-dir RUN_DIR OUT [--step N]     # the trained model's state alone, an orbax checkpoint
 """
 
 from __future__ import annotations
@@ -50,6 +52,20 @@ def main(argv: list[str] | None = None) -> int:
         from job.provenance import rerun_command
 
         return rerun_command(rest)
+    if command in ("eval", "export"):
+        from job import trained
+
+        if command == "export":
+            return trained.export_command(rest)
+        try:
+            code = trained.eval_command(rest)
+        except ConfigError as exc:
+            if not _distributed():
+                print(f"error: {exc}", file=sys.stderr)
+                return BAD_INPUT_EXIT_CODE
+            raise  # job.initialize's exit hook prints it and exits with 2
+        _shutdown()
+        return code
     if command == "check-run-dir":
         from job.storage import check_run_dir_command
 

@@ -156,13 +156,14 @@ class Checkpointer:
         self._started()
         return self.manager.is_saving_in_progress()
 
-    def restore(self, step: int, like: Any) -> Any:
-        """The saved state, placed like `like` (which may come from another topology)."""
+    def restore(self, step: int, like: Any, *, partial: bool = False) -> Any:
+        """The saved state, placed like `like` (which may come from another topology); with `partial`,
+        only the parts of it that `like` has (e.g. {"model": ...} without the optimizer)."""
         barrier(f"checkpoint restore {step}")
         self._started()
         target = abstract(like)
         return self.manager.restore(step, args=ocp.args.PyTreeRestore(
-            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target)))
+            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=partial))
 
     def newest_specs(self) -> tuple[int, dict[str, tuple]] | None:
         """(step, {leaf path: (shape, dtype)}) of the newest step whose tree metadata reads, else None.

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from job.errors import ConfigError
@@ -64,6 +65,11 @@ class WandbConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class EmaConfig:
+    decay: float = 0.0  # keep an exponential moving average of the parameters, evaluated beside them (0 = off)
+
+
+@dataclasses.dataclass(frozen=True)
 class ProfileConfig:
     steps: str = ""  # trace steps A:B (both included, e.g. 10:15) to RUN_DIR/profile/process-N ("" = off)
 
@@ -92,6 +98,7 @@ class TrainConfig(Generic[M, D]):
     compile_cache: str = ""
     optim: OptimConfig = OptimConfig()
     ckpt: CheckpointConfig = CheckpointConfig()
+    ema: EmaConfig = EmaConfig()
     wandb: WandbConfig = WandbConfig()
     profile: ProfileConfig = ProfileConfig()
 
@@ -157,6 +164,8 @@ def validate(cfg: TrainConfig, task: Task) -> None:
          o.decay_fraction, "pass --optim.decay-fraction 0.2"),
         (_finite(o.clip_norm) and o.clip_norm >= 0, "--optim.clip-norm", "a finite gradient norm >= 0 (0: no clipping)",
          o.clip_norm, "pass --optim.clip-norm 1.0, or 0 for no clipping"),
+        (0 <= cfg.ema.decay < 1, "--ema.decay", "a decay 0 <= d < 1 (0: no average)", cfg.ema.decay,
+         "pass --ema.decay 0.999, or 0 for none"),
         (0 <= o.b1 < 1, "--optim.b1", "a decay rate 0 <= b1 < 1", o.b1, "pass --optim.b1 0.9"),
         (0 <= o.b2 < 1, "--optim.b2", "a decay rate 0 <= b2 < 1", o.b2, "pass --optim.b2 0.98"),
     )
@@ -175,6 +184,33 @@ def to_dict(cfg: TrainConfig) -> dict[str, Any]:
 
 def to_json(cfg: TrainConfig) -> str:
     return json.dumps(to_dict(cfg), indent=2, sort_keys=True)
+
+
+def from_dict(values: Mapping[str, Any], task: Task) -> TrainConfig:
+    """The TrainConfig that `to_dict` (a run's config.json) holds: `from_dict(to_dict(cfg), task) == cfg`.
+    A field the file lacks takes its default (a config.json of an older version); one it has that the
+    config does not is one error."""
+    import typing
+
+    def build(kind: type, given: Any, where: str) -> Any:
+        if not isinstance(given, Mapping):
+            raise ConfigError(where, expected=f"a JSON object of {kind.__name__}'s fields", found=given,
+                              fix="pass a config.json that python -m job train wrote")
+        fields = {f.name for f in dataclasses.fields(kind)}
+        unknown = sorted(set(given) - fields)
+        if unknown:
+            raise ConfigError(where, expected=f"fields of {kind.__name__} ({', '.join(sorted(fields))})",
+                              found=unknown, fix="remove them, or load the run with the code that wrote it")
+        hints = typing.get_type_hints(kind)
+        out = {}
+        for name, value in given.items():
+            inner = nested[name] if kind is TrainConfig and name in nested else hints.get(name)
+            is_config = isinstance(inner, type) and dataclasses.is_dataclass(inner)
+            out[name] = build(inner, value, f"{where}.{name}") if is_config else value
+        return kind(**out)
+
+    nested = {"model": task.model_config, "data": task.data_config}
+    return build(TrainConfig, {"model": {}, "data": {}, **values}, "config.json")
 
 
 def parse(args: list[str], task: Task) -> TrainConfig:

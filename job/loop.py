@@ -16,6 +16,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 import jax
 from etils import epath
@@ -71,7 +72,7 @@ def _run(cfg: TrainConfig, task: Task, argv: list[str] | None, timer: Goodput, i
     from job.multihost import only_specific_processes
     from job.profile import StepProfiler
     from job.report import Reporter
-    from job.steps import jit_eval_step, jit_train_step, make_optimizer
+    from job.steps import jit_eval_step, jit_train_step
     from job.stragglers import StragglerWatch
 
     run_dir = storage.run_path(cfg.run_dir)  # a local folder or gs://BUCKET/FOLDER (etils.epath)
@@ -87,7 +88,7 @@ def _run(cfg: TrainConfig, task: Task, argv: list[str] | None, timer: Goodput, i
         )
     source = task.source(cfg.data, cfg.model)
 
-    tx, schedule = task.optimizer(cfg, cfg.steps) if task.optimizer else make_optimizer(cfg.optim, cfg.steps)
+    tx, schedule = _optimizer(task, cfg)
     # shapes and placement first, no array made; the state is then created as its shards, or restored into them
     planned = state_plan.plan(task, cfg, mesh, tx)
     params = planned.params
@@ -113,27 +114,16 @@ def _run(cfg: TrainConfig, task: Task, argv: list[str] | None, timer: Goodput, i
         return 0
     batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh)))
     train_step = jit_train_step(task.loss, planned.graphdef, planned.shardings, accum_steps=cfg.accum_steps,
-                                weight=task.weight,
+                                weight=task.weight, custom=task.train_step,
                                 micro_sharding=NamedSharding(mesh, PartitionSpec(None, sharding.batch_axes(mesh))))
-    eval_step = jit_eval_step(task.loss, planned.eval_graphdef)
+    eval_step = jit_eval_step(task.loss, planned.eval_graphdef, task.weight)
 
     def batch(split: str, step: int) -> dict[str, jax.Array]:
         return global_batch(source, batch_sharding, split=split, step=step, size=cfg.data.global_batch)
 
     def evaluate() -> dict[str, float] | None:
-        """Every metric averaged over the eval batches (weighted by the task's weight metric); None when
-        a preemption signal reached any process during it (each batch ends with the collective check)."""
-        sums: dict[str, float] = {}
-        total = 0.0
-        for i in range(cfg.data.eval_batches):
-            metrics = {k: float(v) for k, v in jax.device_get(eval_step(state, batch("eval", i))).items()}
-            if guard.should_stop():
-                return None
-            weight = metrics.pop(task.weight) if task.weight else 1.0
-            for name, value in metrics.items():
-                sums[name] = sums.get(name, 0.0) + value * weight
-            total += weight
-        return {name: value / total if total else 0.0 for name, value in sums.items()}
+        return evaluate_batches(eval_step, state, lambda i: batch("eval", i), cfg.data.eval_batches, task.weight,
+                                guard.should_stop)
 
     report = Reporter(run_dir, start_step=start, total_steps=cfg.steps, shown=task.shown, unit=task.unit,
                       items_per_step=cfg.data.global_batch * task.items_per_row(cfg.model),
@@ -234,8 +224,10 @@ def _run(cfg: TrainConfig, task: Task, argv: list[str] | None, timer: Goodput, i
         "final_step": last_saved,
         "completed": code == 0,
         "task": task.name,
+        "parameters": params,
         "train_loss": float(final["loss"]) if final else None,
         **{f"eval_{name}": eval_metrics.get(name) for name in task.shown},
+        **{f"eval_ema_{name}": eval_metrics.get(f"ema_{name}") for name in task.shown if cfg.ema.decay},
         "seconds": round(time.perf_counter() - began, 3),
         # jitted: an eager norm of sharded leaves is a chain of cross-process additions that can
         # interleave differently on each process and hang (seen under fsdp on 2 processes)
@@ -245,6 +237,76 @@ def _run(cfg: TrainConfig, task: Task, argv: list[str] | None, timer: Goodput, i
         "goodput": split,
     })
     return code
+
+
+def evaluate_batches(eval_step: Callable[..., Any], state: Any, batch: Callable[[int], Any], batches: int,
+                     weight: str | None, should_stop: Callable[[], bool] = lambda: False) -> dict[str, float] | None:
+    """Every metric averaged over eval batches 0..batches-1 (weighted by the task's weight metric); None
+    when `should_stop` (the collective preemption check after each batch) says a signal came."""
+    sums: dict[str, float] = {}
+    total = 0.0
+    for i in range(batches):
+        metrics = {k: float(v) for k, v in jax.device_get(eval_step(state, batch(i))).items()}
+        if should_stop():
+            return None
+        w = metrics.pop(weight) if weight else 1.0
+        for name, value in metrics.items():
+            sums[name] = sums.get(name, 0.0) + value * w
+        total += w
+    return {name: value / total if total else 0.0 for name, value in sums.items()}
+
+
+def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None) -> int:
+    """`python -m job eval`: restore step `step` (default the newest) of cfg.run_dir on this topology and
+    evaluate it as the run does; process 0 writes RUN_DIR/eval-STEP.json. Returns 0."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from job import sharding
+    from job import state as state_plan
+    from job.batches import global_batch
+    from job.checkpoint import Checkpointer
+    from job.multihost import only_specific_processes
+    from job.steps import jit_eval_step
+
+    job.initialize()
+    run_dir = storage.run_path(cfg.run_dir)
+    mesh = sharding.make_mesh(model_axis=cfg.model_axis)
+    source = task.source(cfg.data, cfg.model)
+    tx, _ = _optimizer(task, cfg)
+    planned = state_plan.plan(task, cfg, mesh, tx)
+    checkpoints = Checkpointer(run_dir / "checkpoints", cfg.ckpt)
+    steps = checkpoints.all_steps()
+    chosen = max(steps) if step is None and steps else step
+    if chosen not in steps:
+        checkpoints.close()
+        raise ConfigError("--step", expected=f"a saved step of {cfg.run_dir}: {steps or 'none saved'}", found=step,
+                          fix=f"pass one of {steps}" if steps else "train the run first")
+    restored = checkpoints.restore(chosen, planned.abstract)
+    checkpoints.close()
+    batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh)))
+    eval_step = jit_eval_step(task.loss, planned.eval_graphdef, task.weight)
+    with sharding.mesh_context(mesh):
+        metrics = evaluate_batches(eval_step, restored, lambda i: global_batch(
+            source, batch_sharding, split="eval", step=i, size=cfg.data.global_batch), cfg.data.eval_batches,
+            task.weight)
+    record = {"step": chosen, "split": "eval", "batches": cfg.data.eval_batches, **(metrics or {})}
+    only_specific_processes()(_write_json)(run_dir / f"eval-{chosen}.json", record)
+    only_specific_processes()(log.info)("eval of step %d: %s -> %s", chosen, ", ".join(
+        f"{k} {v:.6g}" for k, v in (metrics or {}).items()), run_dir / f"eval-{chosen}.json")
+    return 0
+
+
+def _optimizer(task: Task, cfg: TrainConfig) -> tuple[Any, Any]:
+    """(transformation, schedule): the task's own, else --optim.*."""
+    from job.steps import make_optimizer
+
+    return task.optimizer(cfg, cfg.steps) if task.optimizer else make_optimizer(cfg.optim, cfg.steps)
+
+
+def _write_json(path: epath.Path, record: dict) -> None:
+    import json
+
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
 def _written(flush: Callable[[], None], what: str) -> None:

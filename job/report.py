@@ -85,7 +85,8 @@ class Reporter:
         log.info("eval at step %d  %s", step, self._shown(metrics))
 
     def _shown(self, metrics: dict[str, float]) -> str:
-        return "  ".join(f"{name} {metrics[name]:.4f}" for name in self.shown if name in metrics)
+        names = (*self.shown, *(f"ema_{name}" for name in self.shown))  # an EMA's evaluation beside the model's
+        return "  ".join(f"{name} {metrics[name]:.4f}" for name in names if name in metrics)
 
     @only_specific_processes()
     def message(self, text: str, *args: object) -> None:

@@ -23,6 +23,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from job import sharding
+from job.errors import ConfigError
 from job.multihost import only_specific_processes
 
 def _is_variable(x: Any) -> bool:
@@ -33,8 +34,8 @@ def _is_variable(x: Any) -> bool:
 class Plan:
     """Everything known about the train state before any of its arrays exists."""
 
-    graphdef: nnx.GraphDef  # {"model": ..., "optimizer": ...} with the model in train mode
-    eval_graphdef: nnx.GraphDef  # the same nodes with the model in eval mode (dropout off, running averages)
+    graphdef: nnx.GraphDef  # {"model": ..., "optimizer": ..., extra state} with its modules in train mode
+    eval_graphdef: nnx.GraphDef  # the same nodes in eval mode (dropout off, batch norm's running averages)
     abstract: nnx.State  # every leaf a jax.ShapeDtypeStruct carrying its NamedSharding: what restore fills
     shardings: nnx.State  # the NamedSharding of every leaf (the train step's out_shardings)
     params: int  # scalar entries over the model's nnx.Params
@@ -42,14 +43,32 @@ class Plan:
 
 
 def nodes(task: Any, cfg: Any, tx: Any) -> dict[str, Any]:
-    """The graph nodes a run trains: the task's model and its optimizer over the model's Params.
+    """The graph nodes a run trains: the task's model, its optimizer over the model's Params, an EMA of
+    them with --ema.decay, and the task's extra state.
 
     Annotations stay metadata while they are built (flax's eager sharding off): a model written
     with `nnx.with_partitioning(init, ("embed", "mlp"))`, as the flax guides write it, names
     logical axes that `job.sharding` maps, not mesh axes."""
+    from job.ema import EMA
+
     with nnx.use_eager_sharding(False):
         model = task.build(cfg.model, nnx.Rngs(cfg.seed))
-        return {"model": model, "optimizer": nnx.Optimizer(model, tx, wrt=nnx.Param)}
+        built = {"model": model, "optimizer": nnx.Optimizer(model, tx, wrt=nnx.Param)}
+        decay = getattr(getattr(cfg, "ema", None), "decay", 0.0)
+        if decay:
+            built["ema"] = EMA(model, decay)
+        extra = dict(task.extra_state(cfg, model)) if getattr(task, "extra_state", None) else {}
+    taken = sorted(set(extra) & set(built))
+    if taken:
+        raise ConfigError(f"Task.extra_state of {task.name}", expected=f"names other than {sorted(built)}",
+                          found=taken, fix="rename that state")
+    return {**built, **extra}
+
+
+def modules(nodes: dict[str, Any]) -> list[nnx.Module]:
+    """The nnx.Modules among the nodes (the model, an EMA, a task's extra models): what train() and
+    eval() switch."""
+    return [node for node in nodes.values() if isinstance(node, nnx.Module)]
 
 
 def plan(task: Any, cfg: Any, mesh: Mesh, tx: Any) -> Plan:
@@ -58,9 +77,11 @@ def plan(task: Any, cfg: Any, mesh: Mesh, tx: Any) -> Plan:
     Variables the rule cannot split as annotated replicate, all named in one UserWarning."""
     make = functools.partial(nodes, task, cfg, tx)
     abstract_nodes = nnx.eval_shape(make)
-    abstract_nodes["model"].eval()
+    for module in modules(abstract_nodes):
+        module.eval()
     eval_graphdef, _ = nnx.split(abstract_nodes)
-    abstract_nodes["model"].train()
+    for module in modules(abstract_nodes):
+        module.train()
     graphdef, abstract_state = nnx.split(abstract_nodes)
     logical_axes = getattr(task, "logical_axes", None)
     shardings, fallbacks = sharding.placement(abstract_state, mesh, cfg.rule, logical_axes)
@@ -74,7 +95,8 @@ def plan(task: Any, cfg: Any, mesh: Mesh, tx: Any) -> Plan:
 
     def create() -> nnx.State:
         built = make()
-        built["model"].train()
+        for module in modules(built):
+            module.train()
         return nnx.state(built)
 
     params = sum(int(x.size) for x in jax.tree.leaves(nnx.state(abstract_nodes["model"], nnx.Param)))
@@ -82,4 +104,4 @@ def plan(task: Any, cfg: Any, mesh: Mesh, tx: Any) -> Plan:
                 params=params, init=jax.jit(create, out_shardings=shardings))
 
 
-__all__ = ["Plan", "nodes", "plan"]
+__all__ = ["Plan", "modules", "nodes", "plan"]

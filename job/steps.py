@@ -28,7 +28,9 @@ Loss = Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, dict[str, jax.A
 
 def train_step_fn(loss: Loss, graphdef: nnx.GraphDef, state: nnx.State, batch: Mapping[str, jax.Array],
                   accum_steps: int = 1, weight: str | None = None,
-                  micro_sharding: jax.sharding.Sharding | None = None) -> tuple[nnx.State, dict[str, jax.Array]]:
+                  micro_sharding: jax.sharding.Sharding | None = None,
+                  custom: Callable[..., Mapping[str, jax.Array]] | None = None,
+                  ) -> tuple[nnx.State, dict[str, jax.Array]]:
     """One optimizer step over the global batch: (new state, the batch's metrics).
 
     With `accum_steps` K > 1 the batch is K micro-batches, one `lax.scan` step each, and one update
@@ -36,13 +38,24 @@ def train_step_fn(loss: Loss, graphdef: nnx.GraphDef, state: nnx.State, batch: M
     spread over every data shard (`micro_sharding`: their placement, [K, rows / K, ...]). A task
     whose loss is a mean over `weight` items (its weight metric, e.g. "tokens") gets each micro-batch
     weighed by its items, which gives the full batch's gradient and metrics; otherwise the
-    micro-batches weigh the same."""
+    micro-batches weigh the same. `custom(nodes, batch, default)` (`Task.train_step`) replaces the
+    body; `default(nodes, batch)` is the gradient step above. Then every EMA among the nodes follows
+    the model."""
+    from job.ema import EMA
+
+    def default(nodes: Mapping[str, Any], rows: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        if accum_steps == 1:
+            (_, metrics), grads = nnx.value_and_grad(loss, has_aux=True)(nodes["model"], rows)
+        else:
+            grads, metrics = _accumulated(loss, nodes["model"], rows, accum_steps, weight, micro_sharding)
+        nodes["optimizer"].update(nodes["model"], grads)
+        return metrics
+
     nodes = nnx.merge(graphdef, state)
-    if accum_steps == 1:
-        (_, metrics), grads = nnx.value_and_grad(loss, has_aux=True)(nodes["model"], batch)
-    else:
-        grads, metrics = _accumulated(loss, nodes["model"], batch, accum_steps, weight, micro_sharding)
-    nodes["optimizer"].update(nodes["model"], grads)
+    metrics = dict(custom(nodes, batch, default) if custom is not None else default(nodes, batch))
+    for node in nodes.values():
+        if isinstance(node, EMA):
+            node.update(nodes["model"])
     return nnx.state(nodes), metrics
 
 
@@ -88,9 +101,18 @@ def _accumulated(loss: Loss, model: Any, batch: Mapping[str, jax.Array], k: int,
     return grads, {name: v if name == weight else v / denom for name, v in sums.items()}
 
 
-def eval_step_fn(loss: Loss, graphdef: nnx.GraphDef, state: nnx.State,
-                 batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-    return loss(nnx.merge(graphdef, state)["model"], batch)[1]
+def eval_step_fn(loss: Loss, graphdef: nnx.GraphDef, state: nnx.State, batch: Mapping[str, jax.Array],
+                 weight: str | None = None) -> dict[str, jax.Array]:
+    """The loss's metrics of the model on one batch, and of each EMA's model as NAME_METRIC (the weight
+    metric once: it counts the batch's items, the same for both)."""
+    from job.ema import EMA
+
+    nodes = nnx.merge(graphdef, state)
+    metrics = dict(loss(nodes["model"], batch)[1])
+    for name, node in nodes.items():
+        if isinstance(node, EMA):
+            metrics.update({f"{name}_{k}": v for k, v in loss(node.model, batch)[1].items() if k != weight})
+    return metrics
 
 
 def _shardings(tree: Any) -> Any:
@@ -99,19 +121,19 @@ def _shardings(tree: Any) -> Any:
 
 
 def jit_train_step(loss: Loss, graphdef: nnx.GraphDef, state: nnx.State, *, accum_steps: int = 1,
-                   weight: str | None = None,
-                   micro_sharding: jax.sharding.Sharding | None = None) -> Callable[..., Any]:
+                   weight: str | None = None, micro_sharding: jax.sharding.Sharding | None = None,
+                   custom: Callable[..., Mapping[str, jax.Array]] | None = None) -> Callable[..., Any]:
     """`train_step_fn` jitted for `state`'s layout (its arrays, or their shardings): the state is
     donated and keeps its shardings."""
     step = functools.partial(train_step_fn, loss, graphdef, accum_steps=accum_steps, weight=weight,
-                             micro_sharding=micro_sharding)
+                             micro_sharding=micro_sharding, custom=custom)
     return jax.jit(step, donate_argnums=0, out_shardings=(_shardings(state), None))
 
 
-def jit_eval_step(loss: Loss, graphdef: nnx.GraphDef) -> Callable[..., Any]:
-    """The loss's metrics of one batch; pass the graphdef with the model in eval mode
+def jit_eval_step(loss: Loss, graphdef: nnx.GraphDef, weight: str | None = None) -> Callable[..., Any]:
+    """The metrics of one batch; pass the graphdef with the model in eval mode
     (`job.state.Plan.eval_graphdef`) for dropout off and batch norm's running averages."""
-    return jax.jit(functools.partial(eval_step_fn, loss, graphdef))
+    return jax.jit(functools.partial(eval_step_fn, loss, graphdef, weight=weight))
 
 
 __all__ = ["eval_step_fn", "jit_eval_step", "jit_train_step", "make_optimizer", "micro_batches", "train_step_fn"]

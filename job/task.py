@@ -64,6 +64,12 @@ class Task:
     # the task's own logical axis names, merged with job.sharding's: {name: {rule: "data", "model" or None}},
     # e.g. {"experts": {"tensor": "model"}}; a rule a name does not mention keeps that dimension whole
     logical_axes: Mapping[str, Mapping[str, str | None]] = dataclasses.field(default_factory=dict)
+    # (TrainConfig, model) -> {name: nnx graph node}: more train state (an EMA, a second model, counters),
+    # created, placed by its annotations, checkpointed and restored with the model and optimizer
+    extra_state: Callable[[Any, Any], Mapping[str, Any]] | None = None
+    # (nodes, batch, default) -> metrics: the body of the jitted train step, for what one loss cannot say;
+    # nodes = {"model", "optimizer", extra state...}, default(nodes, batch) is the usual gradient step
+    train_step: Callable[[Mapping[str, Any], Mapping[str, Any], Callable[..., Any]], Mapping[str, Any]] | None = None
 
 
 def names() -> list[str]:

@@ -1,6 +1,6 @@
 """A state too big for one device: created as its shards, trained alike under every rule, accumulated
-over micro-batches, resumed on other topologies, and a user's own model (dropout, its own optimizer
-and axis name) from outside the package under fsdp and tensor.
+over micro-batches, resumed on other topologies, and a user's own model (dropout, its own optimizer,
+axis name, extra state and train step, an EMA) from outside the package under fsdp and tensor.
 
 Each run goes through tests/scenarios/held.py, which records on every process the shape of the
 shards it holds right after the state was created and right after it was restored."""
@@ -114,17 +114,30 @@ def test_a_global_batch_that_micro_batches_cannot_split_over_the_data_shards_is_
     assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
 
 
-USER = ("--task", "tests.user_tasks.minigpt:TASK", "--log-every", "1", "--eval-every", "6")
+USER = ("--task", "tests.user_tasks.minigpt:TASK", "--log-every", "1", "--eval-every", "6", "--ema.decay", "0.9")
 
 
-def test_a_users_dropout_model_with_its_own_optimizer_and_axis_trains_under_fsdp(tmp_path: Path) -> None:
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_users_dropout_model_with_its_own_optimizer_axis_state_and_step_trains_under_fsdp(tmp_path: Path) -> None:
     output = held_train(2, 2, tmp_path, *USER, "--steps", "12", "--rule", "fsdp")
     assert "fell back" not in output, output
     losses = train_losses(tmp_path)
     assert losses[12] < 0.85 * losses[1], losses  # it learns its counting sequences
     for record in held(tmp_path, 2):  # "embed" (32) over data = 4, its own "hidden" kept whole under fsdp
-        assert record["init"]["shapes"]["model/blocks/0/qkv/kernel/value"] == [[32, 96], [8, 96]]
-        assert record["init"]["shapes"]["model/blocks/0/dropout1/rngs/key/value"] == [[], []]
+        shapes = record["init"]["shapes"]
+        assert shapes["model/blocks/0/qkv/kernel/value"] == shapes["ema/model/blocks/0/qkv/kernel/value"]
+        assert shapes["model/blocks/0/qkv/kernel/value"] == [[32, 96], [8, 96]]
+        assert shapes["model/blocks/0/dropout1/rngs/key/value"] == [[], []]
+        assert shapes["seen/rows/value"] == [[], []]
+    rows_seen = [r["rows_seen"] for r in records(tmp_path) if r["split"] == "train"]
+    assert rows_seen == [8.0 * step for step in range(1, 13)]  # its own step, on its own state
+    evals = [r for r in records(tmp_path) if r["split"] == "eval"]
+    assert [r["step"] for r in evals] == [6, 12] and all("ema_loss" in r for r in evals)
+    assert evals[0]["ema_loss"] != evals[0]["loss"]  # the average lags the trained parameters
+    assert summary(tmp_path)["eval_ema_loss"] == evals[-1]["ema_loss"]
 
 
 def test_a_users_dropout_model_resumes_bitwise_under_tensor_parallelism(tmp_path: Path) -> None:
@@ -138,3 +151,5 @@ def test_a_users_dropout_model_resumes_bitwise_under_tensor_parallelism(tmp_path
     straight, resumed = train_losses(tmp_path / "straight"), train_losses(tmp_path / "resumed")
     assert [resumed[s] for s in range(7, 13)] == [straight[s] for s in range(7, 13)]  # the same dropout masks
     assert summary(tmp_path / "resumed")["params_sha256"] == summary(tmp_path / "straight")["params_sha256"]
+    assert summary(tmp_path / "resumed")["eval_ema_loss"] == summary(tmp_path / "straight")["eval_ema_loss"]
+    assert records(tmp_path / "resumed")[-2]["rows_seen"] == 96.0  # its extra state came back with the rest

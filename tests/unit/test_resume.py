@@ -127,3 +127,16 @@ def test_a_fresh_start_moves_the_old_checkpoints_aside_and_deletes_nothing(tmp_p
     assert (Path(moved) / "4" / "data").read_bytes() == b"weights"
     assert not directory.exists()
     assert resume.move_aside_for_fresh_start(directory) is None
+
+
+@pytest.mark.parametrize("name", ["lm", "classify"])
+def test_a_saved_config_json_turns_back_into_the_same_config(name: str) -> None:
+    from job import config, task
+
+    chosen = task.load(name)
+    cfg = config.parse(["--steps", "7", "--optim.name", "lion", "--ema.decay", "0.5", "--rule", "fsdp"], chosen)
+    assert config.from_dict(json.loads(config.to_json(cfg)), chosen) == cfg
+    older = {k: v for k, v in config.to_dict(cfg).items() if k != "ema"}  # written before --ema existed
+    assert config.from_dict(older, chosen).ema == config.EmaConfig()
+    with pytest.raises(ConfigError, match=r"config.json.optim: expected fields of OptimConfig .* found \['nope'\]"):
+        config.from_dict({**config.to_dict(cfg), "optim": {"nope": 1}}, chosen)

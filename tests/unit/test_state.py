@@ -30,6 +30,7 @@ class Cfg:
     rule: str = "fsdp_tensor"
     seed: int = 0
     model: object = None
+    ema: object = None
 
 
 class Net(nnx.Module):
@@ -170,3 +171,31 @@ def test_a_typed_rng_key_is_compared_as_the_key_data_a_checkpoint_holds() -> Non
 
     assert leaf_specs({"key": jax.random.key(0)}) == {"key": ((2,), "uint32")}
     assert leaf_specs({"key": jax.ShapeDtypeStruct((), jax.random.key(0).dtype)}) == {"key": ((2,), "uint32")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Decay:
+    decay: float
+
+
+def test_an_ema_is_placed_like_the_model_and_follows_it_after_each_update() -> None:
+    planned = state.plan(FakeTask(), Cfg(ema=Decay(0.5)), mesh(), optax.sgd(0.1))
+    leaves = dict(nnx.to_flat_state(planned.abstract))
+    assert (leaves[("ema", "model", "up", "kernel")].get_value().sharding
+            == leaves[("model", "up", "kernel")].get_value().sharding)
+    before = planned.init()
+    x = jnp.ones((8, 16), jnp.float32)
+
+    def loss(model: Net, batch: dict) -> tuple[jax.Array, dict]:
+        value = jnp.mean(model(batch["x"]) ** 2)
+        return value, {"loss": value}
+
+    step = jax.jit(lambda s, b: steps.train_step_fn(loss, planned.graphdef, s, b))
+    old = nnx.merge(planned.graphdef, before)["model"].up.kernel.get_value()
+    after, _ = step(jax.tree.map(lambda a: a.copy(), before), {"x": x})
+    nodes = nnx.merge(planned.graphdef, after)
+    new = nodes["model"].up.kernel.get_value()
+    np.testing.assert_allclose(np.asarray(nodes["ema"].model.up.kernel.get_value()),
+                               0.5 * np.asarray(old) + 0.5 * np.asarray(new), rtol=1e-6)
+    metrics = jax.jit(lambda s, b: steps.eval_step_fn(loss, planned.eval_graphdef, s, b))(after, {"x": x})
+    assert sorted(metrics) == ["ema_loss", "loss"] and float(metrics["ema_loss"]) != float(metrics["loss"])

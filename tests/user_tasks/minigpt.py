@@ -1,9 +1,10 @@
 """A user's model in the style of flax's NNX miniGPT tutorial, kept outside job/: its own transformer
 with dropout (an rng stream in the model), its own logical axis name ("hidden"), its own optimizer
-(Lion with a warmup, built from its own config) and its own rows.
+(Lion with a warmup, built from its own config), its own extra state and train step (a count of the
+rows trained on), and its own rows. With `--ema.decay` it also keeps an EMA of its parameters.
 
     python -m job.launch -n 2 --devices-per-process 2 -- \\
-        python -m job train --task tests.user_tasks.minigpt:TASK --rule tensor --model-axis 2
+        python -m job train --task tests.user_tasks.minigpt:TASK --rule tensor --model-axis 2 --ema.decay 0.9
 
 The train steps run it in train mode (dropout on, a fresh key each step from its rng state), the
 evaluations in eval mode (dropout off), as the tutorial's `model.train()` / `model.eval()` do.
@@ -108,6 +109,20 @@ class Rows:
         return {"tokens": np.stack(out).astype(np.int32)}
 
 
+class Seen(nnx.Module):
+    """The user's own extra state: how many rows the model has trained on (checkpointed with it)."""
+
+    def __init__(self) -> None:
+        self.rows = nnx.Variable(jnp.zeros((), jnp.int32))
+
+
+def train_step(nodes: dict, batch: dict, default) -> dict:  # noqa: ANN001 - default(nodes, batch) -> metrics
+    """The usual gradient step, then the user's own bookkeeping."""
+    metrics = default(nodes, batch)
+    nodes["seen"].rows.value += batch["tokens"].shape[0]
+    return {**metrics, "rows_seen": nodes["seen"].rows.value}
+
+
 def optimizer(cfg, steps: int):  # noqa: ANN001, ANN201 - the user's: (TrainConfig, steps) -> (tx, schedule)
     schedule = optax.warmup_constant_schedule(0.0, cfg.model.lr, cfg.model.warmup)
     return optax.lion(schedule, b1=0.9, b2=0.99), schedule
@@ -121,6 +136,8 @@ TASK = job.task.Task(
     loss=loss,
     source=lambda data_cfg, model_cfg: Rows(model_cfg.vocab, model_cfg.maxlen),
     optimizer=optimizer,
+    extra_state=lambda cfg, model: {"seen": Seen()},
+    train_step=train_step,
     # its own name: "hidden" goes over the "model" axis where the rule is tensor-parallel
     logical_axes={"hidden": {"tensor": "model", "fsdp_tensor": "model"}},
 )

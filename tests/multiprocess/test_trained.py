@@ -1,0 +1,85 @@
+"""After training: `python -m job eval` of a checkpoint on this and another topology, the model loaded on
+one host without its optimizer (`job.trained.load_model`, EMA included), and `python -m job export`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.launching import explain, launcher_argv, run
+from tests.multiprocess.test_train import SMALL, summary, train
+
+pytestmark = pytest.mark.multiprocess
+
+FLAGS = ("--steps", "6", "--log-every", "3", "--eval-every", "6", "--rule", "fsdp", "--ema.decay", "0.9", *SMALL)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    train(2, 2, run_dir, *FLAGS)
+    return run_dir
+
+
+def final_eval(run_dir: Path) -> dict:
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+            if r["split"] == "eval"][-1]
+
+
+@pytest.mark.parametrize(("n", "devices"), [(2, 2), (1, 1)])
+def test_eval_of_a_checkpoint_gives_the_runs_own_final_eval_on_any_topology(
+        trained_run: Path, n: int, devices: int) -> None:
+    proc = run(launcher_argv(n, [sys.executable, "-m", "job", "eval", "--run-dir", str(trained_run)],
+                             devices=devices), timeout=300)
+    assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
+    written = json.loads((trained_run / "eval-6.json").read_text())
+    expected = final_eval(trained_run)
+    assert written["step"] == 6 and sorted(k for k in written if k not in ("batches", "step", "split")) == sorted(
+        k for k in expected if k not in ("step", "split"))
+    tolerance = 1e-6 if (n, devices) == (2, 2) else 1e-5  # the same topology: the same arithmetic
+    for name in ("loss", "accuracy", "ema_loss", "ema_accuracy"):
+        assert written[name] == pytest.approx(expected[name], rel=tolerance, abs=1e-7), name
+
+
+def test_eval_of_a_step_never_saved_is_one_clear_error(trained_run: Path) -> None:
+    proc = run(launcher_argv(1, [sys.executable, "-m", "job", "eval", "--run-dir", str(trained_run), "--step", "5"],
+                             devices=1), timeout=300)
+    assert proc.returncode == 2, explain(proc, proc.stdout, proc.stderr)
+    assert "--step: expected a saved step of" in proc.stderr and "found 5" in proc.stderr
+
+
+def test_the_trained_model_loads_on_one_host_without_its_optimizer_and_exports(
+        trained_run: Path, tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        import json, sys
+        import jax.numpy as jnp
+        import orbax.checkpoint as ocp
+        from flax import nnx
+        from job import trained
+        from job.fingerprint import fingerprint
+        model, cfg = trained.load_model({str(trained_run)!r})
+        ema, _ = trained.load_model({str(trained_run)!r}, ema=True)
+        exported = ocp.StandardCheckpointer().restore({str(tmp_path / "out")!r})
+        same = all(bool(jnp.array_equal(a, b)) for a, b in zip(
+            __import__("jax").tree.leaves(exported), __import__("jax").tree.leaves(nnx.state(model))))
+        print(json.dumps({{"sha": fingerprint(nnx.state(model, nnx.Param)), "steps": cfg.steps,
+                          "rule": cfg.rule,
+                          "logits": list(model(jnp.zeros((1, 8), jnp.int32)).shape),
+                          "ema_differs": bool(jnp.any(ema.head.kernel.get_value() != model.head.kernel.get_value())),
+                          "exported_equal": same}}))
+    """)
+    export = subprocess.run([sys.executable, "-m", "job", "export", "--run-dir", str(trained_run),
+                             str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert export.returncode == 0, export.stdout + export.stderr
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert loaded["sha"] == summary(trained_run)["params_sha256"]  # the very parameters the run trained
+    assert (loaded["steps"], loaded["rule"], loaded["logits"]) == (6, "fsdp", [1, 8, 32])
+    assert loaded["ema_differs"] and loaded["exported_equal"]
+    assert json.loads((tmp_path / "out.config.json").read_text())["ema"]["decay"] == 0.9
