@@ -79,6 +79,8 @@ class TrainConfig(Generic[M, D]):
     model: M  # the task's model config: --model.*
     data: D  # the task's data config: --data.* (global_batch, eval_batches, ...)
     task: str = "lm"  # the task to train: a folder under job/tasks/
+    # a named experiment of the task (Task.presets): its model and data configs; flags given beside it win
+    preset: str = ""
     run_dir: str = "runs/example"  # checkpoints, metrics.jsonl, config.json, summary.json; or gs://BUCKET/FOLDER
     steps: int = 200  # total optimizer steps of the run (a resumed run continues to this)
     seed: int = 0  # parameter initialisation seed
@@ -218,5 +220,20 @@ def parse(args: list[str], task: Task) -> TrainConfig:
     import tyro
 
     kind = TrainConfig[task.model_config, task.data_config]  # type: ignore[name-defined]
-    return tyro.cli(kind, args=args, default=defaults(task), prog="python -m job train",
+    parsed = tyro.cli(kind, args=args, default=defaults(task), prog="python -m job train",
+                      description=__doc__.split("\n")[0])
+    if not parsed.preset:
+        return parsed
+    return tyro.cli(kind, args=args, default=preset(task, parsed.preset), prog="python -m job train",
                     description=__doc__.split("\n")[0])
+
+
+def preset(task: Task, name: str) -> TrainConfig:
+    """The defaults of `task` with its preset `name` applied (`--preset NAME`)."""
+    presets = getattr(task, "presets", {}) or {}
+    if name not in presets:
+        known = ", ".join(presets) or "none"
+        raise ConfigError("--preset", expected=f"one of the {task.name} task's presets: {known}", found=name,
+                          fix=f"pass one of {known}, or no --preset" if presets else "drop --preset")
+    model, data = presets[name]()
+    return dataclasses.replace(defaults(task), model=model, data=data, preset=name)

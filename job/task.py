@@ -69,6 +69,9 @@ class Task:
     extra_state: Callable[[Any, Any], Mapping[str, Any]] | None = None
     # (nodes, batch, default) -> metrics: the body of the jitted train step, for what one loss cannot say;
     # nodes = {"model", "optimizer", extra state...}, default(nodes, batch) is the usual gradient step
+    # --preset NAME: {name: () -> (model config, data config)}, each a named experiment whose docstring
+    # gives the exact command that runs it (job/tasks/lm/presets.py)
+    presets: Mapping[str, Callable[[], tuple[Any, Any]]] = dataclasses.field(default_factory=dict)
     train_step: Callable[[Mapping[str, Any], Mapping[str, Any], Callable[..., Any]], Mapping[str, Any]] | None = None
 
 

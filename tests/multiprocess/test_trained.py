@@ -1,5 +1,6 @@
 """After training: `python -m job eval` of a checkpoint on this and another topology, the model loaded on
-one host without its optimizer (`job.trained.load_model`, EMA included), and `python -m job export`."""
+one host without its optimizer (`job.trained.load_model`, EMA included), `python -m job export`, and the
+LM's `python -m job sample`."""
 
 from __future__ import annotations
 
@@ -83,3 +84,17 @@ def test_the_trained_model_loads_on_one_host_without_its_optimizer_and_exports(
     assert (loaded["steps"], loaded["rule"], loaded["logits"]) == (6, "fsdp", [1, 8, 32])
     assert loaded["ema_differs"] and loaded["exported_equal"]
     assert json.loads((tmp_path / "out.config.json").read_text())["ema"]["decay"] == 0.9
+
+
+def test_the_lm_samples_from_its_trained_checkpoint(trained_run: Path) -> None:
+    def sample(*flags: str) -> list[int]:
+        proc = subprocess.run([sys.executable, "-m", "job", "sample", "--task", "lm", "--run-dir", str(trained_run),
+                               "--prompt", "1 5 6 7", "--tokens", "10", *flags], capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return [int(t) for t in proc.stdout.split()]
+
+    greedy = sample("--top-k", "1")
+    assert greedy[:4] == [1, 5, 6, 7] and len(greedy) == 14 and all(0 <= t < 32 for t in greedy)
+    assert sample("--top-k", "1") == greedy  # greedy is deterministic
+    assert len(sample("--top-k", "4", "--seed", "3", "--ema")) == 14

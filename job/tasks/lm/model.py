@@ -150,6 +150,53 @@ def loss_fn(model: Transformer, tokens: jax.Array, mask: jax.Array) -> tuple[jax
     return loss, {"loss": loss, "accuracy": accuracy, "tokens": count}
 
 
+def encode_prompt(text: str, vocab_size: int) -> list[int]:
+    """A prompt's tokens: UTF-8 bytes for a byte-level vocabulary (>= 256), else space-separated ids."""
+    if vocab_size >= 256:
+        return list(text.encode("utf-8"))
+    try:
+        ids = [int(word) for word in text.split()]
+    except ValueError:
+        ids = None
+    if ids is None or any(not 0 <= i < vocab_size for i in ids):
+        raise ConfigError("--prompt", expected=f"space-separated token ids 0..{vocab_size - 1} (a {vocab_size}-token "
+                          "vocabulary is not byte-level)", found=text, fix="pass e.g. --prompt '1 5 7 2'")
+    return ids
+
+
+def decode(tokens: list[int], vocab_size: int) -> str:
+    """encode_prompt's inverse: text for a byte-level vocabulary, ids otherwise."""
+    if vocab_size >= 256:
+        return bytes(t for t in tokens if t < 256).decode("utf-8", errors="replace")
+    return " ".join(map(str, tokens))
+
+
+def sample(model: Transformer, prompt: list[int], *, tokens: int, top_k: int, seed: int = 0) -> list[int]:
+    """The prompt and `tokens` more, each drawn among the `top_k` likeliest (1: greedy). The window is the
+    last seq_len tokens, padded on the right to one fixed shape (one compilation; causal attention
+    never sees the padding)."""
+    n = model.cfg.seq_len
+    if not 1 <= top_k <= model.cfg.vocab_size or tokens < 0:
+        raise ConfigError("--top-k / --tokens", expected=f"1 <= top-k <= {model.cfg.vocab_size}, tokens >= 0",
+                          found=(top_k, tokens), fix="pass --top-k 8 --tokens 32")
+
+    graphdef, weights = nnx.split(model)
+
+    @jax.jit
+    def next_token(weights: nnx.State, window: jax.Array, length: jax.Array, key: jax.Array) -> jax.Array:
+        logits = nnx.merge(graphdef, weights)(window[None])[0, length - 1]
+        top, index = jax.lax.top_k(logits, top_k)
+        return index[jax.random.categorical(key, top)]
+
+    out, key = list(prompt) or [1], jax.random.key(seed)  # an empty prompt starts from BOS
+    for _ in range(tokens):
+        window = out[-n:]
+        key, draw = jax.random.split(key)
+        padded = jnp.zeros(n, jnp.int32).at[:len(window)].set(jnp.asarray(window, jnp.int32))
+        out.append(int(next_token(weights, padded, jnp.int32(len(window)), draw)))
+    return out
+
+
 def _flag(field: str) -> str:
     """The command-line flag of a ModelConfig field (tyro spells "_" as "-"; both parse)."""
     return "--model." + field.replace("_", "-")
@@ -211,4 +258,4 @@ def validate(cfg: ModelConfig, *, rule: str, model_axis: int) -> None:
                               found=value, fix=f"{axis_fix}, or {_flag(field)} {up}")
 
 
-__all__ = ["DTYPES", "ModelConfig", "Transformer", "loss_fn", "validate"]
+__all__ = ["DTYPES", "ModelConfig", "Transformer", "decode", "encode_prompt", "loss_fn", "sample", "validate"]

@@ -6,7 +6,7 @@ import sys
 
 from job.errors import ConfigError
 from job.task import Task
-from job.tasks.lm import data, model
+from job.tasks.lm import data, model, presets
 
 
 def _validate(model_cfg: model.ModelConfig, data_cfg: data.DataConfig, *, rule: str, model_axis: int) -> None:
@@ -30,6 +30,34 @@ def _tokenize(args: list[str]) -> int:
     return 0
 
 
+def _sample(args: list[str]) -> int:
+    """`python -m job sample --run-dir D [--prompt TEXT] [--tokens N] [--top-k K]`: continue a prompt with
+    the trained LM. A byte-level model (vocab >= 256) reads TEXT as UTF-8 bytes and prints text; a smaller
+    vocabulary reads TEXT as token ids ("1 5 7 2") and prints ids."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m job sample")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--prompt", default="", help="text (byte-level models) or space-separated token ids")
+    p.add_argument("--tokens", type=int, default=32, help="how many tokens to add (default 32)")
+    p.add_argument("--top-k", type=int, default=8, help="sample among the k likeliest tokens (1: greedy)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--step", type=int, default=None, help="a saved step (default: the newest)")
+    p.add_argument("--ema", action="store_true", help="the EMA's parameters (runs with --ema.decay)")
+    opts = p.parse_args(args)
+    from job import trained
+
+    try:
+        net, cfg = trained.load_model(opts.run_dir, opts.step, ema=opts.ema)
+        prompt = model.encode_prompt(opts.prompt, cfg.model.vocab_size)
+        out = model.sample(net, prompt, tokens=opts.tokens, top_k=opts.top_k, seed=opts.seed)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(model.decode(out, cfg.model.vocab_size))
+    return 0
+
+
 TASK = Task(
     name="lm",
     model_config=model.ModelConfig,
@@ -43,5 +71,6 @@ TASK = Task(
     weight="tokens",
     items_per_row=lambda model_cfg: model_cfg.seq_len,
     unit="tok",
-    commands={"tokenize": _tokenize},
+    commands={"tokenize": _tokenize, "sample": _sample},
+    presets=presets.PRESETS,
 )

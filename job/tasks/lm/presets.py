@@ -1,0 +1,42 @@
+"""The lm task's named experiments: `python -m job train --preset NAME` (flags given beside it win).
+
+Each preset's docstring is the command that runs it, as big_vision's configs say theirs.
+"""
+
+from __future__ import annotations
+
+from job.tasks.lm.data import DataConfig
+from job.tasks.lm.model import ModelConfig
+
+
+def tiny() -> tuple[ModelConfig, DataConfig]:
+    """The defaults: 104,768 parameters on the synthetic reverse task, minutes on a laptop's CPU.
+
+        make run-local ARGS="train --preset tiny"
+    """
+    return ModelConfig(), DataConfig()
+
+
+def gpt2_small() -> tuple[ModelConfig, DataConfig]:
+    """GPT-2 small's shape (123.5M parameters in its matmuls, 163M with the untied head), bf16
+    compute: the configuration of the GPU MFU benchmark (bench/mfu.py, bench/gpu.sh).
+
+        make venv FLAVOR=cuda
+        .venv-cuda/bin/python -m job train --preset gpt2-small --data.source tokens.npy --steps 5000
+    """
+    return (ModelConfig(vocab_size=50304, seq_len=1024, dim=768, heads=12, layers=12, mlp_dim=3072,
+                        dtype="bfloat16"), DataConfig(global_batch=16))
+
+
+def lm_1b() -> tuple[ModelConfig, DataConfig]:
+    """The ~1B LM of the largest-model benchmark (bench/scale.py): 1.01B parameters, remat per block,
+    trained under fsdp; its float32 state (parameters and both Adam moments) is 12 GB, a quarter of
+    it on each of 4 processes.
+
+        python -m job.launch -n 4 -- python -m job train --preset 1b --rule fsdp --steps 2
+    """
+    return (ModelConfig(vocab_size=256, dim=2048, heads=16, layers=20, mlp_dim=8192, remat=True),
+            DataConfig(global_batch=4))
+
+
+PRESETS = {"tiny": tiny, "gpt2-small": gpt2_small, "1b": lm_1b}
