@@ -20,8 +20,9 @@ holds: its state, gradients, activations and compiled programs.
   compilation cache warm) on a 2 GiB token file (1.07G uint16 tokens) against a 200 KB one,
   interleaved; both described by the FILE.json `tokenize` writes;
 - the largest model: the LM at ~1B parameters (dim 2048, 16 heads, 20 layers, mlp 8192) under
-  fsdp over 4 processes with remat: created sharded, 2 steps, saved, resumed for 2 more.
-  Replicated it would need its 16 GB of state on every process (64 GB here).
+  fsdp over 4 processes with remat: created sharded, 2 steps, saved, resumed for 2 more; when
+  it does not fit, the same at ~0.5B (10 layers). Replicated, every process would hold the
+  whole state (12 bytes a parameter) and its gradients.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.procs import emit, launch_template, run_worker
+from bench.procs import BenchError, emit, launch_template, run_worker
 from bench.report import Section, standalone
 from bench.timing import fmt_ratio, fmt_s, interleave, median, ratio
 
@@ -43,8 +44,7 @@ LM_50M = ("--model.vocab-size", "256", "--model.dim", "1024", "--model.heads", "
           "--model.mlp-dim", "4096")
 LM_12M = ("--model.vocab-size", "256", "--model.seq-len", "128", "--model.dim", "512", "--model.heads", "8",
           "--model.layers", "4", "--model.mlp-dim", "1024")
-LM_1B = ("--model.vocab-size", "256", "--model.dim", "2048", "--model.heads", "16", "--model.layers", "20",
-         "--model.mlp-dim", "8192", "--model.remat")
+LARGE = ((2048, 20, 8192), (2048, 10, 8192))  # (dim, layers, mlp): ~1.0B and ~0.5B parameters, 16 heads
 COMMON = ("--log-every", "1", "--eval-every", "1000", "--data.eval-batches", "0", "--watchdog-s", "0",
           "--compile-cache", "none")
 
@@ -238,22 +238,35 @@ def run(quick: bool = False) -> Section:
                              f"{size_gib:.2f} GiB file and {fmt_s(median(firsts['small']))} on the small one "
                              "(the file in the page cache, as just written)")
         big_file.unlink()
-        if not quick:
-            size = f"{params(2048, 20, 8192) / 1e9:.2f}B"
-            began = time.perf_counter()
-            big = record(f"{size} LM, fsdp, remat, 2 steps and a save", 4,
-                         _job(4, tmp / "big", *LM_1B, "--steps", "2", "--data.global-batch", "4", "--rule", "fsdp"),
-                         bare4, "created sharded")
-            big_resumed = record(f"{size} LM, fsdp, resumed for 2 more steps", 4,
-                                 _job(4, tmp / "big", *LM_1B, "--steps", "4", "--data.global-batch", "4",
-                                      "--rule", "fsdp"), bare4, "restored into its shards")
-            state_gib = params(2048, 20, 8192) * 12 / 2**30  # float32 parameters and two Adam moments
-            section.headline += [
-                (f"{size} LM (fsdp, 4 processes): peak RSS per process above bare", _mib(max(big, big_resumed)),
-                 f"<= 0.35 x replicated ({_mib(0.35 * state_gib * 2**10)} of its {state_gib:.1f} GiB state)"),
-            ]
-            section.notes.append(f"the {size} runs took {time.perf_counter() - began:.0f} s; a replicated copy "
-                                 f"of their state would be {state_gib:.1f} GiB on every process")
+        if not quick:  # the largest first; a size that does not fit is said, and the next one tried
+            for dim, layers, mlp in LARGE:
+                size = f"{params(dim, layers, mlp) / 1e9:.2f}B"
+                flags = ("--model.vocab-size", "256", "--model.dim", str(dim), "--model.heads", "16",
+                         "--model.layers", str(layers), "--model.mlp-dim", str(mlp), "--model.remat",
+                         "--data.global-batch", "4", "--rule", "fsdp")
+                state_gib = params(dim, layers, mlp) * 12 / 2**30  # float32 parameters and two Adam moments
+                began = time.perf_counter()
+                try:
+                    big = record(f"{size} LM, fsdp, remat, 2 steps and a save", 4,
+                                 _job(4, tmp / f"big{layers}", *flags, "--steps", "2"), bare4, "created sharded")
+                    big_resumed = record(f"{size} LM, fsdp, resumed for 2 more steps", 4,
+                                         _job(4, tmp / f"big{layers}", *flags, "--steps", "4"), bare4,
+                                         "restored into its shards")
+                except BenchError as exc:
+                    section.rows.append([f"{size} LM, fsdp, remat", "4", "did not fit", str(exc).split(":")[0]])
+                    section.notes.append(f"the {size} LM under fsdp on 4 processes did not fit in this "
+                                         f"machine's memory ({str(exc).splitlines()[0]})")
+                    continue
+                finally:
+                    shutil.rmtree(tmp / f"big{layers}", ignore_errors=True)
+                section.headline.append(
+                    (f"largest LM trained here: {size} (fsdp, 4 processes), peak RSS per process above bare",
+                     f"{_mib(max(big, big_resumed))} = {max(big, big_resumed) / (state_gib * 2**10):.2f}x of "
+                     f"its {state_gib:.1f} GiB state", "<= 0.35 x replicated"))
+                section.notes.append(f"the {size} runs took {time.perf_counter() - began:.0f} s; replicated, "
+                                     f"every process would hold its whole {state_gib:.1f} GiB state and its "
+                                     "gradients")
+                break
         section.notes += [
             f"bare JAX process (job.initialize and one psum): {_mib(bare4)} at 4 processes, {_mib(bare1)} at 1",
             "peak RSS is the high-water mark of the whole run (creation, compilation, steps, save, restore): "

@@ -7,8 +7,8 @@ sides start from the same model (same init), use the same optimizer
 (`job.steps.make_optimizer` with the default OptimConfig) and take the same
 steps on the same batches, interleaved:
 
-- template: what `job.loop.run` runs: `sharding.shard_model` on model and
-  optimizer, `nnx.split({"model": ..., "optimizer": ...})` once,
+- template: what `job.loop.run` runs: the state planned and created as its
+  shards (`job.state.plan`: model and optimizer, replicated here),
   `job.steps.jit_train_step` (a `jax.jit` over the split state, donated, with
   its shardings as out_shardings), batches from `job.batches.global_batch`,
   called as `state, metrics = step(state, batch)` under `mesh_context`;
@@ -68,10 +68,11 @@ def measure(size: str, reps: int) -> dict:
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from job import sharding, task as tasks
+    from job import config, sharding
+    from job import state as state_plan
+    from job import task as tasks
     from job.batches import global_batch
     from job.config import OptimConfig
-    from job.loop import count_params
     from job.steps import jit_train_step, make_optimizer
 
     task = tasks.load(TASK)
@@ -83,15 +84,12 @@ def measure(size: str, reps: int) -> dict:
     tx, _ = make_optimizer(OptimConfig(), STEPS)
     host: dict[str, list[float]] = {"template": [], "baseline": []}
 
-    # ---- template: job.loop.run's state, step and batches
-    model = task.build(cfg, nnx.Rngs(0))
-    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
-    sharding.shard_model(model, mesh, rule="replicated")
-    sharding.shard_model(optimizer, mesh, rule="replicated")
-    params = count_params(model)
-    graphdef, state = nnx.split({"model": model, "optimizer": optimizer})
-    del model, optimizer
-    train_step = jit_train_step(task.loss, graphdef, state)
+    # ---- template: job.loop.run's state (planned, created as its shards), step and batches
+    run_cfg = dataclasses.replace(config.defaults(task), model=cfg)
+    planned = state_plan.plan(task, run_cfg, mesh, tx)
+    params = planned.params
+    graphdef, state = planned.graphdef, planned.init()
+    train_step = jit_train_step(task.loss, graphdef, planned.shardings, weight=task.weight)
     batches_t = [global_batch(source, batch_sharding, split="train", step=s, size=size_rows) for s in range(4)]
     template = {"state": state}
 
