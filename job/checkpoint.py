@@ -165,6 +165,16 @@ class Checkpointer:
         return self.manager.restore(step, args=ocp.args.PyTreeRestore(
             item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=partial))
 
+    def saved_step(self, step: int | None) -> int:
+        """`step` if it was saved, the newest saved step for None; else one ConfigError naming them."""
+        steps = self.all_steps()
+        if step is None and steps:
+            return max(steps)
+        if step not in steps:
+            raise ConfigError("--step", expected=f"a saved step of {self.directory.parent}: {steps or 'none saved'}",
+                              found=step, fix=f"pass one of {steps}" if steps else "train the run first")
+        return step
+
     def newest_specs(self) -> tuple[int, dict[str, tuple]] | None:
         """(step, {leaf path: (shape, dtype)}) of the newest step whose tree metadata reads, else None.
 

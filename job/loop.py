@@ -275,14 +275,11 @@ def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None) -
     tx, _ = _optimizer(task, cfg)
     planned = state_plan.plan(task, cfg, mesh, tx)
     checkpoints = Checkpointer(run_dir / "checkpoints", cfg.ckpt)
-    steps = checkpoints.all_steps()
-    chosen = max(steps) if step is None and steps else step
-    if chosen not in steps:
+    try:
+        chosen = checkpoints.saved_step(step)
+        restored = checkpoints.restore(chosen, planned.abstract)
+    finally:
         checkpoints.close()
-        raise ConfigError("--step", expected=f"a saved step of {cfg.run_dir}: {steps or 'none saved'}", found=step,
-                          fix=f"pass one of {steps}" if steps else "train the run first")
-    restored = checkpoints.restore(chosen, planned.abstract)
-    checkpoints.close()
     batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh)))
     eval_step = jit_eval_step(task.loss, planned.eval_graphdef, task.weight)
     with sharding.mesh_context(mesh):

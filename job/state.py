@@ -71,6 +71,12 @@ def modules(nodes: dict[str, Any]) -> list[nnx.Module]:
     return [node for node in nodes.values() if isinstance(node, nnx.Module)]
 
 
+def placed(abstract_state: nnx.State, shardings: Any) -> nnx.State:
+    """Every leaf of an abstract state as a jax.ShapeDtypeStruct carrying its sharding: a restore target."""
+    return jax.tree.map(lambda var, where: var.replace(jax.ShapeDtypeStruct(var.shape, var.dtype, sharding=where)),
+                        abstract_state, shardings, is_leaf=_is_variable)
+
+
 def plan(task: Any, cfg: Any, mesh: Mesh, tx: Any) -> Plan:
     """The placement of `task`'s train state on `mesh` under cfg.rule, and the init that creates it.
 
@@ -89,9 +95,7 @@ def plan(task: Any, cfg: Any, mesh: Mesh, tx: Any) -> Plan:
         only_specific_processes()(warnings.warn)(
             sharding.fallback_warning(f"--rule {cfg.rule}", fallbacks, mesh,
                                       sharding.rule_table(cfg.rule, logical_axes)), UserWarning, stacklevel=2)
-    abstract = jax.tree.map(
-        lambda var, where: var.replace(jax.ShapeDtypeStruct(var.shape, var.dtype, sharding=where)),
-        abstract_state, shardings, is_leaf=_is_variable)
+    abstract = placed(abstract_state, shardings)
 
     def create() -> nnx.State:
         built = make()
@@ -104,4 +108,4 @@ def plan(task: Any, cfg: Any, mesh: Mesh, tx: Any) -> Plan:
                 params=params, init=jax.jit(create, out_shardings=shardings))
 
 
-__all__ = ["Plan", "modules", "nodes", "plan"]
+__all__ = ["Plan", "modules", "nodes", "placed", "plan"]

@@ -39,16 +39,6 @@ def saved_config(run_dir: str) -> tuple[Any, Any]:
     return config.from_dict(saved, chosen), chosen
 
 
-def _step(checkpoints: Any, step: int | None, run_dir: str) -> int:
-    steps = checkpoints.all_steps()
-    if step is None and steps:
-        return max(steps)
-    if step not in steps:
-        raise ConfigError("--step", expected=f"a saved step of {run_dir}: {steps or 'none saved'}", found=step,
-                          fix=f"pass one of {steps}" if steps else "train the run first")
-    return step
-
-
 def load_model(run_dir: str, step: int | None = None, *, ema: bool = False) -> tuple[Any, Any]:
     """(the trained model in eval mode, its TrainConfig), from one step (default: the newest) of a run
     dir; only the model's own state is read (with `ema`, the EMA's copy of it), onto this host's
@@ -56,7 +46,7 @@ def load_model(run_dir: str, step: int | None = None, *, ema: bool = False) -> t
     import jax
     from flax import nnx
 
-    from job import sharding
+    from job import sharding, state
     from job.checkpoint import Checkpointer
 
     cfg, chosen = saved_config(run_dir)
@@ -67,13 +57,11 @@ def load_model(run_dir: str, step: int | None = None, *, ema: bool = False) -> t
         abstract_model = nnx.eval_shape(lambda: chosen.build(cfg.model, nnx.Rngs(cfg.seed)))
     graphdef, abstract_state = nnx.split(abstract_model)
     mesh = sharding.make_mesh(devices=jax.local_devices())
-    shardings, _ = sharding.placement(abstract_state, mesh, "replicated")
-    like = jax.tree.map(lambda v, where: v.replace(jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=where)),
-                        abstract_state, shardings, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    like = state.placed(abstract_state, sharding.placement(abstract_state, mesh, "replicated")[0])
     target = {"ema": {"model": like}} if ema else {"model": like}
     checkpoints = Checkpointer(storage.run_path(run_dir) / "checkpoints", cfg.ckpt)
     try:
-        restored = checkpoints.restore(_step(checkpoints, step, run_dir), target, partial=True)
+        restored = checkpoints.restore(checkpoints.saved_step(step), target, partial=True)
     finally:
         checkpoints.close()
     model = nnx.merge(graphdef, restored["ema"]["model"] if ema else restored["model"])
