@@ -86,6 +86,9 @@ class TrainConfig(Generic[M, D]):
     seed: int = 0  # parameter initialisation seed
     log_every: int = 10  # log and write metrics every N steps
     eval_every: int = 50  # evaluate on held-out data every N steps (and at the end)
+    # a finite eval split (its source gives its size) is evaluated in one full pass, every row once;
+    # --no-eval-full: its first --data.eval-batches batches (job/evaluation.py)
+    eval_full: bool = True
     # how the state is split over the ("data", "model") mesh: replicated, fsdp (over "data"), tensor (over
     # "model") or fsdp_tensor (both, on a 2-D mesh); see job/sharding.py
     rule: str = "replicated"
@@ -123,8 +126,10 @@ def defaults(task: Task) -> TrainConfig:
 
 def validate(cfg: TrainConfig, task: Task) -> None:
     """Every check that needs no devices (run before anything starts); raises ConfigError on the first bad value."""
+    from job.evaluation import check_splits
     from job.sharding import TRAIN_RULES
 
+    check_splits(task.eval_splits, task.name)
     if cfg.rule not in TRAIN_RULES:
         raise ConfigError("--rule", expected=f"one of {', '.join(TRAIN_RULES)}", found=cfg.rule,
                           fix="pass --rule replicated (safe), fsdp, tensor or fsdp_tensor")

@@ -11,6 +11,7 @@ are the same for every task.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -50,35 +51,273 @@ def run(cfg: TrainConfig, task: Task, argv: list[str] | None = None) -> int:
     # (after job.initialize: jax's own preemption notifier takes SIGTERM there, and this guard takes it back)
     info = job.initialize()
     with PreemptionGuard() as guard:
-        return _run(cfg, task, argv, timer, info, guard)
+        return Training(cfg, task, argv, timer, info, guard).run()
 
 
-def _run(cfg: TrainConfig, task: Task, argv: list[str] | None, timer: Goodput, info: job.ClusterInfo,
-         guard: PreemptionGuard) -> int:
-    from job import compile_cache
+@dataclasses.dataclass
+class Built:
+    """What `Training.build` makes before any array of the train state exists."""
 
-    cache_dir = compile_cache.enable(cfg.compile_cache)  # before the first compilation
-    log.info("process %d of %d (%s) on %s", info.process_id, info.num_processes, info.kind,
-             os.environ.get("SLURMD_NODENAME") or socket.gethostname())
+    run_dir: epath.Path
+    mesh: jax.sharding.Mesh
+    source: Any  # the task's rows
+    planned: Any  # job.state.Plan: shapes, shardings and the init of the state
+    schedule: Any  # the learning rate by step
+    train_step: Callable[..., Any]  # (state, batch) -> (state, metrics), jitted
+    evaluator: Any  # job.evaluation.Evaluator over the task's eval splits
+    batch_sharding: Any  # how a train batch is laid out
+    checked: Any  # the preflight's findings
 
-    import optax
-    from jax.sharding import NamedSharding, PartitionSpec
 
-    from job import preflight, sharding
-    from job import state as state_plan
-    from job.batches import Prefetch, global_batch
-    from job.checkpoint import Checkpointer
-    from job.fingerprint import fingerprint
-    from job.multihost import only_specific_processes
-    from job.profile import StepProfiler
-    from job.report import Reporter
-    from job.steps import jit_eval_step, jit_train_step
-    from job.stragglers import StragglerWatch
+class Training:
+    """One run of the loop, in the phases a reader finds by name:
 
-    run_dir = storage.run_path(cfg.run_dir)  # a local folder or gs://BUCKET/FOLDER (etils.epath)
-    checked = preflight.check(to_dict(cfg), run_dir / "checkpoints")
-    mesh = sharding.make_mesh(model_axis=cfg.model_axis)
-    divisor = sharding.batch_size_divisor(mesh) * cfg.accum_steps  # every micro-batch over every data shard
+    build (mesh, data, the planned state, the jitted steps) -> restore (the newest checkpoint, else a
+    fresh state created as its shards) -> step (one optimizer step, then logging, evaluate and save
+    as due) -> finish (the last save, the summary). `run` strings them together."""
+
+    def __init__(self, cfg: TrainConfig, task: Task, argv: list[str] | None, timer: Goodput,
+                 info: job.ClusterInfo, guard: PreemptionGuard) -> None:
+        self.cfg, self.task, self.argv, self.timer, self.info, self.guard = cfg, task, argv, timer, info, guard
+        self.metrics: dict[str, Any] = {}  # the last train step's
+        self.evaluated: dict[str, dict[str, float]] = {}  # the last evaluation's, by split
+        self.last_saved = 0
+
+    def run(self) -> int:
+        """build, restore, then step to cfg.steps (or a preemption), then finish: the exit code."""
+        from job.multihost import only_specific_processes
+
+        built = self.build()
+        start, state = self.restore(built)
+        if start >= self.cfg.steps:
+            only_specific_processes()(log.info)("already complete at step %d; use a new --run-dir or raise --steps",
+                                                start)
+            self.checkpoints.close()
+            return 0
+        self.open_records(built, start)
+        if self.guard.should_stop():  # a signal during start-up (build, restore): no step since the last save
+            self.report.message("preempted before the first step: nothing new to save; exiting with %d (requeue)",
+                                REQUEUE_EXIT_CODE)
+            self.report.flush()
+            self.timer.flush()
+            self.checkpoints.close()
+            return REQUEUE_EXIT_CODE
+        code, state = self.train(built, start, state)
+        self.finish(built, state, code)
+        return code
+
+    def build(self) -> Built:
+        """The mesh, the task's rows, the optimizer, the state's plan (no array made) and the jitted steps."""
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        from job import compile_cache, preflight, sharding
+        from job import state as state_plan
+        from job.steps import jit_train_step
+
+        cfg, task, info = self.cfg, self.task, self.info
+        self.cache_dir = compile_cache.enable(cfg.compile_cache)  # before the first compilation
+        log.info("process %d of %d (%s) on %s", info.process_id, info.num_processes, info.kind,
+                 os.environ.get("SLURMD_NODENAME") or socket.gethostname())
+        run_dir = storage.run_path(cfg.run_dir)  # a local folder or gs://BUCKET/FOLDER (etils.epath)
+        checked = preflight.check(to_dict(cfg), run_dir / "checkpoints")
+        mesh = sharding.make_mesh(model_axis=cfg.model_axis)
+        _check_batch(cfg, mesh)
+        source = task.source(cfg.data, cfg.model)
+        tx, schedule = _optimizer(task, cfg)
+        # shapes and placement first, no array made; the state is then created as its shards, or restored into them
+        planned = state_plan.plan(task, cfg, mesh, tx)
+        batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh)))
+        micro = NamedSharding(mesh, PartitionSpec(None, sharding.batch_axes(mesh)))
+        train_step = jit_train_step(task.loss, planned.graphdef, planned.shardings, accum_steps=cfg.accum_steps,
+                                    weight=task.weight, custom=task.train_step, micro_sharding=micro)
+        evaluator = _evaluator(cfg, task, mesh, source, planned)
+        return Built(run_dir=run_dir, mesh=mesh, source=source, planned=planned, schedule=schedule,
+                     train_step=train_step, evaluator=evaluator, batch_sharding=batch_sharding, checked=checked)
+
+    def restore(self, built: Built) -> tuple[int, Any]:
+        """(the step to start from, the state): the newest readable checkpoint's, else a fresh state.
+        A checkpoint of another state stops the run here (exit 2), with nothing touched."""
+        from job.checkpoint import Checkpointer
+        from job.multihost import only_specific_processes
+
+        cfg, run_dir = self.cfg, built.run_dir
+        self.moved = None if cfg.resume else resume.move_aside_for_fresh_start(run_dir / "checkpoints")
+        self.checkpoints = checkpoints = Checkpointer(run_dir / "checkpoints", cfg.ckpt)
+        start, self.changed = 0, []
+        newest = checkpoints.newest_specs() if cfg.resume else None
+        if newest is not None:
+            self.changed = resume.check(run_dir, to_dict(cfg), *newest, built.planned.abstract)
+        only_specific_processes()(_save_config)(run_dir, cfg)
+        only_specific_processes()(provenance.record)(run_dir, self.argv, _topology(self.info, built.mesh))
+        if cfg.resume and checkpoints.all_steps():  # read back first: an unreadable newest step is set aside
+            start, state = checkpoints.restore_newest(built.planned.abstract)
+        else:
+            if cfg.resume:  # never from step 0 over checkpoints that were set aside as unreadable
+                resume.refuse_fresh_start_over_set_aside(checkpoints.directory)
+            state = built.planned.init()
+        self.last_saved = start
+        return start, state
+
+    def open_records(self, built: Built, start: int) -> None:
+        """The metrics writers, goodput, profiler and straggler watch, and the run's opening lines."""
+        from job.multihost import only_specific_processes
+        from job.profile import StepProfiler
+        from job.report import Reporter
+        from job.stragglers import StragglerWatch
+
+        cfg, task, run_dir = self.cfg, self.task, built.run_dir
+        self.report = report = Reporter(
+            run_dir, start_step=start, total_steps=cfg.steps, shown=task.shown, unit=task.unit,
+            items_per_step=cfg.data.global_batch * task.items_per_row(cfg.model), wandb=cfg.wandb, config=to_dict(cfg))
+        only_specific_processes()(self.timer.resume)(run_dir, start)
+        self.profiler = StepProfiler(cfg.profile.steps, cfg.steps, run_dir, self.info.process_id)
+        self.watch = StragglerWatch(cfg.straggler_ratio)
+        if start:
+            report.message("resumed from step %d (%s)", start, run_dir / "checkpoints")
+        if start and self.changed:
+            report.message("changed since the saved run (the state is the same): %s", ", ".join(
+                f"{resume.flag(name)} {old!r} -> {new!r}" for name, old, new in self.changed))
+        if self.moved is not None:
+            report.message("--no-resume: starting afresh; the earlier checkpoints are kept in %s", self.moved)
+        report.message("%s", built.checked.line())
+        report.message("%s; task %s; %d parameters; mesh %s; rule %s", self.info.summary(), task.name,
+                       built.planned.params, dict(built.mesh.shape), cfg.rule)
+        for split in built.evaluator.plan:
+            report.message("eval split %s: %d rows in %d batches", split, built.evaluator.rows(split),
+                           len(built.evaluator.plan[split]))
+        self.began = time.perf_counter()
+        self.timer.started()
+
+    def train(self, built: Built, start: int, state: Any) -> tuple[int, Any]:
+        """Steps start..cfg.steps-1, each followed by what is due; (exit code, the state at the end)."""
+        from job import compile_cache, sharding
+        from job.batches import Prefetch, global_batch
+
+        cfg, timer = self.cfg, self.timer
+
+        def batch(step: int) -> dict[str, jax.Array]:
+            return global_batch(built.source, built.batch_sharding, split="train", step=step,
+                                size=cfg.data.global_batch)
+
+        with contextlib.ExitStack() as stack, sharding.mesh_context(built.mesh):
+            self.cache_events = stack.enter_context(compile_cache.CacheEvents())
+            stack.callback(self.profiler.stop)
+            # however the loop ends (an error, too), the records so far are written; a full disk there is
+            # a warning, not an error over the one that ended the loop (a failed save's CheckpointError)
+            stack.callback(_written, self.report.flush, "metrics")
+            stack.callback(_written, timer.flush, "goodput record")
+            # the next 2 batches (rows and transfer) are made on a thread while this step runs; it stops with the loop
+            upcoming = stack.enter_context(Prefetch(batch, range(start, cfg.steps)))
+            dog = None
+            for step in range(start, cfg.steps):
+                state, stop = self.step(built, state, step, upcoming, first=step == start)
+                if stop:
+                    done = step + 1
+                    if self.last_saved != done:
+                        state = self.save(state, done)
+                    self.report.message("preempted: saved step %d; exiting with %d (requeue)", done,
+                                        REQUEUE_EXIT_CODE)
+                    return REQUEUE_EXIT_CODE, state
+                if dog is not None:
+                    dog.kick()
+                elif cfg.watchdog_s > 0:  # armed after the first step: compilation may take long
+                    dog = stack.enter_context(Watchdog(cfg.watchdog_s))
+        return 0, state
+
+    def step(self, built: Built, state: Any, step: int, upcoming: Any, *, first: bool) -> tuple[Any, bool]:
+        """One optimizer step, then its logging, evaluation and save when due: (state, stop now)."""
+        from job.multihost import only_specific_processes
+
+        cfg, timer, report = self.cfg, self.timer, self.report
+        done = step + 1
+        logs = done % cfg.log_every == 0 or done == cfg.steps
+        evaluates = bool(built.evaluator.plan) and (done % cfg.eval_every == 0 or done == cfg.steps)
+        saves = done % cfg.ckpt.every == 0 or done == cfg.steps
+        step_began = time.perf_counter()
+        with timer.part("input_wait"):
+            next_batch = upcoming.get(step)
+        with self.profiler.step(done) as outputs, timer.step():  # starting and ending a trace is not a step
+            state, self.metrics = built.train_step(state, next_batch)
+            host_s = time.perf_counter() - step_began  # this host's own part: its batch and the dispatch
+            outputs.append(self.metrics)
+            if first or logs or evaluates or saves:  # what follows waits for it: time it here
+                jax.block_until_ready(self.metrics)
+        if logs:
+            with timer.part("logging"):
+                values = {k: float(v) for k, v in jax.device_get(self.metrics).items()}
+                report.train(done, values, float(built.schedule(step)))
+                report.hosts(done, self.watch.share())  # one all-gather of one number, on log steps only
+                only_specific_processes()(timer.progress)(built.run_dir, done)
+        interrupted = False  # by a preemption signal during the evaluation: save this step and stop
+        if evaluates:
+            interrupted = not self.evaluate(built, state, done)
+        if saves and not interrupted:
+            state = self.save(state, done)
+        with timer.part("steps"):  # a collective every step: part of what a step costs
+            stop = interrupted or self.guard.should_stop()
+        if not first and not (evaluates or saves):  # a step's time: no compilation, evaluation or save
+            self.watch.add(host_s, time.perf_counter() - step_began)
+        return state, stop
+
+    def evaluate(self, built: Built, state: Any, done: int) -> bool:
+        """Every eval split, each reported under its name; False when a preemption signal cut it short."""
+        with self.timer.part("eval"):
+            results = built.evaluator.run(state, self.guard.should_stop)
+        if results is None:
+            return False
+        self.evaluated = results
+        for split, metrics in results.items():
+            self.report.eval(done, metrics, split=split)
+        return True
+
+    def save(self, state: Any, done: int) -> Any:
+        """Step `done`'s checkpoint (written in the background when --ckpt.async-save)."""
+        with self.timer.part("checkpoint"):
+            self.checkpoints.save(done, state)
+        self.last_saved = done
+        return state
+
+    def finish(self, built: Built, state: Any, code: int) -> None:
+        """The saves written, the goodput split, and summary.json."""
+        import optax
+
+        from job.evaluation import summary_fields
+        from job.fingerprint import fingerprint
+        from job.multihost import only_specific_processes
+
+        cfg, task, timer = self.cfg, self.task, self.timer
+        with timer.part("checkpoint"):
+            self.checkpoints.wait()
+            self.checkpoints.close()
+        timer.seconds["profile"] = self.profiler.seconds
+        split = {**timer.finish(), "compile_cache": {"dir": self.cache_dir, "hits": self.cache_events.hits,
+                                                     "misses": self.cache_events.misses}}
+        only_specific_processes()(timer.progress)(built.run_dir, self.last_saved, "end")
+        self.report.message("%s", describe(split))
+        final = jax.device_get(self.metrics)
+        trained = nnx.state(nnx.merge(built.planned.graphdef, state)["model"], nnx.Param)
+        self.report.close({
+            "final_step": self.last_saved,
+            "completed": code == 0,
+            "task": task.name,
+            "parameters": built.planned.params,
+            "train_loss": float(final["loss"]) if final else None,
+            **summary_fields(task.eval_splits, self.evaluated, task.shown, bool(cfg.ema.decay)),
+            "seconds": round(time.perf_counter() - self.began, 3),
+            # jitted: an eager norm of sharded leaves is a chain of cross-process additions that can
+            # interleave differently on each process and hang (seen under fsdp on 2 processes)
+            "params_norm": float(jax.jit(optax.tree.norm)(trained)),
+            "params_sha256": fingerprint(trained),
+            "slowest_hosts": self.watch.slowest(),  # the processes named as stragglers, each at its slowest
+            "goodput": split,
+        })
+
+
+def _check_batch(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> None:
+    """The global batch splits over the data-parallel devices, every micro-batch too."""
+    from job import sharding
+
+    divisor = sharding.batch_size_divisor(mesh) * cfg.accum_steps
     if cfg.data.global_batch % divisor:
         per = f" x --accum-steps {cfg.accum_steps}" if cfg.accum_steps > 1 else ""
         raise ConfigError(
@@ -86,187 +325,25 @@ def _run(cfg: TrainConfig, task: Task, argv: list[str] | None, timer: Goodput, i
             f"{sharding.batch_size_divisor(mesh)}{per} = {divisor}", found=cfg.data.global_batch,
             fix=f"use --data.global-batch {divisor * max(1, -(-cfg.data.global_batch // divisor))}",
         )
-    source = task.source(cfg.data, cfg.model)
-
-    tx, schedule = _optimizer(task, cfg)
-    # shapes and placement first, no array made; the state is then created as its shards, or restored into them
-    planned = state_plan.plan(task, cfg, mesh, tx)
-    params = planned.params
-
-    moved = None if cfg.resume else resume.move_aside_for_fresh_start(run_dir / "checkpoints")
-    checkpoints = Checkpointer(run_dir / "checkpoints", cfg.ckpt)
-    start, changed = 0, []
-    newest = checkpoints.newest_specs() if cfg.resume else None
-    if newest is not None:  # a state this run does not build stops it here, with nothing touched (exit 2)
-        changed = resume.check(run_dir, to_dict(cfg), *newest, planned.abstract)
-    only_specific_processes()(_save_config)(run_dir, cfg)
-    only_specific_processes()(provenance.record)(run_dir, argv, _topology(info, mesh))
-    if cfg.resume and checkpoints.all_steps():  # read back first: an unreadable newest step is set aside
-        start, state = checkpoints.restore_newest(planned.abstract)
-    else:
-        if cfg.resume:  # never from step 0 over checkpoints that were set aside as unreadable
-            resume.refuse_fresh_start_over_set_aside(checkpoints.directory)
-        state = planned.init()
-    if start >= cfg.steps:
-        only_specific_processes()(log.info)("already complete at step %d; use a new --run-dir or raise --steps",
-                                            start)
-        checkpoints.close()
-        return 0
-    batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh)))
-    train_step = jit_train_step(task.loss, planned.graphdef, planned.shardings, accum_steps=cfg.accum_steps,
-                                weight=task.weight, custom=task.train_step,
-                                micro_sharding=NamedSharding(mesh, PartitionSpec(None, sharding.batch_axes(mesh))))
-    eval_step = jit_eval_step(task.loss, planned.eval_graphdef, task.weight)
-
-    def batch(split: str, step: int) -> dict[str, jax.Array]:
-        return global_batch(source, batch_sharding, split=split, step=step, size=cfg.data.global_batch)
-
-    def evaluate() -> dict[str, float] | None:
-        return evaluate_batches(eval_step, state, lambda i: batch("eval", i), cfg.data.eval_batches, task.weight,
-                                guard.should_stop)
-
-    report = Reporter(run_dir, start_step=start, total_steps=cfg.steps, shown=task.shown, unit=task.unit,
-                      items_per_step=cfg.data.global_batch * task.items_per_row(cfg.model),
-                      wandb=cfg.wandb, config=to_dict(cfg))
-    only_specific_processes()(timer.resume)(run_dir, start)
-    profiler = StepProfiler(cfg.profile.steps, cfg.steps, run_dir, info.process_id)
-    if start:
-        report.message("resumed from step %d (%s)", start, run_dir / "checkpoints")
-    if start and changed:
-        report.message("changed since the saved run (the state is the same): %s", ", ".join(
-            f"{resume.flag(name)} {old!r} -> {new!r}" for name, old, new in changed))
-    if moved is not None:
-        report.message("--no-resume: starting afresh; the earlier checkpoints are kept in %s", moved)
-    report.message("%s", checked.line())
-    report.message("%s; task %s; %d parameters; mesh %s; rule %s", info.summary(), task.name, params,
-                   dict(mesh.shape), cfg.rule)
-    began, last_saved, metrics, eval_metrics = time.perf_counter(), start, {}, {}
-    watch = StragglerWatch(cfg.straggler_ratio)
-    code = 0
-    timer.started()
-    if guard.should_stop():  # a signal during start-up (build, restore): no step since the last save
-        report.message("preempted before the first step: nothing new to save; exiting with %d (requeue)",
-                       REQUEUE_EXIT_CODE)
-        report.flush()
-        timer.flush()
-        checkpoints.close()
-        return REQUEUE_EXIT_CODE
-    with contextlib.ExitStack() as stack, sharding.mesh_context(mesh):
-        cache_events = stack.enter_context(compile_cache.CacheEvents())
-        stack.callback(profiler.stop)
-        # however the loop ends (an error, too), the records so far are written; a full disk there is
-        # a warning, not an error over the one that ended the loop (a failed save's CheckpointError)
-        stack.callback(_written, report.flush, "metrics")
-        stack.callback(_written, timer.flush, "goodput record")
-        # the next 2 batches (rows and transfer) are made on a thread while this step runs; it stops with the loop
-        upcoming = stack.enter_context(Prefetch(lambda s: batch("train", s), range(start, cfg.steps)))
-        dog = None
-        for step in range(start, cfg.steps):
-            done = step + 1
-            logs = done % cfg.log_every == 0 or done == cfg.steps
-            evaluates = cfg.data.eval_batches and (done % cfg.eval_every == 0 or done == cfg.steps)
-            saves = done % cfg.ckpt.every == 0 or done == cfg.steps
-            step_began = time.perf_counter()
-            with timer.part("input_wait"):
-                next_batch = upcoming.get(step)
-            with profiler.step(done) as outputs, timer.step():  # starting and ending a trace is not a step
-                state, metrics = train_step(state, next_batch)
-                host_s = time.perf_counter() - step_began  # this host's own part: its batch and the dispatch
-                outputs.append(metrics)
-                if step == start or logs or evaluates or saves:  # what follows waits for it: time it here
-                    jax.block_until_ready(metrics)
-            if logs:
-                with timer.part("logging"):
-                    values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                    report.train(done, values, float(schedule(step)))
-                    report.hosts(done, watch.share())  # one all-gather of one number, on log steps only
-                    only_specific_processes()(timer.progress)(run_dir, done)
-            interrupted = False  # by a preemption signal during the evaluation: save this step and stop
-            if evaluates:
-                with timer.part("eval"):
-                    evaluated = evaluate()
-                if evaluated is None:
-                    interrupted = True
-                else:
-                    eval_metrics = evaluated
-                    report.eval(done, eval_metrics)
-            if saves and not interrupted:
-                with timer.part("checkpoint"):
-                    checkpoints.save(done, state)
-                last_saved = done
-            with timer.part("steps"):  # a collective every step: part of what a step costs
-                stop = interrupted or guard.should_stop()
-            if step != start and not (evaluates or saves):  # a step's time: no compilation, evaluation or save
-                watch.add(host_s, time.perf_counter() - step_began)
-            if stop:
-                if last_saved != done:
-                    with timer.part("checkpoint"):
-                        checkpoints.save(done, state)
-                    last_saved = done
-                report.message("preempted: saved step %d; exiting with %d (requeue)", done, REQUEUE_EXIT_CODE)
-                code = REQUEUE_EXIT_CODE
-                break
-            if dog is not None:
-                dog.kick()
-            elif cfg.watchdog_s > 0:  # armed after the first step: compilation may take long
-                dog = stack.enter_context(Watchdog(cfg.watchdog_s))
-    with timer.part("checkpoint"):
-        checkpoints.wait()
-        checkpoints.close()
-    timer.seconds["profile"] = profiler.seconds
-    split = {**timer.finish(), "compile_cache": {"dir": cache_dir, "hits": cache_events.hits,
-                                                 "misses": cache_events.misses}}
-    only_specific_processes()(timer.progress)(run_dir, last_saved, "end")
-    report.message("%s", describe(split))
-    final = jax.device_get(metrics)
-    trained = nnx.state(nnx.merge(planned.graphdef, state)["model"], nnx.Param)
-    report.close({
-        "final_step": last_saved,
-        "completed": code == 0,
-        "task": task.name,
-        "parameters": params,
-        "train_loss": float(final["loss"]) if final else None,
-        **{f"eval_{name}": eval_metrics.get(name) for name in task.shown},
-        **{f"eval_ema_{name}": eval_metrics.get(f"ema_{name}") for name in task.shown if cfg.ema.decay},
-        "seconds": round(time.perf_counter() - began, 3),
-        # jitted: an eager norm of sharded leaves is a chain of cross-process additions that can
-        # interleave differently on each process and hang (seen under fsdp on 2 processes)
-        "params_norm": float(jax.jit(optax.tree.norm)(trained)),
-        "params_sha256": fingerprint(trained),
-        "slowest_hosts": watch.slowest(),  # the processes named as stragglers, each at its slowest
-        "goodput": split,
-    })
-    return code
 
 
-def evaluate_batches(eval_step: Callable[..., Any], state: Any, batch: Callable[[int], Any], batches: int,
-                     weight: str | None, should_stop: Callable[[], bool] = lambda: False) -> dict[str, float] | None:
-    """Every metric averaged over eval batches 0..batches-1 (weighted by the task's weight metric); None
-    when `should_stop` (the collective preemption check after each batch) says a signal came."""
-    sums: dict[str, float] = {}
-    total = 0.0
-    for i in range(batches):
-        metrics = {k: float(v) for k, v in jax.device_get(eval_step(state, batch(i))).items()}
-        if should_stop():
-            return None
-        w = metrics.pop(weight) if weight else 1.0
-        for name, value in metrics.items():
-            sums[name] = sums.get(name, 0.0) + value * w
-        total += w
-    return {name: value / total if total else 0.0 for name, value in sums.items()}
+def _evaluator(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh, source: Any, planned: Any) -> Any:
+    """The Evaluator of the task's eval splits with the model in eval mode."""
+    from job.evaluation import Evaluator
+    from job.steps import jit_eval_step
+
+    return Evaluator(jit_eval_step(task.loss, planned.eval_graphdef, task.weight), source, mesh,
+                     splits=task.eval_splits, global_batch=cfg.data.global_batch, batches=cfg.data.eval_batches,
+                     full=cfg.eval_full, weight=task.weight)
 
 
 def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None) -> int:
     """`python -m job eval`: restore step `step` (default the newest) of cfg.run_dir on this topology and
-    evaluate it as the run does; process 0 writes RUN_DIR/eval-STEP.json. Returns 0."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
+    evaluate every eval split as the run does; process 0 writes RUN_DIR/eval-STEP.json. Returns 0."""
     from job import sharding
     from job import state as state_plan
-    from job.batches import global_batch
     from job.checkpoint import Checkpointer
     from job.multihost import only_specific_processes
-    from job.steps import jit_eval_step
 
     job.initialize()
     run_dir = storage.run_path(cfg.run_dir)
@@ -280,16 +357,16 @@ def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None) -
         restored = checkpoints.restore(chosen, planned.abstract)
     finally:
         checkpoints.close()
-    batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh)))
-    eval_step = jit_eval_step(task.loss, planned.eval_graphdef, task.weight)
+    evaluator = _evaluator(cfg, task, mesh, source, planned)
     with sharding.mesh_context(mesh):
-        metrics = evaluate_batches(eval_step, restored, lambda i: global_batch(
-            source, batch_sharding, split="eval", step=i, size=cfg.data.global_batch), cfg.data.eval_batches,
-            task.weight)
-    record = {"step": chosen, "split": "eval", "batches": cfg.data.eval_batches, **(metrics or {})}
+        results = evaluator.run(restored) or {}
+    record = {"step": chosen, "splits": {split: {"rows": evaluator.rows(split), "batches": len(evaluator.plan[split]),
+                                                 **metrics} for split, metrics in results.items()}}
     only_specific_processes()(_write_json)(run_dir / f"eval-{chosen}.json", record)
-    only_specific_processes()(log.info)("eval of step %d: %s -> %s", chosen, ", ".join(
-        f"{k} {v:.6g}" for k, v in (metrics or {}).items()), run_dir / f"eval-{chosen}.json")
+    for split, metrics in results.items():
+        only_specific_processes()(log.info)("eval of step %d on %s: %s", chosen, split, ", ".join(
+            f"{k} {v:.6g}" for k, v in metrics.items()))
+    only_specific_processes()(log.info)("wrote %s", run_dir / f"eval-{chosen}.json")
     return 0
 
 

@@ -80,9 +80,10 @@ class Reporter:
         log.info("stragglers at step %d: %s", step, "; ".join(s.line() for s in stragglers))
 
     @only_specific_processes()
-    def eval(self, step: int, metrics: dict[str, float]) -> None:
-        self._write(step, "eval", metrics)
-        log.info("eval at step %d  %s", step, self._shown(metrics))
+    def eval(self, step: int, metrics: dict[str, float], split: str = "eval") -> None:
+        """One eval split's metrics, recorded under the split's name."""
+        self._write(step, split, metrics)
+        log.info("eval at step %d%s  %s", step, "" if split == "eval" else f" on {split}", self._shown(metrics))
 
     def _shown(self, metrics: dict[str, float]) -> str:
         names = (*self.shown, *(f"ema_{name}" for name in self.shown))  # an EMA's evaluation beside the model's

@@ -18,6 +18,12 @@ The loop, checkpoints, reporting and benchmarks see only this interface:
 `rows` must be a pure function of (split, step, row range): every topology
 then sees the same global batches, and a resumed run the very batches an
 uninterrupted one would.
+
+Evaluation covers every split in `eval_splits` (default: "eval"), each reported
+under its own name (`eval_loss`, `test_loss`, ...). A split the source gives a
+size (`size(split)` -> rows, None for no end) is finite: each evaluation is one
+full pass over it, reading `rows(split, 0, start, stop)` with row numbers of the
+whole split (job/evaluation.py); other splits get --data.eval-batches batches.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ SPLITS = ("train", "eval")  # eval batches are numbered from 0 like steps
 
 class Rows(Protocol):
     def rows(self, split: str, step: int, start: int, stop: int) -> Mapping[str, Any]:
-        """Global rows [start, stop) of batch `step` of `split`: arrays with a leading row axis."""
+        """Global rows [start, stop) of batch `step` of `split`: arrays with a leading row axis.
+        A source may also define `size(split) -> int | None`: the rows of a finite split."""
         ...
 
 
@@ -67,11 +74,13 @@ class Task:
     # (TrainConfig, model) -> {name: nnx graph node}: more train state (an EMA, a second model, counters),
     # created, placed by its annotations, checkpointed and restored with the model and optimizer
     extra_state: Callable[[Any, Any], Mapping[str, Any]] | None = None
-    # (nodes, batch, default) -> metrics: the body of the jitted train step, for what one loss cannot say;
-    # nodes = {"model", "optimizer", extra state...}, default(nodes, batch) is the usual gradient step
     # --preset NAME: {name: () -> (model config, data config)}, each a named experiment whose docstring
     # gives the exact command that runs it (job/tasks/lm/presets.py)
     presets: Mapping[str, Callable[[], tuple[Any, Any]]] = dataclasses.field(default_factory=dict)
+    # the held-out splits evaluated every --eval-every steps, each under its own name in every record
+    eval_splits: Sequence[str] = ("eval",)
+    # (nodes, batch, default) -> metrics: the body of the jitted train step, for what one loss cannot say;
+    # nodes = {"model", "optimizer", extra state...}, default(nodes, batch) is the usual gradient step
     train_step: Callable[[Mapping[str, Any], Mapping[str, Any], Callable[..., Any]], Mapping[str, Any]] | None = None
 
 
@@ -120,9 +129,9 @@ def _load_from_module(spec: str) -> Task:
     return task
 
 
-def task_name(args: Sequence[str]) -> str:
-    """The value of --task in a command line (the last one given), else the default."""
-    name = DEFAULT_TASK
+def task_name(args: Sequence[str], default: str | None = DEFAULT_TASK) -> str | None:
+    """The value of --task in a command line (the last one given), else `default`."""
+    name = default
     for i, arg in enumerate(args):
         if arg == "--task" and i + 1 < len(args):
             name = args[i + 1]

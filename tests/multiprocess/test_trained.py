@@ -38,9 +38,12 @@ def test_eval_of_a_checkpoint_gives_the_runs_own_final_eval_on_any_topology(
     proc = run(launcher_argv(n, [sys.executable, "-m", "job", "eval", "--run-dir", str(trained_run)],
                              devices=devices), timeout=300)
     assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
-    written = json.loads((trained_run / "eval-6.json").read_text())
+    record = json.loads((trained_run / "eval-6.json").read_text())
     expected = final_eval(trained_run)
-    assert written["step"] == 6 and sorted(k for k in written if k not in ("batches", "step", "split")) == sorted(
+    assert record["step"] == 6 and list(record["splits"]) == ["eval"]  # the LM's one split
+    written = record["splits"]["eval"]
+    assert written["batches"] == 2 and written["rows"] == 2 * 32  # --data.eval-batches 2 of its endless split
+    assert sorted(k for k in written if k not in ("batches", "rows")) == sorted(
         k for k in expected if k not in ("step", "split"))
     tolerance = 1e-6 if (n, devices) == (2, 2) else 1e-5  # the same topology: the same arithmetic
     for name in ("loss", "accuracy", "ema_loss", "ema_accuracy"):

@@ -34,7 +34,7 @@ from deploy import slurm, tpu
 from deploy import tpu_remote as remote
 from deploy.slurm_options import GPU_PROBE, OURS
 from job import __main__ as job_cli
-from job import config, launch, loop, task
+from job import config, entry, launch, loop, task
 from job.tasks.lm import data as lm_data
 from job.tasks.lm import model as lm_model
 from job.errors import ConfigError
@@ -249,7 +249,7 @@ def test_job_cli_still_accepts_the_defaults_and_reaches_the_loop(monkeypatch: py
     ran: list[config.TrainConfig] = []
     argvs: list[list[str]] = []
     monkeypatch.setattr(loop, "run", lambda cfg, chosen, argv: ran.append(cfg) or argvs.append(argv) or 0)
-    monkeypatch.setattr(job_cli, "_shutdown", lambda: None)
+    monkeypatch.setattr(entry, "_shutdown", lambda: None)
     assert job_cli.main(["train", "--steps=5", "--optim.lr=1e-3", "--watchdog-s=0"]) == 0
     assert [c.steps for c in ran] == [5]
     assert argvs == [["train", "--steps=5", "--optim.lr=1e-3", "--watchdog-s=0"]]  # recorded for `rerun`

@@ -1,0 +1,128 @@
+"""job.evaluation on 8 CPU devices: which batches an evaluation reads (a fixed number, or one full pass
+over a finite split whose last partial batch is cut into a sharded part and a whole remainder), and
+that a full pass over a mesh equals the model on every row at once."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from job import sharding
+from job.errors import ConfigError
+from job.evaluation import Evaluator, Piece, check_splits, pieces, size_of, summary_fields
+from job.steps import jit_eval_step
+
+
+def covered(planned: list[Piece]) -> list[int]:
+    return [row for p in planned for row in range(p.offset, p.offset + p.rows)]
+
+
+@pytest.mark.parametrize(("size", "batch", "divisor"), [(50, 16, 4), (37, 16, 4), (48, 16, 4), (3, 16, 4),
+                                                         (1, 8, 8), (100, 8, 1), (17, 16, 2)])
+def test_a_full_pass_reads_every_row_once_in_batches_that_split_over_the_data_shards(
+        size: int, batch: int, divisor: int) -> None:
+    planned = pieces(size, batch=batch, divisor=divisor, batches=2, full=True)
+    assert covered(planned) == list(range(size))
+    assert all(p.step == 0 for p in planned)
+    assert all(p.rows == batch for p in planned[:size // batch])
+    assert all(p.whole == (p.rows < divisor and p.rows % divisor != 0) for p in planned)
+    assert all(p.rows % divisor == 0 for p in planned if not p.whole)
+    assert sum(p.whole for p in planned) == (1 if size % batch % divisor else 0)
+
+
+def test_the_last_partial_batch_is_a_sharded_part_and_a_whole_remainder() -> None:
+    assert pieces(37, batch=16, divisor=4, batches=1, full=True) == [
+        Piece(0, 0, 16), Piece(0, 16, 16), Piece(0, 32, 4), Piece(0, 36, 1, whole=True)]
+
+
+def test_without_a_full_pass_a_finite_split_reads_its_first_batches_and_an_endless_one_numbered_batches() -> None:
+    assert pieces(50, batch=16, divisor=4, batches=2, full=False) == [Piece(0, 0, 16), Piece(0, 16, 16)]
+    assert covered(pieces(50, batch=16, divisor=4, batches=9, full=False)) == list(range(50))  # shorter: all of it
+    assert pieces(None, batch=16, divisor=4, batches=3, full=True) == [Piece(s, 0, 16) for s in range(3)]
+    assert pieces(None, batch=16, divisor=4, batches=0, full=True) == []
+
+
+class Sized:
+    def __init__(self, sizes: dict) -> None:
+        self.sizes = sizes
+
+    def size(self, split: str) -> object:
+        return self.sizes[split]
+
+
+def test_a_split_size_is_a_positive_row_count_or_none() -> None:
+    assert size_of(object(), "eval") is None  # no size(): endless
+    assert size_of(Sized({"eval": 5}), "eval") == 5 and size_of(Sized({"eval": None}), "eval") is None
+    for bad in (0, -1, 2.5, "5"):
+        with pytest.raises(ConfigError, match="the size of eval split 'eval': expected a number of rows >= 1"):
+            size_of(Sized({"eval": bad}), "eval")
+
+
+@pytest.mark.parametrize("splits", [("train",), ("eval", "eval"), ("hosts",), ("two words",), ("",)])
+def test_declared_splits_are_distinct_names_that_are_not_the_loops_own(splits: tuple) -> None:
+    with pytest.raises(ConfigError, match="Task.eval_splits of mine: expected distinct identifiers"):
+        check_splits(splits, "mine")
+    check_splits(("eval", "test", "valid_2"), "mine")
+
+
+def test_the_summary_names_each_split_and_its_ema() -> None:
+    got = summary_fields(("eval", "test"), {"eval": {"loss": 1.0, "ema_loss": 2.0}}, ("loss",), ema=True)
+    assert got == {"eval_loss": 1.0, "eval_ema_loss": 2.0, "test_loss": None, "test_ema_loss": None}
+
+
+class Table:
+    """A finite split of 37 rows and an endless one; rows are a pure function of (split, step, row)."""
+
+    def __init__(self) -> None:
+        rng = np.random.default_rng(0)
+        self.x = rng.normal(size=(37, 6)).astype(np.float32)
+        self.y = rng.integers(0, 3, 37).astype(np.int32)
+        self.calls: list[tuple] = []
+
+    def size(self, split: str) -> int | None:
+        return 37 if split == "test" else None
+
+    def rows(self, split: str, step: int, start: int, stop: int) -> dict:
+        self.calls.append((split, step, start, stop))
+        index = np.arange(start, stop) if split == "test" else (np.arange(start, stop) + 7 * step) % 37
+        return {"x": self.x[index], "y": self.y[index]}
+
+
+def loss(model: nnx.Module, batch: dict) -> tuple:
+    logits = model(batch["x"])
+    value = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), batch["y"][:, None], axis=1))
+    return value, {"loss": value, "accuracy": jnp.mean(logits.argmax(-1) == batch["y"])}
+
+
+def test_a_full_pass_over_a_mesh_equals_the_model_on_every_row_at_once() -> None:
+    mesh = sharding.make_mesh(model_axis=2)  # data 4 x model 2
+    model = nnx.Linear(6, 3, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split({"model": model})
+    source = Table()
+    step = jit_eval_step(loss, graphdef)
+    evaluator = Evaluator(step, source, mesh, splits=("test", "eval"), global_batch=16, batches=2, full=True,
+                          weight=None)
+    assert evaluator.rows("test") == 37 and evaluator.rows("eval") == 32
+    with sharding.mesh_context(mesh):
+        results = evaluator.run(state)
+    whole = {k: float(v) for k, v in loss(model, {"x": source.x, "y": source.y})[1].items()}
+    assert results["test"] == pytest.approx(whole, rel=1e-6)
+    rows_read = sorted(r for split, _, start, stop in source.calls if split == "test" for r in range(start, stop))
+    assert rows_read == list(range(37))  # one process holds every data shard here: each row read once
+    first = {"x": source.x[np.arange(16) % 37], "y": source.y[np.arange(16) % 37]}
+    second = {"x": source.x[(np.arange(16) + 7) % 37], "y": source.y[(np.arange(16) + 7) % 37]}
+    endless = {k: (float(loss(model, first)[1][k]) + float(loss(model, second)[1][k])) / 2 for k in whole}
+    assert results["eval"] == pytest.approx(endless, rel=1e-6)
+
+
+def test_a_signal_during_evaluation_gives_none() -> None:
+    mesh = sharding.make_mesh()
+    model = nnx.Linear(6, 3, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split({"model": model})
+    evaluator = Evaluator(jit_eval_step(loss, graphdef), Table(), mesh, splits=("test",), global_batch=8,
+                          batches=1, full=True, weight=None)
+    with sharding.mesh_context(mesh):
+        assert evaluator.run(state, should_stop=lambda: True) is None
