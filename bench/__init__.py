@@ -15,10 +15,11 @@
 | growth | the loop's train step and checkpoint save vs model size (3 sizes) and process count (1..8, weak scaling) |
 | compile_cache | time to the first step of `python -m job train` with the persistent compilation cache cold vs warm |
 | fingerprint | the summary's parameter fingerprint (reduced where each shard lives) vs gathering every leaf to every process and hashing |
+| records | an .arrayrecord token file read through grain: grain's multi-process workers vs the loop's prefetch thread (input stall, rows per second and per CPU second) |
 | scale | peak memory per process of the LM replicated vs fsdp (state created as its shards), vs --accum-steps and --model.remat, and the ~1B LM under fsdp |
 
 Every figure is a ratio against a baseline measured in the same run, the
 median of interleaved repetitions (`bench.timing`).
 """
 
-BENCHMARKS = ("step", "scaling", "hostsync", "ckpt", "pipeline", "mfu", "growth", "compile_cache", "fingerprint", "scale")
+BENCHMARKS = ("step", "scaling", "hostsync", "ckpt", "pipeline", "mfu", "growth", "compile_cache", "fingerprint", "scale", "records")

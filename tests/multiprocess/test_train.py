@@ -182,6 +182,23 @@ def test_token_file_trains_from_a_tokenized_text(tmp_path: Path) -> None:
     assert losses[30] < losses[10]
 
 
+def test_an_arrayrecord_file_through_grain_trains_alike_on_every_topology_and_resumes_bitwise(tmp_path: Path) -> None:
+    # 12 records of 256 tokens: 11 train records (88 windows of 32), so 6 steps of 32 rows wrap into a third epoch
+    (tmp_path / "text.txt").write_bytes(np.random.default_rng(0).integers(0, 256, 12 * 256, np.uint8).tobytes())
+    made = run([sys.executable, "-m", "job", "tokenize", str(tmp_path / "text.txt"), str(tmp_path / "t.arrayrecord"),
+                "--record-tokens", "256"])
+    assert made.returncode == 0, made.stderr
+    flags = ("--data.source", str(tmp_path / "t.arrayrecord"), "--model.vocab-size", "256", *SMALL)
+    runs = losses_on_every_topology(tmp_path, *flags)
+    assert "eval split eval: 8 rows in 1 batches" in train(2, 2, tmp_path / "short", *flags, "--steps", "3",
+                                                            "--log-every", "1", "--eval-every", "6").stderr
+    resumed = train(2, 2, tmp_path / "short", *flags, "--steps", "6", "--log-every", "1", "--eval-every", "6")
+    assert "resumed from step 3" in resumed.stderr
+    assert {s: v for s, v in train_losses(tmp_path / "short").items() if s > 3} == {
+        s: v for s, v in runs[(2, 2)].items() if s > 3}  # the epochs' orders come back with the step
+    assert summary(tmp_path / "short")["eval_loss"] == summary(tmp_path / "2x2")["eval_loss"]
+
+
 def test_a_corrupted_latest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path) -> None:
     train(1, 2, tmp_path, "--steps", "8", "--ckpt.every", "4", "--eval-every", "8", *SMALL)
     for path in (tmp_path / "checkpoints" / "8").rglob("*"):

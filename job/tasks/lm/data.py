@@ -1,7 +1,7 @@
 """The example LM's input: token rows, synthetic or from a token file; a process makes only its own rows.
 
     from job.tasks.lm import data
-    cfg = data.DataConfig(source="reverse", global_batch=32)   # or "tokens.npy"
+    cfg = data.DataConfig(source="reverse", global_batch=32)   # or "tokens.npy", "tokens.arrayrecord"
     source = data.make_source(cfg, vocab_size=32, seq_len=32)
     rows = source.rows("train", step, start, stop)             # {"tokens", "mask"}, rows [start, stop)
 
@@ -13,7 +13,9 @@ the position in the row), computed for a process's whole block of rows at once.
 So every topology (1 x 4, 2 x 2, 4 x 1 processes x devices) sees the same global
 batches, and a run resumed at step s sees exactly the batches an uninterrupted run would.
 No host holds the dataset or the global batch: token files are memory-mapped
-and a host reads only the windows of its own rows.
+and a host reads only the windows of its own rows. An .arrayrecord file is read
+through grain's ArrayRecord data source, a window per row, its train split in
+epochs each shuffled in its own order, its eval split finite (a full pass).
 """
 
 from __future__ import annotations
@@ -35,13 +37,16 @@ CHUNK_TOKENS = 1 << 24  # tokens (or bytes) touched at once when scanning or wri
 PAD, BOS, SEP = 0, 1, 2
 BYTE_VOCAB = 256  # byte-level tokens: 0..255
 _TOKENIZE = "`python -m job tokenize INPUT.txt OUTPUT.npy`"
+RECORDS_SUFFIX = ".arrayrecord"  # a token file of ArrayRecord records, read through grain
+RECORD_TOKENS = 1024  # tokens per record that `python -m job tokenize` writes by default
 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     """Where the tokens come from and how many sequences each step takes."""
 
-    source: str = "reverse"  # "reverse" (synthetic, learnable) or a token file path (.npy, or .bin with `dtype`)
+    # "reverse" (synthetic, learnable) or a token file path: .npy, .bin with `dtype`, or .arrayrecord (grain)
+    source: str = "reverse"
     dtype: str = "uint16"  # token dtype of a raw .bin file ("uint16" or "uint32"); .npy files carry their own
     global_batch: int = 32  # sequences per step, summed over all processes
     eval_batches: int = 2  # held-out batches per evaluation (0: no evaluation)
@@ -120,7 +125,7 @@ def check_source(source: str) -> None:
     """What can be checked of --data.source without reading it: the synthetic task, or an existing file."""
     if source == "reverse":
         return
-    require(Path(source).is_file(), "data.source (token file)", "an existing .npy or .bin file", source,
+    require(Path(source).is_file(), "data.source (token file)", "an existing .npy, .bin or .arrayrecord file", source,
              "check the path (or pass --data.source reverse for the synthetic task), "
              f"or make one with {_TOKENIZE}")
 
@@ -218,12 +223,117 @@ class TokenFile(_Source):
         return tokens.astype(np.int32)
 
 
-def make_source(cfg: DataConfig, *, vocab_size: int, seq_len: int) -> ReverseTask | TokenFile:
+class RecordFile:
+    """Token windows of an ArrayRecord file (`python -m job tokenize IN OUT.arrayrecord`), read through
+    grain's random-access ArrayRecord data source.
+
+    Each record holds the file description's `record_tokens` tokens; a row is a window of seq_len of
+    them (window w: tokens [i * seq_len, (i + 1) * seq_len) of record w // k, i = w % k, k windows a
+    record). The head (1 - eval_fraction) of the records is the train split: epochs over its windows
+    one after another, each in its own order, which is grain's `MapDataset.shuffle(seed).repeat()`
+    (its index shuffle seeded by data.seed + the epoch) computed for a block of rows at once: global
+    row g = step * global_batch + row of the run is window g of that stream, a pure function of (step,
+    row). The tail is the eval split: finite (`size`), read in order, so an evaluation can be one full
+    pass over it. Each record a block of rows needs is read once.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, seq_len: int, global_batch: int, seed: int = 0,
+                 eval_fraction: float = 0.1) -> None:
+        import grain
+
+        require(0.0 < eval_fraction < 1.0, "data.eval_fraction", "a fraction strictly between 0 and 1",
+                eval_fraction, "pass e.g. --data.eval_fraction 0.1")
+        require(0 <= seed < 2**32, "data.seed", "an integer 0..2**32-1 (grain's shuffle seed)", seed,
+                "pass --data.seed 0")
+        self.path, self.seq_len, self.global_batch, self.seed = Path(path), seq_len, global_batch, seed
+        check_source(str(self.path))
+        described = _record_description(self.path)
+        self.vocab_size = described["vocab_size"]
+        self.limit = self.vocab_size
+        record_tokens, self.dtype = described["record_tokens"], described["dtype"]
+        self.per_record = record_tokens // seq_len
+        require(self.per_record >= 1, f"model.seq_len for records file {self.path}",
+                f"at most its {record_tokens} tokens a record", seq_len,
+                f"pass --model.seq-len {record_tokens} or less, or tokenize again with --record-tokens {seq_len}")
+        self.records = grain.sources.ArrayRecordDataSource([str(self.path)])
+        records = len(self.records)
+        held_out = int(round(records * eval_fraction))
+        require(records - held_out >= 1 and held_out >= 1, f"records file {self.path}",
+                "at least one record in each split", f"{records} records (eval_fraction={eval_fraction})",
+                "use a longer file, fewer --record-tokens when tokenizing, or another --data.eval-fraction")
+        self.train_windows = (records - held_out) * self.per_record
+        self.eval_windows = held_out * self.per_record
+
+    def size(self, split: str) -> int | None:
+        """The eval split's rows (windows); the train split has no end."""
+        return self.eval_windows if split == "eval" else None
+
+    def train_window(self, g: int) -> int:
+        """Window of position g of the train stream: epoch g // n in the order of grain's index shuffle."""
+        from grain.experimental import index_shuffle
+
+        epoch, i = divmod(g, self.train_windows)
+        return index_shuffle(i, max_index=self.train_windows - 1, seed=(self.seed + epoch) % 2**32, rounds=4)
+
+    def rows(self, split: str, step: int, start: int, stop: int) -> Batch:
+        """Train: global rows step * global_batch + [start, stop) of the epoch stream; eval: windows
+        [start, stop) of the held-out records (step 0: one pass)."""
+        require(split in SPLITS, "split", " or ".join(map(repr, SPLITS)), split, "pass split='train' or 'eval'")
+        require(step >= 0 and 0 <= start <= stop, "rows", "step >= 0 and 0 <= start <= stop", (step, start, stop),
+                "pass a valid row range")
+        if split == "train":
+            base = step * self.global_batch
+            windows = np.array([self.train_window(base + r) for r in range(start, stop)], np.int64)
+        else:
+            require(stop <= self.eval_windows, "eval rows", f"within its {self.eval_windows} windows",
+                    (start, stop), "read the eval split by its size")
+            windows = self.train_windows + np.arange(start, stop, dtype=np.int64)
+        tokens = self._windows(windows)
+        if self.limit is not None and len(tokens) and int(tokens.max()) >= self.limit:
+            raise ConfigError(f"model.vocab_size for records file {self.path}",
+                              expected=f"more than its largest token: {int(tokens.max())} is in a {split} batch",
+                              found=f"model.vocab_size {self.limit}",
+                              fix=f"pass --model.vocab-size {int(tokens.max()) + 1} or more")
+        return {"tokens": tokens, "mask": np.ones(tokens.shape, np.float32)}
+
+    def _windows(self, windows: np.ndarray) -> np.ndarray:
+        """int32 [len(windows), seq_len]: each record they lie in read once."""
+        if not len(windows):
+            return np.zeros((0, self.seq_len), np.int32)
+        record, within = np.divmod(windows, self.per_record)
+        needed, where = np.unique(record, return_inverse=True)
+        # one read each (`__getitems__` starts a thread pool per call: slower for a process's few rows)
+        raw = [self.records[int(r)] for r in needed]
+        table = np.stack([np.frombuffer(b, self.dtype) for b in raw]).astype(np.int32)
+        return table[where[:, None], within[:, None] * self.seq_len + np.arange(self.seq_len)]
+
+
+def _record_description(path: Path) -> dict:
+    """FILE.json of a records file: its dtype, tokens per record and vocabulary (`tokenize` writes it)."""
+    try:
+        described = json.loads(sidecar(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"records file description {sidecar(path)}", expected="the JSON `python -m job tokenize` "
+                          "writes beside an .arrayrecord file (dtype, record_tokens, vocab_size)", found=str(err),
+                          fix=f"write the file again with `python -m job tokenize INPUT.txt {path.name}`") from err
+    ok = (isinstance(described, dict) and described.get("dtype") in TOKEN_DTYPES
+          and isinstance(described.get("record_tokens"), int) and described["record_tokens"] >= 1
+          and isinstance(described.get("vocab_size"), int) and described["vocab_size"] >= 1)
+    require(ok, f"records file description {sidecar(path)}", "dtype (uint16 or uint32), record_tokens >= 1 and "
+            "vocab_size >= 1", described, f"write it again with `python -m job tokenize INPUT.txt {path.name}`")
+    return described
+
+
+def make_source(cfg: DataConfig, *, vocab_size: int, seq_len: int) -> ReverseTask | TokenFile | RecordFile:
     """The source `cfg` names, checked against the model's vocabulary before training starts."""
     if cfg.source == "reverse":
         return ReverseTask(vocab_size, seq_len, cfg.seed)
-    source = TokenFile(cfg.source, seq_len=seq_len, seed=cfg.seed, dtype=cfg.dtype,
-                       eval_fraction=cfg.eval_fraction)
+    if Path(cfg.source).suffix.lower() == RECORDS_SUFFIX:
+        source: TokenFile | RecordFile = RecordFile(cfg.source, seq_len=seq_len, global_batch=cfg.global_batch,
+                                                    seed=cfg.seed, eval_fraction=cfg.eval_fraction)
+    else:
+        source = TokenFile(cfg.source, seq_len=seq_len, seed=cfg.seed, dtype=cfg.dtype,
+                           eval_fraction=cfg.eval_fraction)
     if source.vocab_size is None:  # no description: every batch is checked against the model's vocabulary
         source.limit = vocab_size
     require(source.vocab_size is None or source.vocab_size <= vocab_size,
@@ -233,19 +343,41 @@ def make_source(cfg: DataConfig, *, vocab_size: int, seq_len: int) -> ReverseTas
     return source
 
 
-def tokenize_text(text_path: str | os.PathLike[str], out_path: str | os.PathLike[str]) -> int:
-    """Byte-level tokens (uint16 .npy, values 0..255) of a UTF-8 text file, streamed; returns the count.
+def tokenize_text(text_path: str | os.PathLike[str], out_path: str | os.PathLike[str], *,
+                  record_tokens: int = RECORD_TOKENS) -> int:
+    """Byte-level tokens (uint16, values 0..255) of a UTF-8 text file, streamed; returns the count.
 
-    Any bytes are kept as they are; the output appears only once complete, then its description
-    OUTPUT.npy.json (token count and vocabulary size), which lets a run check the vocabulary at
-    start without reading the file.
+    OUTPUT.npy: one array. OUTPUT.arrayrecord: records of `record_tokens` tokens each (the text's last
+    tokens that fill no whole record are left out), for grain's ArrayRecord data source. Any bytes
+    are kept as they are; the output appears only once complete, then its description OUTPUT.json
+    beside it (token count, vocabulary size, and for records the tokens per record), which lets a
+    run check the vocabulary at start without reading the file.
     """
     src, dst = Path(text_path), Path(out_path)
     require(src.is_file(), "text file to tokenize", "an existing file", str(src), "check the input path")
-    require(dst.suffix == ".npy", "tokenized output path", "a path ending in .npy", str(dst),
-             f"use {dst.with_suffix('.npy')}")
+    require(dst.suffix in (".npy", RECORDS_SUFFIX), "tokenized output path",
+            f"a path ending in .npy or {RECORDS_SUFFIX}", str(dst), f"use {dst.with_suffix('.npy')}")
+    require(record_tokens >= 1, "--record-tokens", "an integer >= 1", record_tokens, "pass --record-tokens 1024")
     n = src.stat().st_size
     partial = dst.with_name(dst.name + ".partial")
+    if dst.suffix == ".npy":
+        pos = _write_npy(src, partial, n)
+        written = {"tokens": n}
+    else:
+        pos, records = _write_records(src, partial, n, record_tokens)
+        written = {"tokens": records * record_tokens, "record_tokens": record_tokens, "records": records,
+                   "left_out_tokens": n - records * record_tokens}
+    if pos != n:
+        partial.unlink()
+        raise ConfigError(f"text file {src}", expected=f"{n} bytes", found=f"{pos} bytes (it shrank while read)",
+                          fix="tokenize it again once it stops changing")
+    os.replace(partial, dst)
+    sidecar(dst).write_text(json.dumps({**written, "vocab_size": BYTE_VOCAB, "dtype": "uint16",
+                                        "tokenizer": "bytes"}) + "\n")
+    return written["tokens"]
+
+
+def _write_npy(src: Path, partial: Path, n: int) -> int:
     out = np.lib.format.open_memmap(partial, mode="w+", dtype=np.uint16, shape=(n,))
     pos = 0
     with src.open("rb") as f:
@@ -254,11 +386,22 @@ def tokenize_text(text_path: str | os.PathLike[str], out_path: str | os.PathLike
             pos += len(chunk)
     out.flush()
     del out
-    if pos != n:
-        partial.unlink()
-        raise ConfigError(f"text file {src}", expected=f"{n} bytes", found=f"{pos} bytes (it shrank while read)",
-                          fix="tokenize it again once it stops changing")
-    os.replace(partial, dst)
-    sidecar(dst).write_text(json.dumps({"tokens": n, "vocab_size": BYTE_VOCAB, "dtype": "uint16",
-                                        "tokenizer": "bytes"}) + "\n")
-    return n
+    return pos
+
+
+def _write_records(src: Path, partial: Path, n: int, record_tokens: int) -> tuple[int, int]:
+    """(bytes read, records written): one record per `record_tokens` bytes, as uint16 tokens."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    writer = ArrayRecordWriter(str(partial), "group_size:1")  # each record readable on its own
+    pos = records = 0
+    try:
+        with src.open("rb") as f:
+            while (chunk := f.read(record_tokens)) and pos < n:
+                pos += len(chunk)
+                if len(chunk) == record_tokens:
+                    writer.write(np.frombuffer(chunk, np.uint8).astype(np.uint16).tobytes())
+                    records += 1
+    finally:
+        writer.close()
+    return pos, records

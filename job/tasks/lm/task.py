@@ -14,19 +14,35 @@ def _validate(model_cfg: model.ModelConfig, data_cfg: data.DataConfig, *, rule: 
     data.check_source(data_cfg.source)
 
 
+TOKENIZE_USAGE = "python -m job tokenize INPUT.txt OUTPUT.npy|OUTPUT.arrayrecord [--record-tokens N]"
+
+
 def _tokenize(args: list[str]) -> int:
-    """`python -m job tokenize INPUT.txt OUTPUT.npy`."""
-    if len(args) != 2:
-        found = " ".join(["tokenize", *args])
-        print(f"usage: python -m job tokenize INPUT.txt OUTPUT.npy\nexpected two paths, found {found!r}",
+    """`python -m job tokenize INPUT.txt OUTPUT.npy` (one array), or `OUTPUT.arrayrecord [--record-tokens N]`
+    (records of N tokens for grain)."""
+    paths, record_tokens, rest = [], data.RECORD_TOKENS, list(args)
+    while rest:
+        arg = rest.pop(0)
+        value = arg.split("=", 1)[1] if arg.startswith("--record-tokens=") else None
+        if arg == "--record-tokens" and rest:
+            value = rest.pop(0)
+        if value is not None and value.isdigit():
+            record_tokens = int(value)
+        elif value is not None or arg.startswith("-"):
+            paths = []  # a flag it does not know, or a count that is no whole number: the usage
+            break
+        else:
+            paths.append(arg)
+    if len(paths) != 2:
+        print(f"usage: {TOKENIZE_USAGE}\nexpected two paths, found {' '.join(['tokenize', *args])!r}",
               file=sys.stderr)
         return 2
     try:
-        count = data.tokenize_text(args[0], args[1])
+        count = data.tokenize_text(paths[0], paths[1], record_tokens=record_tokens)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {count} byte-level tokens to {args[1]}")
+    print(f"wrote {count} byte-level tokens to {paths[1]}")
     return 0
 
 
