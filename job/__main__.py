@@ -45,7 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     if command == "demo" and not rest:
         from job.demo import DemoConfig, run
 
-        return entry.command(lambda _: run(DemoConfig()) or 0, rest, shutdown=False)
+        def demo(_: list[str]) -> int:
+            run(DemoConfig())  # its checks raise; what it returns is the checked value
+            return 0
+
+        return entry.command(demo, rest, shutdown=False)
     from job import task
 
     try:  # a task's own commands: `python -m job sample --task NAME ...` (the default task's without --task)

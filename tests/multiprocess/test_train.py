@@ -182,14 +182,19 @@ def test_token_file_trains_from_a_tokenized_text(tmp_path: Path) -> None:
     assert losses[30] < losses[10]
 
 
-def test_an_arrayrecord_file_through_grain_trains_alike_on_every_topology_and_resumes_bitwise(tmp_path: Path) -> None:
+def test_an_arrayrecord_file_through_grain_trains_alike_on_two_topologies_and_resumes_bitwise(tmp_path: Path) -> None:
     # 12 records of 256 tokens: 11 train records (88 windows of 32), so 6 steps of 32 rows wrap into a third epoch
     (tmp_path / "text.txt").write_bytes(np.random.default_rng(0).integers(0, 256, 12 * 256, np.uint8).tobytes())
     made = run([sys.executable, "-m", "job", "tokenize", str(tmp_path / "text.txt"), str(tmp_path / "t.arrayrecord"),
                 "--record-tokens", "256"])
     assert made.returncode == 0, made.stderr
     flags = ("--data.source", str(tmp_path / "t.arrayrecord"), "--model.vocab-size", "256", *SMALL)
-    runs = losses_on_every_topology(tmp_path, *flags)
+    runs = {}
+    for n, devices in [(1, 4), (2, 2)]:  # one process holding every row, and two making theirs
+        train(n, devices, tmp_path / f"{n}x{devices}", *flags, "--steps", "6", "--log-every", "1", "--eval-every", "6")
+        runs[(n, devices)] = train_losses(tmp_path / f"{n}x{devices}")
+    assert sorted(runs[(2, 2)]) == [1, 2, 3, 4, 5, 6]
+    assert runs[(2, 2)] == pytest.approx(runs[(1, 4)], rel=1e-5)
     assert "eval split eval: 8 rows in 1 batches" in train(2, 2, tmp_path / "short", *flags, "--steps", "3",
                                                             "--log-every", "1", "--eval-every", "6").stderr
     resumed = train(2, 2, tmp_path / "short", *flags, "--steps", "6", "--log-every", "1", "--eval-every", "6")
