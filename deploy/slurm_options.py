@@ -21,6 +21,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from job import values
 from job.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,20 +121,17 @@ def time_minutes(text: str) -> int:
 def count(name: str, text: str, minimum: int) -> int:
     """A make variable's whole number (plain ASCII digits only), at least `minimum`."""
     try:
-        value = int(text) if re.fullmatch(r"[0-9]+", text) else minimum - 1
-    except ValueError:  # more digits than int() takes
-        value = minimum - 1
-    if value < minimum:
-        raise ConfigError(name, expected=f"a whole number >= {minimum}", found=text, fix=f"e.g. {name}=4")
-    return value
+        return values.whole(text, minimum=minimum)
+    except values.BadValue as exc:
+        raise ConfigError(name, expected=exc.expected, found=text, fix=f"e.g. {name}=4") from None
 
 
 def switch(name: str, text: str) -> bool:
-    """A make on/off variable: 1 or 0 (or true/false); empty is off."""
-    value = text.lower()
-    if value not in ("", "0", "1", "true", "false"):
-        raise ConfigError(name, expected="1 or 0 (or true/false)", found=text, fix=f"{name}=1, or leave it unset")
-    return value in ("1", "true")
+    """A make on/off variable: 1 or 0 (true/false, yes/no, on/off, as the TPU side takes them); empty is off."""
+    try:
+        return values.switch(text)
+    except values.BadValue as exc:
+        raise ConfigError(name, expected=exc.expected, found=text, fix=f"{name}=1, or leave it unset") from None
 
 
 def check(cfg: SlurmConfig) -> None:

@@ -35,6 +35,7 @@ from deploy.runner import Runner, shell_words
 from deploy.tpu_config import DEFAULT_SHIP, TpuConfig, validate_job, with_bucket
 from deploy.tpu_gcloud import GCLOUD, INSTALL_HINT
 from deploy.tpu_slice import Slice, TpuError
+from job import values
 from job.errors import ConfigError, positive_seconds, refuse_dash_values
 from job.preemption import REQUEUE_EXIT_CODE
 
@@ -170,22 +171,17 @@ def dispatch(command: str, cfg: TpuConfig, runner: Runner) -> int:
 
 # ---------------------------------------------------------------------- command line
 def _flag(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("", "0", "false", "no", "off"):
-        return False
-    if value in ("1", "true", "yes", "on"):
-        return True
-    raise argparse.ArgumentTypeError(f"expected 1 or 0 (or true/false), found {text!r}")
+    try:
+        return values.switch(text)
+    except values.BadValue as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _count(text: str) -> int:
     try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, found {text!r}")
-    return value
+        return values.whole(text, minimum=0)
+    except values.BadValue as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -28,6 +28,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from job import values
 from job.cluster.base import CUDA_VISIBLE_DEVICES, visible_gpus
 from job.cluster.local import LocalLauncher
 from job.errors import ConfigError, refuse_dash_values, seconds
@@ -59,12 +60,9 @@ class LaunchConfig:
 
 def positive_int(text: str) -> int:
     try:
-        value = int(text) if text.strip().isascii() and text.strip().isdigit() else 0
-    except ValueError:  # more digits than int() takes
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, found {text!r}")
-    return value
+        return values.whole(text, minimum=1)
+    except values.BadValue as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def local_count(text: str) -> int:

@@ -422,7 +422,7 @@ def submitted(runner: RecordingRunner) -> list[list[str]]:
     (["--gpus-per-node", "4", "--gpu-type", "a100\n#SBATCH --qos=high"], ["GPU_TYPE"]),
     (["--gpus-per-node", "4", "--gpu-type", "$(id)"], ["GPU_TYPE"]),
     (["--gres=1"], ["GRES", "GPUS_PER_NODE > 0"]),
-    (["--gpus-per-node", "4", "--gres=yes"], ["GRES", "expected 1 or 0", "found 'yes'"]),
+    (["--gpus-per-node", "4", "--gres=maybe"], ["GRES", "expected 1 or 0", "found 'maybe'"]),
     (["--exclusive=2"], ["EXCLUSIVE", "found '2'"]),
     (["--exclusive=1;id"], ["EXCLUSIVE"]),
     (["--exclusive= 1"], ["EXCLUSIVE"]),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from job import values
 from job.errors import ConfigError
 from job.task import Task
 from job.tasks.lm import data, model, presets
@@ -26,13 +27,16 @@ def _tokenize(args: list[str]) -> int:
         value = arg.split("=", 1)[1] if arg.startswith("--record-tokens=") else None
         if arg == "--record-tokens" and rest:
             value = rest.pop(0)
-        if value is not None and value.isdigit():
-            record_tokens = int(value)
-        elif value is not None or arg.startswith("-"):
-            paths = []  # a flag it does not know, or a count that is no whole number: the usage
+        if value is not None:
+            try:
+                record_tokens = values.whole(value, minimum=1)
+                continue
+            except values.BadValue:
+                pass
+        if value is not None or arg.startswith("-"):
+            paths = []  # a flag it does not know, or a count that is no whole number >= 1: the usage
             break
-        else:
-            paths.append(arg)
+        paths.append(arg)
     if len(paths) != 2:
         print(f"usage: {TOKENIZE_USAGE}\nexpected two paths, found {' '.join(['tokenize', *args])!r}",
               file=sys.stderr)

@@ -1,0 +1,72 @@
+"""One parser per kind of value (job/values.py): the launcher, the Slurm make variables and the TPU
+make variables take the same words and refuse the same ones, with the same expected / found words."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from deploy import slurm_options
+from deploy import tpu as tpu_cli
+from job import launch, values
+from job.errors import ConfigError
+
+WHOLE = ["0", "1", "4", "007", "1" + "0" * 20]
+NOT_WHOLE = ["", " 4", "4 ", "4\n", "+4", "-1", "1_0", "1e3", "4.0", "\u0664", "4;id", "9" * 31, "four"]
+ON = ["1", "true", "TRUE", "yes", "Yes", "on", "ON"]
+OFF = ["", "0", "false", "False", "no", "NO", "off"]
+NOT_SWITCH = ["2", "maybe", " 1", "1 ", "yes; rm -rf ~", "tru", "\u0661"]
+
+
+def sides_whole(text: str) -> dict[str, object]:
+    """What each side makes of `text` as a count >= 0: the number, or the words of its error."""
+    out: dict[str, object] = {}
+    for side, parse in (("slurm", lambda t: slurm_options.count("NODES", t, 0)), ("tpu", tpu_cli._count)):
+        try:
+            out[side] = parse(text)
+        except ConfigError as exc:
+            out[side] = f"expected {exc.expected}, found {exc.found!r}"
+        except argparse.ArgumentTypeError as exc:
+            out[side] = str(exc)
+    return out
+
+
+@pytest.mark.parametrize("text", WHOLE + NOT_WHOLE)
+def test_every_side_reads_a_whole_number_alike(text: str) -> None:
+    got = sides_whole(text)
+    assert got["slurm"] == got["tpu"], got
+    if text in WHOLE:
+        assert got["slurm"] == int(text)
+    else:
+        assert got["slurm"] == f"expected a whole number >= 0, found {text!r}"
+
+
+@pytest.mark.parametrize("text", WHOLE + NOT_WHOLE)
+def test_the_launcher_reads_its_counts_with_the_same_parser(text: str) -> None:
+    expected = int(text) if text in WHOLE and int(text) >= 1 else None
+    if expected is None:
+        with pytest.raises(argparse.ArgumentTypeError, match=r"expected a whole number >= 1, found "):
+            launch.positive_int(text)
+    else:
+        assert launch.positive_int(text) == expected
+
+
+@pytest.mark.parametrize("text", ON + OFF + NOT_SWITCH)
+def test_slurm_and_tpu_take_the_same_on_off_words(text: str) -> None:
+    results = []
+    for parse, error in ((lambda t: slurm_options.switch("EXCLUSIVE", t), ConfigError),
+                         (tpu_cli._flag, argparse.ArgumentTypeError)):
+        try:
+            results.append(parse(text))
+        except error as exc:
+            results.append("refused" if "expected 1 or 0 (or true/false)" in str(exc) else str(exc))
+    assert results[0] == results[1] == (True if text in ON else False if text in OFF else "refused"), results
+
+
+def test_a_bad_value_says_what_was_expected_and_found() -> None:
+    with pytest.raises(values.BadValue) as err:
+        values.whole("70000", minimum=1, maximum=65535, what="a TCP port 1..65535")
+    assert (err.value.expected, err.value.found) == ("a TCP port 1..65535", "70000")
+    assert str(err.value) == "expected a TCP port 1..65535, found '70000'"
+    assert values.whole("65535", minimum=1, maximum=65535) == 65535
