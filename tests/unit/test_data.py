@@ -298,7 +298,8 @@ def test_rows_reject_bad_arguments() -> None:
 @pytest.mark.parametrize(("field", "value"), [("global_batch", 0), ("eval_batches", -1), ("eval_fraction", 0.0),
                                               ("eval_fraction", 1.0), ("seed", -1), ("dtype", "int32")])
 def test_data_config_rejects_bad_values(field: str, value: object) -> None:
-    with pytest.raises(ConfigError, match=rf"data\.{field}.*found {value!r}"):
+    flag = "--data." + field.replace("_", "-")  # every message spells the flag as the command line does
+    with pytest.raises(ConfigError, match=rf"{flag}.*found {value!r}"):
         data.DataConfig(**{field: value})
 
 

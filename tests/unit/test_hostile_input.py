@@ -101,16 +101,16 @@ MAX_STEPS = str(config.MAX_STEPS + 1)
     (["--ckpt.keep=0"], ["--ckpt.keep"]),
     (["--log-every=0"], ["--log-every"]),
     (["--eval-every=-1"], ["--eval-every"]),
-    (["--model.dim=0"], ["model.dim"]),
-    (["--model.heads=3"], ["model.heads", "divisor of model.dim=64"]),
-    (["--model.dim=99999999999"], ["model.dim"]),  # once a hang: every divisor up to 1e11 was tried
-    (["--model.vocab-size=1099511627776"], ["model.vocab_size"]),
-    (["--model.dtype=float64"], ["model.dtype"]),
-    (["--model-axis=0"], ["model_axis"]),
+    (["--model.dim=0"], ["--model.dim"]),
+    (["--model.heads=3"], ["--model.heads", "divisor of --model.dim=64"]),
+    (["--model.dim=99999999999"], ["--model.dim"]),  # once a hang: every divisor up to 1e11 was tried
+    (["--model.vocab-size=1099511627776"], ["--model.vocab-size"]),
+    (["--model.dtype=float64"], ["--model.dtype"]),
+    (["--model-axis=0"], ["--model-axis"]),
     (["--rule=evil"], ["--rule: expected one of replicated, fsdp, tensor, fsdp_tensor", "'evil'"]),
     (["--rule="], ["--rule: expected one of replicated, fsdp, tensor, fsdp_tensor"]),
     (["--rule=replicated; rm -rf ~"], ["--rule: expected one of replicated, fsdp, tensor, fsdp_tensor"]),
-    (["--rule=tensor", "--model-axis=3"], ["model.heads"]),
+    (["--rule=tensor", "--model-axis=3"], ["--model.heads"]),
     (["--optim.lr=nan"], ["--optim.lr", "nan"]),
     (["--optim.lr=inf"], ["--optim.lr", "inf"]),
     (["--optim.lr=1e400"], ["--optim.lr", "inf"]),
@@ -128,7 +128,7 @@ MAX_STEPS = str(config.MAX_STEPS + 1)
     (["--straggler-ratio=0.5"], ["--straggler-ratio"]),
     (["--straggler-ratio=nan"], ["--straggler-ratio"]),
     (["--seed=-1"], ["--seed"]),
-    (["--data.source=/nonexistent/tokens.npy"], ["data.source", "python -m job tokenize"]),
+    (["--data.source=/nonexistent/tokens.npy"], ["--data.source", "python -m job tokenize"]),
     (["--run-dir=s3://bucket/run1"], ["--run-dir", "only gs:// URLs"]),
     (["--run-dir=gs://Bucket_With_Capitals/run1"], ["--run-dir", "lowercase"]),
     (["--run-dir=gs://bucket"], ["--run-dir", "not the bucket's root"]),
@@ -154,11 +154,11 @@ def test_job_cli_bad_value_is_one_clear_error_and_exit_2(argv: list[str], needle
     (["--no-such-flag=1"], "--no-such-flag"),
     (["--resume=maybe"], "Unrecognized options: maybe"),  # a flag pair: --resume / --no-resume
     (["--ckpt.async-save=2"], "Unrecognized options: 2"),
-    (["--data.global-batch=0"], "data.global_batch"),  # DataConfig's own check, reported by tyro
-    (["--data.global-batch=-4"], "data.global_batch"),
-    (["--data.eval-fraction=nan"], "data.eval_fraction"),
-    (["--data.seed=-1"], "data.seed"),
-    (["--data.dtype=float64"], "data.dtype"),
+    (["--data.global-batch=0"], "--data.global-batch"),  # DataConfig's own check, reported by tyro
+    (["--data.global-batch=-4"], "--data.global-batch"),
+    (["--data.eval-fraction=nan"], "--data.eval-fraction"),
+    (["--data.seed=-1"], "--data.seed"),
+    (["--data.dtype=float64"], "--data.dtype"),
 ])
 def test_job_cli_unparsable_value_is_a_usage_error(argv: list[str], needle: str, job_launches_nothing: None,
                                                    capsys: pytest.CaptureFixture[str]) -> None:

@@ -202,18 +202,18 @@ def test_validate_accepts_good_configs(cfg: ModelConfig, rule: str, model_axis: 
 
 
 @pytest.mark.parametrize("cfg, rule, model_axis, expected", [
-    (ModelConfig(dim=60, heads=8), "replicated", 1, ["model.heads", "found 8", "model.dim=60", "--model.heads"]),
-    (ModelConfig(layers=0), "replicated", 1, ["model.layers", "found 0", "positive", "--model.layers 2"]),
-    (ModelConfig(vocab_size=-1), "replicated", 1, ["model.vocab_size", "found -1", "--model.vocab-size 32"]),
-    (ModelConfig(mlp_dim=0), "fsdp", 1, ["model.mlp_dim", "found 0"]),
-    (ModelConfig(dtype="float16"), "replicated", 1, ["model.dtype", "'float16'", "bfloat16"]),
-    (ModelConfig(heads=2), "tensor", 4, ["model.heads", "found 2", "model_axis=4", "--model-axis 2",
+    (ModelConfig(dim=60, heads=8), "replicated", 1, ["--model.heads", "found 8", "--model.dim=60", "--model.heads"]),
+    (ModelConfig(layers=0), "replicated", 1, ["--model.layers", "found 0", "positive", "--model.layers 2"]),
+    (ModelConfig(vocab_size=-1), "replicated", 1, ["--model.vocab-size", "found -1", "--model.vocab-size 32"]),
+    (ModelConfig(mlp_dim=0), "fsdp", 1, ["--model.mlp-dim", "found 0"]),
+    (ModelConfig(dtype="float16"), "replicated", 1, ["--model.dtype", "'float16'", "bfloat16"]),
+    (ModelConfig(heads=2), "tensor", 4, ["--model.heads", "found 2", "--model-axis=4", "--model-axis 2",
                                          "--model.heads 4 or 8"]),
-    (ModelConfig(heads=1), "tensor", 2, ["model.heads", "found 1", "model_axis=2", "--model-axis 1"]),
-    (ModelConfig(mlp_dim=255), "tensor", 2, ["model.mlp_dim", "found 255", "model_axis=2", "--model.mlp-dim 256"]),
-    (ModelConfig(vocab_size=257), "tensor", 2, ["model.vocab_size", "found 257", "--model.vocab-size 258"]),
+    (ModelConfig(heads=1), "tensor", 2, ["--model.heads", "found 1", "--model-axis=2", "--model-axis 1"]),
+    (ModelConfig(mlp_dim=255), "tensor", 2, ["--model.mlp-dim", "found 255", "--model-axis=2", "--model.mlp-dim 256"]),
+    (ModelConfig(vocab_size=257), "tensor", 2, ["--model.vocab-size", "found 257", "--model.vocab-size 258"]),
     (ModelConfig(), "zero3", 1, ["--rule", "'zero3'"]),
-    (ModelConfig(), "tensor", 0, ["model_axis", "found 0"]),
+    (ModelConfig(), "tensor", 0, ["--model-axis", "found 0"]),
 ])
 def test_validate_rejects_bad_configs(cfg: ModelConfig, rule: str, model_axis: int, expected: list[str]) -> None:
     with pytest.raises(ConfigError) as e:
@@ -225,5 +225,5 @@ def test_validate_rejects_bad_configs(cfg: ModelConfig, rule: str, model_axis: i
 
 
 def test_transformer_validates_before_building() -> None:
-    with pytest.raises(ConfigError, match="model.heads"):
+    with pytest.raises(ConfigError, match="--model.heads"):
         Transformer(ModelConfig(dim=60, heads=8), rngs=nnx.Rngs(0))

@@ -90,9 +90,9 @@ def test_the_lm_reads_an_arrayrecord_source_and_checks_its_vocabulary(records: P
 
 
 @pytest.mark.parametrize(("change", "needle"), [
-    ({"seq_len": 300}, "model.seq_len for records file .*: expected at most its 256 tokens a record, found 300"),
+    ({"seq_len": 300}, "--model.seq-len for records file .*: expected at most its 256 tokens a record, found 300"),
     ({"eval_fraction": 0.01}, "expected at least one record in each split"),
-    ({"seed": -1}, "data.seed: expected an integer 0..2\\*\\*32-1"),
+    ({"seed": -1}, "--data.seed: expected an integer 0..2\\*\\*32-1"),
 ])
 def test_what_cannot_work_is_one_clear_error(records: Path, change: dict, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):

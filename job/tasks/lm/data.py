@@ -54,14 +54,14 @@ class DataConfig:
     seed: int = 0  # data seed
 
     def __post_init__(self) -> None:
-        require(self.global_batch >= 1, "data.global_batch", "an integer >= 1", self.global_batch,
-                 "pass --data.global_batch N with N >= 1")
-        require(self.eval_batches >= 0, "data.eval_batches", "an integer >= 0", self.eval_batches,
-                 "pass --data.eval_batches N with N >= 0")
-        require(0.0 < self.eval_fraction < 1.0, "data.eval_fraction", "a fraction strictly between 0 and 1",
-                 self.eval_fraction, "pass e.g. --data.eval_fraction 0.1")
-        require(self.seed >= 0, "data.seed", "an integer >= 0", self.seed, "pass --data.seed 0 or any N >= 0")
-        require(self.dtype in TOKEN_DTYPES, "data.dtype", " or ".join(TOKEN_DTYPES), self.dtype,
+        require(self.global_batch >= 1, "--data.global-batch", "an integer >= 1", self.global_batch,
+                 "pass --data.global-batch N with N >= 1")
+        require(self.eval_batches >= 0, "--data.eval-batches", "an integer >= 0", self.eval_batches,
+                 "pass --data.eval-batches N with N >= 0")
+        require(0.0 < self.eval_fraction < 1.0, "--data.eval-fraction", "a fraction strictly between 0 and 1",
+                 self.eval_fraction, "pass e.g. --data.eval-fraction 0.1")
+        require(self.seed >= 0, "--data.seed", "an integer >= 0", self.seed, "pass --data.seed 0 or any N >= 0")
+        require(self.dtype in TOKEN_DTYPES, "--data.dtype", " or ".join(TOKEN_DTYPES), self.dtype,
                  "pass --data.dtype uint16 (or uint32 for vocabularies above 65536)")
 
 
@@ -102,11 +102,11 @@ class ReverseTask(_Source):
     """
 
     def __init__(self, vocab_size: int, seq_len: int, seed: int = 0) -> None:
-        require(vocab_size >= 4, "model.vocab_size for the reverse task",
-                 ">= 4 (PAD, BOS, SEP and at least one symbol)", vocab_size, "pass --model.vocab_size 4 or more")
-        require(seq_len >= 4, "model.seq_len for the reverse task", ">= 4 (BOS, a symbol, SEP, its reverse)",
-                 seq_len, "pass --model.seq_len 4 or more")
-        require(seed >= 0, "data.seed", "an integer >= 0", seed, "pass --data.seed 0 or any N >= 0")
+        require(vocab_size >= 4, "--model.vocab-size for the reverse task",
+                 ">= 4 (PAD, BOS, SEP and at least one symbol)", vocab_size, "pass --model.vocab-size 4 or more")
+        require(seq_len >= 4, "--model.seq-len for the reverse task", ">= 4 (BOS, a symbol, SEP, its reverse)",
+                 seq_len, "pass --model.seq-len 4 or more")
+        require(seed >= 0, "--data.seed", "an integer >= 0", seed, "pass --data.seed 0 or any N >= 0")
         self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
         self.k = self.width = (seq_len - 2) // 2
         self._mask = np.zeros(seq_len, np.float32)
@@ -125,7 +125,7 @@ def check_source(source: str) -> None:
     """What can be checked of --data.source without reading it: the synthetic task, or an existing file."""
     if source == "reverse":
         return
-    require(Path(source).is_file(), "data.source (token file)", "an existing .npy, .bin or .arrayrecord file", source,
+    require(Path(source).is_file(), "--data.source (token file)", "an existing .npy, .bin or .arrayrecord file", source,
              "check the path (or pass --data.source reverse for the synthetic task), "
              f"or make one with {_TOKENIZE}")
 
@@ -145,7 +145,7 @@ def _open_tokens(path: Path, dtype: str) -> np.ndarray:
                  f"save it as np.save(path, tokens.reshape(-1).astype(np.uint16 or np.uint32)) or use {_TOKENIZE}")
         return tokens
     if suffix == ".bin":
-        require(dtype in TOKEN_DTYPES, "data.dtype", " or ".join(TOKEN_DTYPES), dtype,
+        require(dtype in TOKEN_DTYPES, "--data.dtype", " or ".join(TOKEN_DTYPES), dtype,
                  "pass --data.dtype with the dtype the .bin file was written with")
         size, itemsize = path.stat().st_size, np.dtype(dtype).itemsize
         require(size % itemsize == 0, f"token file {path}",
@@ -189,9 +189,9 @@ class TokenFile(_Source):
 
     def __init__(self, path: str | os.PathLike[str], *, seq_len: int, seed: int = 0, dtype: str = "uint16",
                  eval_fraction: float = 0.1) -> None:
-        require(0.0 < eval_fraction < 1.0, "data.eval_fraction", "a fraction strictly between 0 and 1",
-                 eval_fraction, "pass e.g. --data.eval_fraction 0.1")
-        require(seed >= 0, "data.seed", "an integer >= 0", seed, "pass --data.seed 0 or any N >= 0")
+        require(0.0 < eval_fraction < 1.0, "--data.eval-fraction", "a fraction strictly between 0 and 1",
+                 eval_fraction, "pass e.g. --data.eval-fraction 0.1")
+        require(seed >= 0, "--data.seed", "an integer >= 0", seed, "pass --data.seed 0 or any N >= 0")
         self.path, self.seq_len, self.seed = Path(path), seq_len, seed
         self.tokens = _open_tokens(self.path, dtype)
         n = len(self.tokens)
@@ -201,7 +201,7 @@ class TokenFile(_Source):
             require(hi - lo >= seq_len + 1, f"the {name} split of token file {self.path}",
                      f"at least seq_len + 1 = {seq_len + 1} tokens",
                      f"{hi - lo} tokens ({n} in the file, eval_fraction={eval_fraction})",
-                     "use a longer file, a smaller --model.seq_len, or another --data.eval_fraction")
+                     "use a longer file, a smaller --model.seq-len, or another --data.eval-fraction")
         # opening costs the same for any size: nothing reads the whole file; with no FILE.json beside it
         # (`python -m job tokenize` writes one) each batch's tokens are checked as they are read
         self.vocab_size = _described_vocab(self.path, self.tokens)
@@ -215,9 +215,9 @@ class TokenFile(_Source):
         windows = offsets[:, None] + np.arange(self.seq_len)  # fancy indexing reads only these windows' pages
         tokens = np.asarray(self.tokens[windows])
         if self.limit is not None and len(tokens) and int(tokens.max()) >= self.limit:
-            raise ConfigError(f"model.vocab_size for token file {self.path}",
+            raise ConfigError(f"--model.vocab-size for token file {self.path}",
                               expected=f"more than its largest token: {int(tokens.max())} is in a {split} batch",
-                              found=f"model.vocab_size {self.limit}",
+                              found=f"--model.vocab-size {self.limit}",
                               fix=f"pass --model.vocab-size {int(tokens.max()) + 1} or more (write the file with "
                               f"{_TOKENIZE} to have its vocabulary checked before the first step)")
         return tokens.astype(np.int32)
@@ -241,9 +241,9 @@ class RecordFile:
                  eval_fraction: float = 0.1) -> None:
         import grain
 
-        require(0.0 < eval_fraction < 1.0, "data.eval_fraction", "a fraction strictly between 0 and 1",
-                eval_fraction, "pass e.g. --data.eval_fraction 0.1")
-        require(0 <= seed < 2**32, "data.seed", "an integer 0..2**32-1 (grain's shuffle seed)", seed,
+        require(0.0 < eval_fraction < 1.0, "--data.eval-fraction", "a fraction strictly between 0 and 1",
+                eval_fraction, "pass e.g. --data.eval-fraction 0.1")
+        require(0 <= seed < 2**32, "--data.seed", "an integer 0..2**32-1 (grain's shuffle seed)", seed,
                 "pass --data.seed 0")
         self.path, self.seq_len, self.global_batch, self.seed = Path(path), seq_len, global_batch, seed
         check_source(str(self.path))
@@ -252,7 +252,7 @@ class RecordFile:
         self.limit = self.vocab_size
         record_tokens, self.dtype = described["record_tokens"], described["dtype"]
         self.per_record = record_tokens // seq_len
-        require(self.per_record >= 1, f"model.seq_len for records file {self.path}",
+        require(self.per_record >= 1, f"--model.seq-len for records file {self.path}",
                 f"at most its {record_tokens} tokens a record", seq_len,
                 f"pass --model.seq-len {record_tokens} or less, or tokenize again with --record-tokens {seq_len}")
         self.records = grain.sources.ArrayRecordDataSource([str(self.path)])
@@ -290,9 +290,9 @@ class RecordFile:
             windows = self.train_windows + np.arange(start, stop, dtype=np.int64)
         tokens = self._windows(windows)
         if self.limit is not None and len(tokens) and int(tokens.max()) >= self.limit:
-            raise ConfigError(f"model.vocab_size for records file {self.path}",
+            raise ConfigError(f"--model.vocab-size for records file {self.path}",
                               expected=f"more than its largest token: {int(tokens.max())} is in a {split} batch",
-                              found=f"model.vocab_size {self.limit}",
+                              found=f"--model.vocab-size {self.limit}",
                               fix=f"pass --model.vocab-size {int(tokens.max()) + 1} or more")
         return {"tokens": tokens, "mask": np.ones(tokens.shape, np.float32)}
 
@@ -337,9 +337,9 @@ def make_source(cfg: DataConfig, *, vocab_size: int, seq_len: int) -> ReverseTas
     if source.vocab_size is None:  # no description: every batch is checked against the model's vocabulary
         source.limit = vocab_size
     require(source.vocab_size is None or source.vocab_size <= vocab_size,
-            f"model.vocab_size for token file {source.path}",
+            f"--model.vocab-size for token file {source.path}",
             f"at least the file's vocab_size {source.vocab_size} ({sidecar(source.path).name})",
-            f"model.vocab_size {vocab_size}", f"pass --model.vocab-size {source.vocab_size} (or more)")
+            f"--model.vocab-size {vocab_size}", f"pass --model.vocab-size {source.vocab_size} (or more)")
     return source
 
 

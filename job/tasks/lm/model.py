@@ -225,20 +225,20 @@ def validate(cfg: ModelConfig, *, rule: str, model_axis: int) -> None:
     for field in ("vocab_size", "seq_len", "dim", "heads", "layers", "mlp_dim"):
         value = getattr(cfg, field)
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIZE:
-            raise ConfigError(f"model.{field}", expected=f"a positive int <= {MAX_SIZE}", found=value,
+            raise ConfigError(_flag(field), expected=f"a positive int <= {MAX_SIZE}", found=value,
                               fix=f"pass {_flag(field)} {getattr(ModelConfig, field)}")
     if cfg.dim % cfg.heads:
-        raise ConfigError("model.heads", expected=f"a divisor of model.dim={cfg.dim}", found=cfg.heads,
+        raise ConfigError("--model.heads", expected=f"a divisor of --model.dim={cfg.dim}", found=cfg.heads,
                           fix=f"use --model.heads {_or(_nearest(_divisors(cfg.dim), cfg.heads))}, "
                           f"or a --model.dim that is a multiple of {cfg.heads}")
     if cfg.dtype not in DTYPES:
-        raise ConfigError("model.dtype", expected=f"one of {DTYPES}", found=cfg.dtype,
+        raise ConfigError("--model.dtype", expected=f"one of {DTYPES}", found=cfg.dtype,
                           fix="pass --model.dtype float32 (or bfloat16 on GPU/TPU)")
     if rule not in TRAIN_RULES:
         raise ConfigError("--rule", expected=f"one of {', '.join(TRAIN_RULES)}", found=rule,
                           fix="pass --rule replicated (safe), fsdp, tensor or fsdp_tensor")
     if isinstance(model_axis, bool) or not isinstance(model_axis, int) or model_axis < 1:
-        raise ConfigError("model_axis", expected="a positive int", found=model_axis, fix="use --model-axis 1")
+        raise ConfigError("--model-axis", expected="a positive int", found=model_axis, fix="use --model-axis 1")
     if rule not in ("tensor", "fsdp_tensor") or model_axis == 1:
         return
     axis_ok = [d for d in _divisors(cfg.heads) if d > 1 and cfg.mlp_dim % d == 0 and cfg.vocab_size % d == 0]
@@ -246,15 +246,15 @@ def validate(cfg: ModelConfig, *, rule: str, model_axis: int) -> None:
     if cfg.heads % model_axis:
         heads_ok = _nearest([h for h in _divisors(cfg.dim) if h % model_axis == 0], cfg.heads)
         heads_fix = f", or --model.heads {_or(heads_ok)}" if heads_ok else ""
-        raise ConfigError("model.heads",
-                          expected=f"a multiple of model_axis={model_axis} (rule {rule!r} splits heads)",
+        raise ConfigError("--model.heads",
+                          expected=f"a multiple of --model-axis={model_axis} (rule {rule!r} splits heads)",
                           found=cfg.heads, fix=f"{axis_fix}{heads_fix}")
     for field in ("mlp_dim", "vocab_size"):
         value = getattr(cfg, field)
         if value % model_axis:
             up = -(-value // model_axis) * model_axis
-            raise ConfigError(f"model.{field}",
-                              expected=f"a multiple of model_axis={model_axis} (rule {rule!r} splits it)",
+            raise ConfigError(_flag(field),
+                              expected=f"a multiple of --model-axis={model_axis} (rule {rule!r} splits it)",
                               found=value, fix=f"{axis_fix}, or {_flag(field)} {up}")
 
 
