@@ -96,10 +96,11 @@ def to_global(rows: Mapping[str, Any], sharding: Any, size: int) -> dict[str, An
     return jax.make_array_from_process_local_data(sharding, local, shapes)  # one call: one batched transfer
 
 
-def global_batch(source: Rows, sharding: Any, *, split: str, step: int, size: int) -> dict[str, Any]:
-    """Batch `step` of `split` as jax.Arrays of `size` rows laid out by `sharding`."""
+def global_batch(source: Rows, sharding: Any, *, split: str, step: int, size: int, offset: int = 0) -> dict[str, Any]:
+    """Batch `step` of `split` as jax.Arrays of `size` rows laid out by `sharding`: the source's rows
+    offset .. offset + size (a finite split's full pass reads it in such windows)."""
     start, stop = row_span(sharding, size)
-    return to_global(source.rows(split, step, start, stop), sharding, size)
+    return to_global(source.rows(split, step, offset + start, offset + stop), sharding, size)
 
 
 class Prefetch(Generic[T]):

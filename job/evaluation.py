@@ -100,12 +100,10 @@ class Evaluator:
 
     def batch(self, split: str, piece: Piece) -> dict[str, Any]:
         """The global arrays of one piece: sharded like a train batch, or whole on every device."""
-        from job.batches import row_span, to_global
+        from job.batches import global_batch
 
-        where = self._whole if piece.whole else self._sharded
-        start, stop = (0, piece.rows) if piece.whole else row_span(where, piece.rows)
-        rows = self._source.rows(split, piece.step, piece.offset + start, piece.offset + stop)
-        return to_global(rows, where, piece.rows)
+        return global_batch(self._source, self._whole if piece.whole else self._sharded, split=split,
+                            step=piece.step, size=piece.rows, offset=piece.offset)
 
     def run(self, state: Any, should_stop: Callable[[], bool] = lambda: False) -> dict[str, dict[str, float]] | None:
         """{split: metrics} of `state`; None when `should_stop` (the collective preemption check after

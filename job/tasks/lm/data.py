@@ -181,6 +181,15 @@ def _described_vocab(path: Path, tokens: np.ndarray) -> int | None:
     return vocab
 
 
+def _check_vocab(tokens: np.ndarray, limit: int | None, where: str, split: str, more: str = "") -> None:
+    """Every token below `limit` (the model's vocabulary; None: unchecked), else one error with the fix."""
+    if limit is not None and len(tokens) and int(tokens.max()) >= limit:
+        raise ConfigError(f"--model.vocab-size for {where}",
+                          expected=f"more than its largest token: {int(tokens.max())} is in a {split} batch",
+                          found=f"--model.vocab-size {limit}", fix=f"pass --model.vocab-size {int(tokens.max()) + 1} "
+                          f"or more{more}")
+
+
 class TokenFile(_Source):
     """Memory-mapped tokens: train = head (1 - eval_fraction), eval = tail.
 
@@ -214,12 +223,8 @@ class TokenFile(_Source):
         offsets = lo + below(bits[:, 0], hi - lo - self.seq_len + 1)
         windows = offsets[:, None] + np.arange(self.seq_len)  # fancy indexing reads only these windows' pages
         tokens = np.asarray(self.tokens[windows])
-        if self.limit is not None and len(tokens) and int(tokens.max()) >= self.limit:
-            raise ConfigError(f"--model.vocab-size for token file {self.path}",
-                              expected=f"more than its largest token: {int(tokens.max())} is in a {split} batch",
-                              found=f"--model.vocab-size {self.limit}",
-                              fix=f"pass --model.vocab-size {int(tokens.max()) + 1} or more (write the file with "
-                              f"{_TOKENIZE} to have its vocabulary checked before the first step)")
+        _check_vocab(tokens, self.limit, f"token file {self.path}", split,
+                     f" (write the file with {_TOKENIZE} to have its vocabulary checked before the first step)")
         return tokens.astype(np.int32)
 
 
@@ -289,11 +294,7 @@ class RecordFile:
                     (start, stop), "read the eval split by its size")
             windows = self.train_windows + np.arange(start, stop, dtype=np.int64)
         tokens = self._windows(windows)
-        if self.limit is not None and len(tokens) and int(tokens.max()) >= self.limit:
-            raise ConfigError(f"--model.vocab-size for records file {self.path}",
-                              expected=f"more than its largest token: {int(tokens.max())} is in a {split} batch",
-                              found=f"--model.vocab-size {self.limit}",
-                              fix=f"pass --model.vocab-size {int(tokens.max()) + 1} or more")
+        _check_vocab(tokens, self.limit, f"records file {self.path}", split)
         return {"tokens": tokens, "mask": np.ones(tokens.shape, np.float32)}
 
     def _windows(self, windows: np.ndarray) -> np.ndarray:
@@ -349,8 +350,8 @@ def tokenize_text(text_path: str | os.PathLike[str], out_path: str | os.PathLike
 
     OUTPUT.npy: one array. OUTPUT.arrayrecord: records of `record_tokens` tokens each (the text's last
     tokens that fill no whole record are left out), for grain's ArrayRecord data source. Any bytes
-    are kept as they are; the output appears only once complete, then its description OUTPUT.json
-    beside it (token count, vocabulary size, and for records the tokens per record), which lets a
+    are kept as they are; the output appears only once complete, then its description (OUTPUT.npy.json,
+    OUTPUT.arrayrecord.json) beside it (token count, vocabulary size, and for records the tokens per record), which lets a
     run check the vocabulary at start without reading the file.
     """
     src, dst = Path(text_path), Path(out_path)
@@ -397,7 +398,7 @@ def _write_records(src: Path, partial: Path, n: int, record_tokens: int) -> tupl
     pos = records = 0
     try:
         with src.open("rb") as f:
-            while (chunk := f.read(record_tokens)) and pos < n:
+            while pos < n and (chunk := f.read(min(record_tokens, n - pos))):  # never past the size it had
                 pos += len(chunk)
                 if len(chunk) == record_tokens:
                     writer.write(np.frombuffer(chunk, np.uint8).astype(np.uint16).tobytes())
