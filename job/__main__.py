@@ -15,7 +15,6 @@ from __future__ import annotations
 import sys
 
 from job import entry
-from job.errors import BAD_INPUT_EXIT_CODE, ConfigError
 
 USAGE = __doc__.strip().split("\n", 1)[1]
 
@@ -28,20 +27,19 @@ def main(argv: list[str] | None = None) -> int:
     if command == "rerun":
         from job.provenance import rerun_command
 
-        return entry.command(rerun_command, rest, shutdown=False)
+        return entry.command(rerun_command, rest)
     if command in ("eval", "export"):
         from job import trained
 
-        return entry.command(trained.eval_command if command == "eval" else trained.export_command, rest,
-                             shutdown=command == "eval")
+        return entry.command(trained.eval_command if command == "eval" else trained.export_command, rest)
     if command == "check-run-dir":
         from job.storage import check_run_dir_command
 
-        return entry.command(check_run_dir_command, rest, shutdown=False)
+        return entry.command(check_run_dir_command, rest)
     if command == "plot":
         from job import plot
 
-        return entry.command(plot.main, rest, shutdown=False)
+        return entry.command(plot.main, rest)
     if command == "demo" and not rest:
         from job.demo import DemoConfig, run
 
@@ -49,18 +47,20 @@ def main(argv: list[str] | None = None) -> int:
             run(DemoConfig())  # its checks raise; what it returns is the checked value
             return 0
 
-        return entry.command(demo, rest, shutdown=False)
+        return entry.command(demo, rest)
+    return entry.command(lambda args: _task_command(command, args), rest)
+
+
+def _task_command(command: str, args: list[str]) -> int:
+    """A task's own command: `python -m job sample --task NAME ...` (the default task's without --task)."""
     from job import task
 
-    try:  # a task's own commands: `python -m job sample --task NAME ...` (the default task's without --task)
-        extra = task.load(task.task_name(rest)).commands.get(command)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return BAD_INPUT_EXIT_CODE
-    if extra is not None:
-        return entry.command(extra, task.without_task(rest), shutdown=False)
-    print(f"usage:\n{USAGE}\nexpected one of the commands above, found {' '.join(args)!r}", file=sys.stderr)
-    return 2
+    extra = task.load(task.task_name(args)).commands.get(command)
+    if extra is None:
+        print(f"usage:\n{USAGE}\nexpected one of the commands above, found {' '.join([command, *args])!r}",
+              file=sys.stderr)
+        return 2
+    return extra(task.without_task(args))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
+
 from job.errors import BAD_INPUT_EXIT_CODE, ConfigError
 
 QUIET_LOGGERS = ("absl", "jax._src", "orbax", "fsspec", "gcsfs")
@@ -33,9 +34,10 @@ def setup_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def command(fn: Callable[[list[str]], int], argv: list[str], *, shutdown: bool = True) -> int:
+def command(fn: Callable[[list[str]], int], argv: list[str]) -> int:
     """`fn(argv)` with logging set up: its exit code, BAD_INPUT_EXIT_CODE (2) with one line on stderr for
-    a ConfigError, and the distributed runtime left together (its shutdown barrier) when it ends well.
+    a ConfigError, and, where it joined one, the distributed runtime left together (its shutdown
+    barrier) when it ends well.
 
     A ConfigError raised after `job.initialize` is left to its exit hook, which prints it and ends every
     process with 2 without the shutdown barrier that the other processes would never reach."""
@@ -48,8 +50,7 @@ def command(fn: Callable[[list[str]], int], argv: list[str], *, shutdown: bool =
         if not exc.reported:
             print(f"error: {exc}", file=sys.stderr)
         return BAD_INPUT_EXIT_CODE
-    if shutdown:
-        _shutdown()
+    _shutdown()
     return code
 
 
