@@ -102,3 +102,20 @@ def test_eval_of_the_checkpoint_on_one_device_gives_the_runs_figures(rule_runs: 
         assert written["splits"][split]["batches"] == -(-rows // 16)
         for name in ("loss", "accuracy"):
             assert written["splits"][split][name] == pytest.approx(result[f"{split}_{name}"], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_the_users_task_saves_and_resumes_bitwise_under_every_rule(
+        rule: str, rule_runs: dict[str, tuple[Path, str]], tmp_path: Path) -> None:
+    # stopped by its checkpoint at step 10, then resumed to 20: the same dropout keys, batch statistics
+    # and Adam moments come back, so the parameters and every split's figures are the uninterrupted run's
+    flags = (*FLAGS, *RULES[rule])
+    for steps in ("10", "20"):
+        argv = [*ENTRY, "--run-dir", str(tmp_path), *flags, "--steps", steps]
+        proc = run(launcher_argv(2, argv, devices=2), timeout=300)
+        assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
+    assert "resumed from step 10" in proc.stderr
+    straight, resumed = summary(rule_runs[rule][0]), summary(tmp_path)
+    assert resumed["params_sha256"] == straight["params_sha256"], rule
+    for name in ("train_loss", "eval_loss", "eval_accuracy", "test_loss", "test_accuracy"):
+        assert resumed[name] == straight[name], (rule, name)
