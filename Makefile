@@ -22,7 +22,7 @@ quote = '$(subst ','\'',$(value $(1)))'
 NODES ?= 4
 SLURM_ENV := /var/tmp/jax-job-slurm/env.sh
 # `=`, not `:=` (also DOCKER_ARGS): expanded only when a recipe runs, so `make -n` never expands ARGS.
-# ARGS given on the command line reach the job as shell-style words (never run); otherwise deploy.slurm's default
+# ARGS given on the command line reach the job as shell-style words (never run); otherwise deploy.slurm.submit's default
 SLURM_ARGS = $(if $(filter command line,$(origin ARGS)),--args=$(call quote,ARGS))
 
 .PHONY: help venv run-local test-local test-unit test-smoke bench rerun plot lock clean slurm-up slurm-down submit-slurm
@@ -105,7 +105,7 @@ submit-slurm: $(BIN)/.installed ## submit the job: NODES=4 [GPUS_PER_NODE TASKS_
 		$(if $(filter command line,$(origin PYTHON)),--python=$(call quote,PYTHON)) \
 		--sbatch-args=$(call quote,SBATCH_ARGS) $(if $(filter 1,$(WAIT)),--wait) $(SLURM_ARGS)
 
-# ------------------------------------------------------------------ Cloud TPU pods (deploy/tpu.py)
+# ------------------------------------------------------------------ Cloud TPU pods (deploy/tpu/cli.py)
 # make tpu-pod TPU_NAME=my-pod ZONE=us-central2-b ACCELERATOR=v4-32 ARGS='train --run-dir /mnt/BUCKET/run1'
 TPU_NAME ?=
 ZONE ?=

@@ -1,14 +1,14 @@
-"""4. Checkpointing: `job.checkpoint.Checkpointer` (orbax, async) vs the step time and vs numpy.
+"""4. Checkpointing: `job.runs.checkpoint.Checkpointer` (orbax, async) vs the step time and vs numpy.
 
     python -m bench.ckpt [--quick]
 
 One process, 2 CPU devices, the train state of a ~10M-parameter lm-task
-transformer as `job.loop.run` holds and saves it: `nnx.split` of the model
+transformer as `job.train.loop.run` holds and saves it: `nnx.split` of the model
 and its `nnx.Optimizer` (AdamW state), replicated. Timed, interleaved:
 
 - blocking: how long `Checkpointer.save(step, state)` holds the training loop
   (it copies the state on its devices and starts orbax's save on a thread),
-  against a train step of the same model (`job.steps.jit_train_step`, which
+  against a train step of the same model (`job.train.steps.jit_train_step`, which
   donates the state, as in the loop); and the first train step taken while the
   save runs. The same for `--ckpt.no-background` (orbax's save started on
   the loop's thread) and for a CheckpointManager with orbax's defaults (what the
@@ -36,7 +36,16 @@ from pathlib import Path
 
 from bench.procs import emit, run_worker
 from bench.report import Section, standalone
-from bench.timing import fmt_mb, fmt_pct, fmt_ratio, fmt_s, fmt_x, interleave, median, ratio
+from bench.timing import (
+    fmt_mb,
+    fmt_pct,
+    fmt_ratio,
+    fmt_s,
+    fmt_x,
+    interleave,
+    median,
+    ratio,
+)
 
 NAME = "ckpt"
 TITLE = "4. Checkpointing: async orbax save/restore vs step time and numpy"
@@ -51,10 +60,11 @@ def loop_state(quick: bool):  # noqa: ANN201
     """(task, model config, mesh, parameter count, graphdef, state): the train state as the loop holds it."""
     from flax import nnx
 
-    from job import sharding, task as tasks
-    from job.config import OptimConfig
-    from job.loop import count_params
-    from job.steps import make_optimizer
+    from job import sharding
+    from job import task as tasks
+    from job.train.config import OptimConfig
+    from job.train.loop import count_params
+    from job.train.steps import make_optimizer
 
     task = tasks.load(TASK)
     cfg = task.model_config(**(QUICK_MODEL if quick else MODEL))
@@ -77,12 +87,11 @@ def worker(argv: list[str]) -> None:
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from job import sharding, task as tasks
-    from job.batches import global_batch
-    from job.checkpoint import Checkpointer
-    from job.config import CheckpointConfig, OptimConfig
-    from job.loop import count_params
-    from job.steps import jit_train_step, make_optimizer
+    from job import sharding
+    from job.runs.checkpoint import Checkpointer
+    from job.train.batches import global_batch
+    from job.train.config import CheckpointConfig
+    from job.train.steps import jit_train_step
 
     task, cfg, mesh, params, graphdef, train_state = loop_state(quick)
     train_step = jit_train_step(task.loss, graphdef, train_state)
@@ -225,8 +234,8 @@ def worker(argv: list[str]) -> None:
 def normal_priority() -> bool:
     """Tensorstore's threads back to nice 0, for orbax's defaults to write as they would alone (the
     template raises their nice value; lowering it needs CAP_SYS_NICE). Whether every one could be."""
-    from job.checkpoint import WRITER_THREADS
-    from job.priority import threads_named
+    from job.runs.checkpoint import WRITER_THREADS
+    from job.runtime.priority import threads_named
 
     done = True
     for tid in threads_named(WRITER_THREADS):
@@ -283,7 +292,7 @@ class Parts:
 
 
 def section(r: dict) -> Section:
-    from job.checkpoint import WRITER_NICE
+    from job.runs.checkpoint import WRITER_NICE
 
     b, w, rs = r["blocking"], r["writes"], r["restores"]
     step = median(b["step"])

@@ -4,7 +4,7 @@
 
 Processes x 1 CPU device hold a parameter-like tree sharded along its first
 axis (FSDP: no process holds a whole leaf). The template's
-`job.fingerprint.fingerprint` reduces each leaf where it lives to four 32-bit
+`job.parallel.fingerprint.fingerprint` reduces each leaf where it lives to four 32-bit
 sums; the baseline is the digest the summary used before: `process_allgather`
 of every leaf to every process, then sha256 of the bytes. Both are timed on
 process 0, interleaved, after one warm-up call each (compilation).
@@ -53,7 +53,7 @@ def child(argv: list[str]) -> None:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     from job import multihost
-    from job.fingerprint import fingerprint
+    from job.parallel.fingerprint import fingerprint
 
     mesh = Mesh(jax.devices(), ("data",))
     sharding = NamedSharding(mesh, PartitionSpec("data"))

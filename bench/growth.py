@@ -2,11 +2,11 @@
 
     python -m bench.growth [--quick]
 
-What the training loop runs (`job.loop.run`), for the lm task: `job.task.load("lm")`,
-the model and its `nnx.Optimizer` (`job.steps.make_optimizer`, default OptimConfig)
+What the training loop runs (`job.train.loop.run`), for the lm task: `job.task.load("lm")`,
+the model and its `nnx.Optimizer` (`job.train.steps.make_optimizer`, default OptimConfig)
 placed by `sharding.shard_model`, `nnx.split({"model": ..., "optimizer": ...})` once,
-`job.steps.jit_train_step` (state donated) on batches from `job.batches.global_batch`,
-and `job.checkpoint.Checkpointer` (async orbax) saving that state. Two axes:
+`job.train.steps.jit_train_step` (state donated) on batches from `job.train.batches.global_batch`,
+and `job.runs.checkpoint.Checkpointer` (async orbax) saving that state. Two axes:
 
 - model size: one process, 1 CPU device; 3 sizes of the example LM (the lm task's
   default 104,768 parameters, ~860k, ~6.4M) on the same 8 x 32-token batch. Sizes
@@ -24,7 +24,6 @@ step's output; a checkpoint figure is `save` (the part that blocks the loop) and
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import sys
 import tempfile
@@ -53,19 +52,20 @@ PROCESS_SIZE = "example"
 
 
 class Trainer:
-    """One model's train state, step, batches and checkpointer, as `job.loop.run` builds them."""
+    """One model's train state, step, batches and checkpointer, as `job.train.loop.run` builds them."""
 
     def __init__(self, size: str, ckpt_dir: Path) -> None:
         import jax
         from flax import nnx
         from jax.sharding import NamedSharding, PartitionSpec
 
-        from job import sharding, task as tasks
-        from job.batches import global_batch
-        from job.checkpoint import Checkpointer
-        from job.config import CheckpointConfig, OptimConfig
-        from job.loop import count_params
-        from job.steps import jit_train_step, make_optimizer
+        from job import sharding
+        from job import task as tasks
+        from job.runs.checkpoint import Checkpointer
+        from job.train.batches import global_batch
+        from job.train.config import CheckpointConfig, OptimConfig
+        from job.train.loop import count_params
+        from job.train.steps import jit_train_step, make_optimizer
 
         task = tasks.load(TASK)
         overrides, self.block = SIZES[size]

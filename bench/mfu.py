@@ -18,9 +18,9 @@ the sequence length; causal masking is not discounted. MFU = FLOPs per
 token x tokens/s / the chip's dense bf16 peak (the table below, keyed by
 `device_kind`; `--peak-tflops` overrides it).
 
-Both the template step (`job.steps.jit_train_step` over the split model +
-optimizer state, as `job.loop.run` steps) and the hand-written `jax.jit` step
-of bench/step.py, with the same `job.steps.make_optimizer` transform, are
+Both the template step (`job.train.steps.jit_train_step` over the split model +
+optimizer state, as `job.train.loop.run` steps) and the hand-written `jax.jit` step
+of bench/step.py, with the same `job.train.steps.make_optimizer` transform, are
 timed, interleaved. Attention: the lm model calls
 `jax.nn.dot_product_attention` without `implementation`, which jax 0.10
 lowers with XLA; `--attention cudnn` (or `auto`, the default: cuDNN if it
@@ -117,10 +117,11 @@ def worker(argv: list[str]) -> None:
     from jax.sharding import NamedSharding, PartitionSpec
 
     from bench.step import handwritten_step
-    from job import sharding, task as tasks
-    from job.config import OptimConfig
-    from job.loop import count_params
-    from job.steps import jit_train_step, make_optimizer
+    from job import sharding
+    from job import task as tasks
+    from job.train.config import OptimConfig
+    from job.train.loop import count_params
+    from job.train.steps import jit_train_step, make_optimizer
 
     task = tasks.load("lm")
     cfg = task.model_config(**(TINY if args.tiny else GPT2_SMALL))
@@ -210,7 +211,7 @@ def worker(argv: list[str]) -> None:
 def section(r: dict) -> Section:
     s = Section(NAME, TITLE, columns=["step", "step time", "tokens/s", "model TFLOP/s", "MFU"], data=r)
     mfus = {}
-    for kind, label in (("template", "template (job.steps.jit_train_step)"), ("baseline", "hand-written jax.jit")):
+    for kind, label in (("template", "template (job.train.steps.jit_train_step)"), ("baseline", "hand-written jax.jit")):
         t = median(r["times"][kind])
         tps = r["tokens_per_step"] / t
         achieved = tps * r["flops_per_token"]

@@ -3,19 +3,19 @@
     python -m bench.pipeline [--quick]
 
 One process, 2 CPU devices, the lm task's default model and batch, stepped
-with `job.steps.jit_train_step`. For each source (the synthetic `reverse`
+with `job.train.steps.jit_train_step`. For each source (the synthetic `reverse`
 task and a memory-mapped token file), interleaved in the same run:
 
 - pre-built: the train step on batches built beforehand (no input work);
 - per-row (before): rows drawn one by one, `np.random.default_rng([seed,
   split, step, row])` per row (the sources' code before vectorising, kept
   here as the baseline), built then stepped in the loop's thread;
-- vectorised: the sources' `rows` (one `job.batches.row_bits` hash for the
+- vectorised: the sources' `rows` (one `job.train.batches.row_bits` hash for the
   block), built then stepped in the loop's thread;
-- prefetch rows: host rows made by `job.batches.Prefetch` on a thread 2
-  steps ahead, the transfer (`job.batches.to_global`, i.e.
+- prefetch rows: host rows made by `job.train.batches.Prefetch` on a thread 2
+  steps ahead, the transfer (`job.train.batches.to_global`, i.e.
   `jax.make_array_from_process_local_data`) in the loop's thread;
-- prefetch rows + transfer: both on the thread, as `job.loop.run` does it.
+- prefetch rows + transfer: both on the thread, as `job.train.loop.run` does it.
 
 Input stall = (variant - pre-built) / variant, per interleaved round, median
 over rounds: the share of a step the loop waits for its input. Assembly / step is the cost if nothing overlapped.
@@ -78,10 +78,11 @@ def worker(argv: list[str]) -> None:
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from job import sharding, task as tasks
-    from job.batches import Prefetch, row_span, to_global
-    from job.config import OptimConfig
-    from job.steps import jit_train_step, make_optimizer
+    from job import sharding
+    from job import task as tasks
+    from job.train.batches import Prefetch, row_span, to_global
+    from job.train.config import OptimConfig
+    from job.train.steps import jit_train_step, make_optimizer
 
     task = tasks.load(TASK)
     cfg, dcfg = task.model_config(), task.data_config()
@@ -170,7 +171,7 @@ def worker(argv: list[str]) -> None:
 
 
 VARIANTS = ("per-row (before)", "vectorised", "prefetch rows", "prefetch rows + transfer")
-LOOP = VARIANTS[-1]  # what job.loop.run does
+LOOP = VARIANTS[-1]  # what job.train.loop.run does
 
 
 def section(results: list[dict], global_batch: int, seq_len: int) -> Section:
@@ -198,8 +199,8 @@ def section(results: list[dict], global_batch: int, seq_len: int) -> Section:
                    "input work happened to run faster).")
     s.notes.append("Before: one `np.random.default_rng` per row (tens of µs each). After: one splitmix64 hash "
                    "of (seed, split, step, row, position) over the process's whole block of rows "
-                   "(`job.batches.row_bits`), made 2 steps ahead with their transfer (one call for all fields) on "
-                   f"`job.batches.Prefetch`'s thread (`{LOOP}`, what `job.loop.run` does). On CPU devices the "
+                   "(`job.train.batches.row_bits`), made 2 steps ahead with their transfer (one call for all fields) on "
+                   f"`job.train.batches.Prefetch`'s thread (`{LOOP}`, what `job.train.loop.run` does). On CPU devices the "
                    "step computes on the same (here 2, shared) cores, so input work overlapped on a thread still "
                    "takes some of the step's time: the thread runs at nice 10 to fill the step's gaps instead. "
                    "Run-to-run noise is a few percent of a step.")

@@ -3,14 +3,14 @@
     python -m bench.records [--quick]
 
 One process, 2 CPU devices, the lm task's default model and batch, stepped with
-`job.steps.jit_train_step`, on the same tokens: a text tokenized by `python -m
+`job.train.steps.jit_train_step`, on the same tokens: a text tokenized by `python -m
 job tokenize` into an .arrayrecord file, read as the lm task reads it
 (`job.tasks.lm.data.RecordFile`: grain's ArrayRecord data source, a window a
 row, each epoch in its own order). Interleaved in the same run:
 
 - pre-built: the train step on batches built beforehand (no input work);
 - prefetch thread: this process's rows made 2 steps ahead by
-  `job.batches.Prefetch` with their transfer, what `job.loop.run` does;
+  `job.train.batches.Prefetch` with their transfer, what `job.train.loop.run` does;
 - grain workers: the same rows made by grain (`MapDataset.range(steps).map(rows)
   .to_iter_dataset().mp_prefetch(...)`, 2 worker processes), the transfer in
   the loop's thread.
@@ -58,10 +58,10 @@ def worker(argv: list[str]) -> None:
 
     from job import sharding
     from job import task as tasks
-    from job.batches import Prefetch, row_span, to_global
-    from job.config import OptimConfig
-    from job.steps import jit_train_step, make_optimizer
     from job.tasks.lm import data
+    from job.train.batches import Prefetch, row_span, to_global
+    from job.train.config import OptimConfig
+    from job.train.steps import jit_train_step, make_optimizer
 
     task = tasks.load("lm")
     cfg = dataclasses.replace(task.model_config(), vocab_size=data.BYTE_VOCAB)

@@ -61,10 +61,11 @@ def worker(argv: list[str]) -> None:
     import numpy as np
     import optax
 
-    from job import config, sharding, state
+    from job import sharding
     from job import task as tasks
-    from job.checkpoint import Checkpointer
-    from job.config import CheckpointConfig
+    from job.runs.checkpoint import Checkpointer
+    from job.train import config, state
+    from job.train.config import CheckpointConfig
 
     quick = "--quick" in argv
     task = tasks.load("lm")

@@ -4,13 +4,13 @@
 
 One process, 2 CPU devices, mesh ("data": 2, "model": 1), the lm task. Both
 sides start from the same model (same init), use the same optimizer
-(`job.steps.make_optimizer` with the default OptimConfig) and take the same
+(`job.train.steps.make_optimizer` with the default OptimConfig) and take the same
 steps on the same batches, interleaved:
 
-- template: what `job.loop.run` runs: the state planned and created as its
-  shards (`job.state.plan`: model and optimizer, replicated here),
-  `job.steps.jit_train_step` (a `jax.jit` over the split state, donated, with
-  its shardings as out_shardings), batches from `job.batches.global_batch`,
+- template: what `job.train.loop.run` runs: the state planned and created as its
+  shards (`job.train.state.plan`: model and optimizer, replicated here),
+  `job.train.steps.jit_train_step` (a `jax.jit` over the split state, donated, with
+  its shardings as out_shardings), batches from `job.train.batches.global_batch`,
   called as `state, metrics = step(state, batch)` under `mesh_context`;
 - baseline: `nnx.split(model)` once, then a hand-written `jax.jit` of a pure
   function over (params, optax state, batch) with params and optax state
@@ -68,12 +68,13 @@ def measure(size: str, reps: int) -> dict:
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from job import config, sharding
-    from job import state as state_plan
+    from job import sharding
     from job import task as tasks
-    from job.batches import global_batch
-    from job.config import OptimConfig
-    from job.steps import jit_train_step, make_optimizer
+    from job.train import config
+    from job.train import state as state_plan
+    from job.train.batches import global_batch
+    from job.train.config import OptimConfig
+    from job.train.steps import jit_train_step, make_optimizer
 
     task = tasks.load(TASK)
     overrides, size_rows, block = SIZES[size]
@@ -84,7 +85,7 @@ def measure(size: str, reps: int) -> dict:
     tx, _ = make_optimizer(OptimConfig(), STEPS)
     host: dict[str, list[float]] = {"template": [], "baseline": []}
 
-    # ---- template: job.loop.run's state (planned, created as its shards), step and batches
+    # ---- template: job.train.loop.run's state (planned, created as its shards), step and batches
     run_cfg = dataclasses.replace(config.defaults(task), model=cfg)
     planned = state_plan.plan(task, run_cfg, mesh, tx)
     params = planned.params
@@ -179,7 +180,7 @@ def section(results: list[dict]) -> Section:
     s.notes.append(
         "One process, 2 CPU devices, replicated parameters, batch split over 'data'. Both sides ran the same "
         "steps on the same batches with the same optax transform. The template step is "
-        "`job.steps.jit_train_step`: a `jax.jit` over the split model + optimizer state (donated, its "
+        "`job.train.steps.jit_train_step`: a `jax.jit` over the split model + optimizer state (donated, its "
         "shardings given as out_shardings); `nnx.merge` runs only while tracing, so a call flattens one "
         "`nnx.State` pytree where the hand-written step flattens its params (also an `nnx.State`) and optax "
         "state. 'Host time per call' is how long the Python call takes to return (dispatch, and any wait "

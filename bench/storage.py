@@ -1,4 +1,4 @@
-"""Checkpoints in Cloud Storage: `job.checkpoint.Checkpointer` on gs:// (an emulator) vs a local disk.
+"""Checkpoints in Cloud Storage: `job.runs.checkpoint.Checkpointer` on gs:// (an emulator) vs a local disk.
 
     python -m bench.storage [--quick]
 
@@ -37,8 +37,8 @@ def worker(argv: list[str]) -> None:
     import jax
     import numpy as np
 
-    from job.checkpoint import Checkpointer
-    from job.config import CheckpointConfig
+    from job.runs.checkpoint import Checkpointer
+    from job.train.config import CheckpointConfig
 
     _, _, _, params, _, state = loop_state(quick)
     leaves = jax.tree.leaves(state)

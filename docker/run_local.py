@@ -7,7 +7,7 @@
 Every container runs with host networking and gets the variables that
 `job.initialize()` detects as a "local" cluster. They are passed by name
 (`--env=NAME`, the value comes from each rank's environment), so every rank
-runs the same argv and `job.procgroup.ProcessGroup` can run them: output
+runs the same argv and `job.runtime.procgroup.ProcessGroup` can run them: output
 lines carry `[rank N]`, signals are forwarded, and when one container fails
 the others are stopped; whatever is left is removed at the end.
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from job.errors import seconds
 from job.launch import LaunchConfig, child_environments, coordinator_port, local_count
-from job.procgroup import ProcessGroup
+from job.runtime.procgroup import ProcessGroup
 
 log = logging.getLogger("job.launch")
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from job.cluster import ClusterInfo
-from job.distributed import Timeouts, initialize
-from job.errors import ConfigError, InitOrderError, JobError
+from job.core.errors import ConfigError, InitOrderError, JobError
+from job.runtime.cluster import ClusterInfo
+from job.runtime.distributed import Timeouts, initialize
 
 if TYPE_CHECKING:
     from job import multihost, sharding

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from job import entry
+from job.train import entry
 
 USAGE = __doc__.strip().split("\n", 1)[1]
 
@@ -25,23 +25,23 @@ def main(argv: list[str] | None = None) -> int:
     if command == "train" or command.startswith("--"):
         return entry.train(rest if command == "train" else args)
     if command == "rerun":
-        from job.provenance import rerun_command
+        from job.runs.provenance import rerun_command
 
         return entry.command(rerun_command, rest)
     if command in ("eval", "export"):
-        from job import trained
+        from job.train import trained
 
         return entry.command(trained.eval_command if command == "eval" else trained.export_command, rest)
     if command == "check-run-dir":
-        from job.storage import check_run_dir_command
+        from job.runs.storage import check_run_dir_command
 
         return entry.command(check_run_dir_command, rest)
     if command == "plot":
-        from job import plot
+        from job.observe import plot
 
         return entry.command(plot.main, rest)
     if command == "demo" and not rest:
-        from job.demo import DemoConfig, run
+        from job.runtime.demo import DemoConfig, run
 
         def demo(_: list[str]) -> int:
             run(DemoConfig())  # its checks raise; what it returns is the checked value
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _task_command(command: str, args: list[str]) -> int:
     """A task's own command: `python -m job sample --task NAME ...` (the default task's without --task)."""
-    from job import task
+    from job.train import task
 
     extra = task.load(task.task_name(args)).commands.get(command)
     if extra is None:

@@ -28,11 +28,11 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from job import values
-from job.cluster.base import CUDA_VISIBLE_DEVICES, visible_gpus
-from job.cluster.local import LocalLauncher
-from job.errors import ConfigError, refuse_dash_values, seconds
-from job.procgroup import ProcessGroup
+from job.core import values
+from job.core.errors import ConfigError, refuse_dash_values, seconds
+from job.runtime.cluster.base import CUDA_VISIBLE_DEVICES, visible_gpus
+from job.runtime.cluster.local import LocalLauncher
+from job.runtime.procgroup import ProcessGroup
 
 log = logging.getLogger("job.launch")
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from job import storage
+from job.runs import storage
 from tests.gcs_emulator import Emulator, EmulatorUnavailable, emulator
 
 BUCKET = "job-test"

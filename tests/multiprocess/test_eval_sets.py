@@ -33,10 +33,10 @@ def records(run_dir: Path) -> list[dict]:
 
 
 def whole_split_metrics(run_dirs: list[Path]) -> list[dict]:
-    """Each run's trained model (job.trained.load_model) on every row of each split as one batch."""
+    """Each run's trained model (job.train.trained.load_model) on every row of each split as one batch."""
     script = textwrap.dedent(f"""
         import json, sys
-        from job.trained import load_model
+        from job.train.trained import load_model
         from tests.user_tasks import digits
         out = []
         for run_dir in {[str(d) for d in run_dirs]!r}:

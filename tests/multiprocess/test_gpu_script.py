@@ -20,6 +20,6 @@ def test_the_gpu_script_runs_every_step_on_cpu_and_writes_them(tmp_path: Path) -
                           env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = out.read_text()
-    assert "| template (job.steps.jit_train_step) |" in text and "| failed (" not in text, text
+    assert "| template (job.train.steps.jit_train_step) |" in text and "| failed (" not in text, text
     rows = [line for line in text.splitlines() if line.startswith(("| created sharded", "| resumed"))]
     assert len(rows) == 2 and all("76,096" in row and " MiB |" in row for row in rows), text

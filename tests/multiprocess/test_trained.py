@@ -1,5 +1,5 @@
 """After training: `python -m job eval` of a checkpoint on this and another topology, the model loaded on
-one host without its optimizer (`job.trained.load_model`, EMA included), `python -m job export`, and the
+one host without its optimizer (`job.train.trained.load_model`, EMA included), `python -m job export`, and the
 LM's `python -m job sample`."""
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ def test_the_trained_model_loads_on_one_host_without_its_optimizer_and_exports(
         import jax.numpy as jnp
         import orbax.checkpoint as ocp
         from flax import nnx
-        from job import trained
-        from job.fingerprint import fingerprint
+        from job.train import trained
+        from job.parallel.fingerprint import fingerprint
         model, cfg = trained.load_model({str(trained_run)!r})
         ema, _ = trained.load_model({str(trained_run)!r}, ema=True)
         exported = ocp.StandardCheckpointer().restore({str(tmp_path / "out")!r})

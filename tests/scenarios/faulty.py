@@ -28,7 +28,8 @@ import sys
 import time
 
 from job import __main__ as entry
-from job import preflight, steps
+from job.runtime import preflight
+from job.train import steps
 
 rank, fault = int(sys.argv[1]), sys.argv[2]
 args = sys.argv[sys.argv.index("--") + 1:]
@@ -90,7 +91,7 @@ if me == rank:
 
         steps.jit_train_step = signalled
     elif kind == "slow-rows":
-        from job import batches
+        from job.train import batches
 
         real_global_batch = batches.global_batch
 

@@ -18,8 +18,8 @@ import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tasks import as from `python -m job` at the root
 from job import __main__ as entry  # noqa: E402
-from job import state  # noqa: E402
-from job.trees import path_str  # noqa: E402
+from job.parallel.trees import path_str  # noqa: E402
+from job.train import state  # noqa: E402
 
 args = sys.argv[1:]
 run_dir = Path(args[args.index("--run-dir") + 1])
@@ -45,7 +45,9 @@ real_plan = state.plan
 
 
 def plan(*a, **k):  # noqa: ANN002, ANN003, ANN202
-    from job import checkpoint  # imported here: orbax's import sets up logging before the job's own would
+    from job.runs import (
+        checkpoint,  # imported here: orbax's import sets up logging before the job's own would
+    )
 
     real_restore_newest = checkpoint.Checkpointer.restore_newest
 

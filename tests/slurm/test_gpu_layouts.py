@@ -2,7 +2,7 @@
 through both paths: what real Slurm gives every task, and the devices `job.initialize` derives from it.
 
 Each task's interpreter is a wrapper (`--python`) that prints the task's own Slurm GPU variables and
-turns on the `job.distributed` debug line, which names the devices `job.initialize` hands to jax
+turns on the `job.runtime.distributed` debug line, which names the devices `job.initialize` hands to jax
 (`joining slurm cluster: process r of n, ..., local devices D`). The job runs on CPU
 (JAX_PLATFORMS=cpu; JOB_SKIP_GPU_CHECK=1, the GPUs being stand-ins): `python -m job demo` (2 CPU
 devices a process, for its tensor-parallel check), and for one layout a 2-step `train`, whose
@@ -40,7 +40,7 @@ SKIPPED = re.compile(r"GPU check skipped \(JOB_SKIP_GPU_CHECK=1\): this process 
 class Layout:
     name: str
     via: str  # submit path
-    options: tuple[str, ...]  # deploy.slurm flags
+    options: tuple[str, ...]  # deploy.slurm.submit flags
     tasks_per_node: int
     visible: tuple[str, ...]  # CUDA_VISIBLE_DEVICES Slurm sets, by SLURM_LOCALID
     derived: tuple[str, ...]  # the local devices job.initialize derives, by SLURM_LOCALID
@@ -62,11 +62,11 @@ LAYOUTS = (
 
 def reporting_python(tmp: Path) -> Path:
     """An interpreter for the tasks: prints what Slurm gave the task, then runs this Python with the
-    `job.distributed` logger at DEBUG (a sitecustomize on PYTHONPATH), so its `joining ...` line shows."""
+    `job.runtime.distributed` logger at DEBUG (a sitecustomize on PYTHONPATH), so its `joining ...` line shows."""
     hook = tmp / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(
-        "import logging\nlogging.getLogger('job.distributed').setLevel(logging.DEBUG)\n")
+        "import logging\nlogging.getLogger('job.runtime.distributed').setLevel(logging.DEBUG)\n")
     shown = " ".join(f"{name}=${{{name}:--}}" for name in SLURM_VARS)
     wrapper = tmp / "python"
     wrapper.write_text(

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from deploy.runner import Runner
-from deploy.slurm import Submission, wait
+from deploy.slurm.submit import Submission, wait
 from tests.launching import ROOT, explain, launcher_argv, run
 
 pytestmark = pytest.mark.slurm

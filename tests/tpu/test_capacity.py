@@ -8,10 +8,11 @@ import json
 
 import pytest
 
-from deploy import tpu
-from deploy.tpu_capacity import BACKOFF_CAP_S, backoff_s, duration_seconds, is_stockout, slice_names, tag_list
-from deploy.tpu_config import TpuConfig
-from deploy.tpu_slice import Slice, TpuError
+from deploy.tpu import cli as tpu
+from deploy.tpu.capacity import BACKOFF_CAP_S, backoff_s, is_stockout
+from deploy.tpu.cli import duration_seconds, tag_list
+from deploy.tpu.config import TpuConfig, slice_names
+from deploy.tpu.slice import Slice, TpuError
 from job.errors import ConfigError
 from tests.tpu import fake_gcloud
 from tests.tpu.harness import ROOT, ZONE, Cloud, explain

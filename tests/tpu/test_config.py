@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from deploy import tpu
-from deploy.tpu_accelerators import GENERATIONS, parse_accelerator
-from deploy.tpu_config import TpuConfig, run_dir_of, validate_job
+from deploy.tpu import cli as tpu
+from deploy.tpu.accelerators import GENERATIONS, parse_accelerator
+from deploy.tpu.config import TpuConfig, run_dir_of, validate_job
 from job.errors import ConfigError
 from tests.tpu.harness import ROOT
 from tests.tpu.sim_runner import SimRunner
@@ -129,7 +129,7 @@ def test_config_is_frozen_and_documented() -> None:
     cfg = TpuConfig(**GOOD)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.name = "x"  # type: ignore[misc]
-    source = (ROOT / "deploy" / "tpu_config.py").read_text()
+    source = (ROOT / "deploy" / "tpu" / "config.py").read_text()
     for field in dataclasses.fields(TpuConfig):
         line = next(line for line in source.splitlines() if line.strip().startswith(f"{field.name}:"))
         assert "#" in line, f"field {field.name} has no comment"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from deploy import tpu
-from deploy import tpu_gcloud as gcloud
-from deploy.tpu_config import TpuConfig
+from deploy.tpu import cli as tpu
+from deploy.tpu import gcloud
+from deploy.tpu.config import TpuConfig
 from tests.golden import check_golden
 from tests.tpu.harness import ROOT
 from tests.tpu.sim_runner import SimRunner

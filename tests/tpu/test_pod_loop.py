@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from deploy import tpu, tpu_job
-from deploy.tpu_config import TpuConfig
-from deploy.tpu_slice import Slice, TpuError
+from deploy.tpu import cli as tpu
+from deploy.tpu import job as tpu_job
+from deploy.tpu.config import TpuConfig
+from deploy.tpu.slice import Slice, TpuError
 from job.errors import ConfigError
 from tests.tpu.harness import ROOT
 from tests.tpu.sim_runner import SimRunner

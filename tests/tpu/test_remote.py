@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy import tpu_remote
-from deploy.tpu_config import TpuConfig
+from deploy.tpu import remote as tpu_remote
+from deploy.tpu.config import TpuConfig
 from tests.tpu.harness import ROOT
 
 HOSTILE = ("train", "--name", "a b; touch {pwned} $(touch {pwned}) `touch {pwned}`", "it's \"q\" \\ $HOME *",

@@ -1,4 +1,4 @@
-"""job.batches: row bits, a global batch from a task's rows laid out by any sharding, prefetch; the task registry."""
+"""job.train.batches: row bits, a global batch from a task's rows laid out by any sharding, prefetch; the task registry."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from job import batches, task
+from job import task
 from job.errors import ConfigError
 from job.tasks.classify.data import DataConfig, Spirals
 from job.tasks.lm.data import ReverseTask
+from job.train import batches
 
 
 @pytest.mark.parametrize("source", [ReverseTask(16, 10, seed=4), Spirals(DataConfig(seed=3), features=3, classes=4)])
@@ -174,6 +175,6 @@ def test_the_batches_module_imports_without_jax() -> None:
     import subprocess
     import sys
 
-    code = "import sys, job.batches; print(sorted(m for m in sys.modules if m.split('.')[0] == 'jax'))"
+    code = "import sys, job.train.batches; print(sorted(m for m in sys.modules if m.split('.')[0] == 'jax'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -15,9 +15,9 @@ import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from job import checkpoint
-from job.checkpoint import Checkpointer, CheckpointError
-from job.config import CheckpointConfig
+from job.runs import checkpoint
+from job.runs.checkpoint import Checkpointer, CheckpointError
+from job.train.config import CheckpointConfig
 
 
 def _state(offset: float = 0.0) -> dict:

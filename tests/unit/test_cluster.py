@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from job.cluster import DETECTION_ORDER, KINDS, SINGLE, ClusterInfo, detect
-from job.cluster.base import read_id_list, read_int, read_port, visible_gpus
-from job.cluster.local import LocalLauncher
-from job.cluster.nodelist import first_node
-from job.cluster.slurm import SlurmJob, slurm_port
-from job.cluster.tpu import CloudTpuVm, TpuPod
-from job.distributed import Timeouts, bind_address, resolve
 from job.errors import ConfigError
+from job.runtime.cluster import DETECTION_ORDER, KINDS, SINGLE, ClusterInfo, detect
+from job.runtime.cluster.base import read_id_list, read_int, read_port, visible_gpus
+from job.runtime.cluster.local import LocalLauncher
+from job.runtime.cluster.nodelist import first_node
+from job.runtime.cluster.slurm import SlurmJob, slurm_port
+from job.runtime.cluster.tpu import CloudTpuVm, TpuPod
+from job.runtime.distributed import Timeouts, bind_address, resolve
 
 Env = dict[str, str]
 

@@ -1,4 +1,4 @@
-"""deploy.slurm without a cluster: validation, GPU layouts, golden sbatch scripts and argv, dry runs."""
+"""deploy.slurm.submit without a cluster: validation, GPU layouts, golden sbatch scripts and argv, dry runs."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import submitit.slurm.slurm as submitit_slurm
 
-from deploy import slurm, slurm_options
 from deploy.runner import Runner
+from deploy.slurm import options as slurm_options
+from deploy.slurm import submit as slurm
 from job.errors import ConfigError
 from tests.doubles import RecordingRunner
 from tests.golden import check_golden
@@ -425,7 +426,7 @@ def test_the_gpu_sbatch_submission_carries_the_xla_flags_in_its_environment(tmp_
 
 
 def test_args_as_one_shell_style_string_as_make_passes_them() -> None:
-    from deploy.slurm import parse
+    from deploy.slurm.submit import parse
 
     assert parse(["--args=train --name 'a b; $(id)' ;"]).args == ("train", "--name", "a b; $(id)", ";")
     assert parse(["--args=train", "--", "demo"]).args == ("demo",)  # words after -- win

@@ -1,4 +1,4 @@
-"""job.evaluation on 8 CPU devices: which batches an evaluation reads (a fixed number, or one full pass
+"""job.train.evaluation on 8 CPU devices: which batches an evaluation reads (a fixed number, or one full pass
 over a finite split whose last partial batch is cut into a sharded part and a whole remainder), and
 that a full pass over a mesh equals the model on every row at once."""
 
@@ -12,8 +12,15 @@ from flax import nnx
 
 from job import sharding
 from job.errors import ConfigError
-from job.evaluation import Evaluator, Piece, check_splits, pieces, size_of, summary_fields
-from job.steps import jit_eval_step
+from job.train.evaluation import (
+    Evaluator,
+    Piece,
+    check_splits,
+    pieces,
+    size_of,
+    summary_fields,
+)
+from job.train.steps import jit_eval_step
 
 
 def covered(planned: list[Piece]) -> list[int]:

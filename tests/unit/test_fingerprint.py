@@ -1,4 +1,4 @@
-"""job.fingerprint: equal for equal values however they are sharded, different for any changed element."""
+"""job.parallel.fingerprint: equal for equal values however they are sharded, different for any changed element."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from job import fingerprint as fp
+from job.parallel import fingerprint as fp
 
 
 def _mix(h: np.ndarray) -> np.ndarray:

@@ -4,8 +4,8 @@
 |-----------------------------------|-----------------------------------|---------------------------------------|
 | `python -m job` (the job CLI)     | `job.__main__.main(argv)`         | no `job.initialize`, no `loop.run`    |
 | `python -m job.launch`            | `job.launch.main(argv)`           | no `subprocess.Popen`, no ProcessGroup |
-| `make submit-slurm`               | `deploy.slurm.main(argv, runner)` | no `sbatch` argv, no submitit executor |
-| `make tpu-*`                      | `deploy.tpu.main(argv, runner)`   | no gcloud call at all                  |
+| `make submit-slurm`               | `deploy.slurm.submit.main(argv, runner)` | no `sbatch` argv, no submitit executor |
+| `make tpu-*`                      | `deploy.tpu.cli.main(argv, runner)`   | no gcloud call at all                  |
 
 Each entry point has a table of known traps (zero, negative, huge, NaN/inf, shell
 metacharacters, newlines, look-alike digits) and hypothesis properties over the
@@ -30,14 +30,16 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import job
-from deploy import slurm, tpu
-from deploy import tpu_remote as remote
-from deploy.slurm_options import GPU_PROBE, OURS
+from deploy.slurm import submit as slurm
+from deploy.slurm.options import GPU_PROBE, OURS
+from deploy.tpu import cli as tpu
+from deploy.tpu import remote
 from job import __main__ as job_cli
-from job import config, entry, launch, loop, task
+from job import launch, task
+from job.errors import ConfigError
 from job.tasks.lm import data as lm_data
 from job.tasks.lm import model as lm_model
-from job.errors import ConfigError
+from job.train import config, entry, loop
 from tests.doubles import RecordingRunner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,6 +87,7 @@ def with_trap(word: str = "ok") -> st.SearchStrategy[str]:
 @pytest.fixture
 def job_launches_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(job, "initialize", _boom)
+    monkeypatch.setattr(loop, "initialize", _boom)  # the loop's own name for it
     monkeypatch.setattr(jax.distributed, "initialize", _boom)
     monkeypatch.setattr(loop, "run", _boom)
 
@@ -638,7 +641,7 @@ def gcloud_runner() -> RecordingRunner:
 
 
 def tpu_main(command: str, *flags: str, runner: RecordingRunner) -> int:
-    """deploy.tpu with TPU_OK's values, each overridden by a flag of the same name in `flags`."""
+    """deploy.tpu.cli with TPU_OK's values, each overridden by a flag of the same name in `flags`."""
     names = {f.split("=", 1)[0] for f in flags}
     return outcome(lambda: tpu.main([command, *[f for f in TPU_OK if f.split("=", 1)[0] not in names], *flags],
                                     runner=runner))

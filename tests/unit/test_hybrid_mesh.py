@@ -19,7 +19,7 @@ from jax.sharding import AxisType, Mesh
 from job import multihost
 from job import sharding as sh
 from job.errors import ConfigError
-from job.mesh import hybrid_mesh
+from job.parallel.mesh import hybrid_mesh
 
 H100 = "NVIDIA H100 80GB HBM3"
 MODEL_AXES = range(1, 9)
@@ -104,7 +104,7 @@ def _process_rows(mesh: Mesh) -> dict[int, list[int]]:
 
 
 def _assert_loader_order(mesh: Mesh) -> None:
-    """Each process's rows are one block, and the blocks follow process order (job.batches)."""
+    """Each process's rows are one block, and the blocks follow process order (job.train.batches)."""
     blocks = _process_rows(mesh)
     for p, rows in blocks.items():
         assert rows == list(range(rows[0], rows[-1] + 1)), f"process {p} holds rows {rows}"

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from job import launch
-from job.cluster.base import visible_gpus
 from job.errors import ConfigError
-from job.preflight import gpus_given
+from job.runtime.cluster.base import visible_gpus
+from job.runtime.preflight import gpus_given
 from tests.unit.test_cluster import ALL_FOUR, gpu_task
 from tests.unit.test_effective_devices import effective_devices
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from job import compile_cache
-from job.config import WandbConfig
 from job.errors import ConfigError
-from job.goodput import Goodput, describe
-from job.metrics import WANDB_ID_FILE, WandbWriter, open_writers
-from job.profile import parse_steps
+from job.observe.goodput import Goodput, describe
+from job.observe.metrics import WANDB_ID_FILE, WandbWriter, open_writers
+from job.observe.profile import parse_steps
+from job.runtime import compile_cache
+from job.train.config import WandbConfig
 from tests.events import event_files, scalars, wandb_history, wandb_run
 
 
@@ -173,7 +173,7 @@ def test_a_bad_profile_range_stops_the_command_line_before_anything_starts(capsy
 
 def test_plot_of_a_folder_without_metrics_says_what_it_needs(tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
-    from job import plot
+    from job.observe import plot
 
     assert plot.main([str(tmp_path)]) == 2
     assert "expected a run directory whose metrics.jsonl has train records" in capsys.readouterr().err

@@ -21,8 +21,8 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from job import sharding as sh  # noqa: E402
 from job.errors import ConfigError  # noqa: E402
-from job.loop import count_params  # noqa: E402
 from job.tasks.lm.model import ModelConfig, Transformer, loss_fn, validate  # noqa: E402
+from job.train.loop import count_params  # noqa: E402
 
 # Compiled once per shape and reused: eager op-by-op dispatch would dominate the runtime.
 forward = nnx.jit(Transformer.__call__)

@@ -1,11 +1,15 @@
-"""Slurm hostlist expansion (`job.cluster.nodelist`), checked against `scontrol show hostnames`."""
+"""Slurm hostlist expansion (`job.runtime.cluster.nodelist`), checked against `scontrol show hostnames`."""
 
 from __future__ import annotations
 
 import pytest
 
-from job.cluster.nodelist import expand_nodelist, expand_tasks_per_node, first_node
 from job.errors import ConfigError
+from job.runtime.cluster.nodelist import (
+    expand_nodelist,
+    expand_tasks_per_node,
+    first_node,
+)
 
 # (id, hostlist, hosts in Slurm's order) - what `scontrol show hostnames` prints.
 NODELISTS: tuple[tuple[str, str, list[str]], ...] = (

@@ -9,10 +9,11 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from job import config, task
-from job.config import OPTIMIZER_NAMES, SCHEDULE_NAMES, OptimConfig
+from job import task
 from job.errors import ConfigError
-from job.optimizers import OPTIMIZERS, make_optimizer, make_schedule
+from job.train import config
+from job.train.config import OPTIMIZER_NAMES, SCHEDULE_NAMES, OptimConfig
+from job.train.optimizers import OPTIMIZERS, make_optimizer, make_schedule
 
 PARAMS = {"w": jnp.ones((4, 3)), "b": jnp.zeros((3,))}
 GRADS = {"w": jnp.full((4, 3), 0.5), "b": jnp.full((3,), -0.5)}

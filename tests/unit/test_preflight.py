@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from job import preflight
 from job.errors import ConfigError
+from job.runtime import preflight
 
 BASE = {"process": 0, "host": "a", "python": "3.11.7", "jax": "0.10.2", "jaxlib": "0.10.2", "flax": "0.12.8",
         "orbax-checkpoint": "0.12.8", "optax": "0.2.8", "job code": "abc", "device kind": "cpu",
@@ -137,7 +137,7 @@ def test_gpu_check(given: int | None, backend: str, found: int, expected: str) -
 
 
 def test_the_gpu_check_is_skipped_for_stand_in_gpus_with_one_line(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="job.preflight"):
+    with caplog.at_level(logging.WARNING, logger="job.runtime.preflight"):
         fact = preflight.gpu_check(4, "cpu", 8, {"JOB_SKIP_GPU_CHECK": "1"})
     assert fact == preflight.GPUS_SKIPPED
     assert [r.getMessage() for r in caplog.records] == [

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from job import config, task
+from job import task
 from job.errors import ConfigError
+from job.train import config
 
 
 def test_a_preset_sets_the_model_and_data_and_flags_beside_it_win() -> None:

@@ -1,11 +1,11 @@
-"""job.priority on real threads: nice values only ever go up, and only where asked."""
+"""job.runtime.priority on real threads: nice values only ever go up, and only where asked."""
 
 from __future__ import annotations
 
 import os
 import threading
 
-from job import priority
+from job.runtime import priority
 
 
 def _in_thread(fn) -> list:  # noqa: ANN001

@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from job.procgroup import GlooFilter, ProcessGroup, describe_exit, exit_code
+from job.runtime.procgroup import GlooFilter, ProcessGroup, describe_exit, exit_code
 
 
 def test_gloo_lines_and_their_interleaved_fragments_are_dropped() -> None:

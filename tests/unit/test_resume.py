@@ -1,4 +1,4 @@
-"""job.resume: a changed flag against the run dir's checkpoints is an error that names it, never a quarantine."""
+"""job.runs.resume: a changed flag against the run dir's checkpoints is an error that names it, never a quarantine."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import pytest
 from etils import epath
 
-from job import resume
 from job.errors import ConfigError
+from job.runs import resume
 
 
 def state(layers: int = 2, dim: int = 8) -> dict:
@@ -131,7 +131,8 @@ def test_a_fresh_start_moves_the_old_checkpoints_aside_and_deletes_nothing(tmp_p
 
 @pytest.mark.parametrize("name", ["lm", "classify"])
 def test_a_saved_config_json_turns_back_into_the_same_config(name: str) -> None:
-    from job import config, task
+    from job import task
+    from job.train import config
 
     chosen = task.load(name)
     cfg = config.parse(["--steps", "7", "--optim.name", "lion", "--ema.decay", "0.5", "--rule", "fsdp"], chosen)

@@ -40,8 +40,12 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from deploy import slurm, tpu, tpu_gcloud, tpu_job, tpu_remote
-from deploy.tpu_config import TpuConfig, run_dir_of
+from deploy.slurm import submit as slurm
+from deploy.tpu import cli as tpu
+from deploy.tpu import gcloud as tpu_gcloud
+from deploy.tpu import job as tpu_job
+from deploy.tpu import remote as tpu_remote
+from deploy.tpu.config import TpuConfig, run_dir_of
 from tests.doubles import RecordingRunner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -205,7 +209,7 @@ def nul_split(data: bytes) -> list[str]:
 # (argparse drops an option value that is exactly "--", so ARGS='--' alone cannot travel: nothing to run anyway)
 @given(words=ARGV.filter(lambda words: words != ["--"]), image=st.booleans())
 def test_tpu_job_arguments_reach_every_worker_verbatim_and_none_runs_as_shell(words: list[str], image: bool) -> None:
-    # `make tpu-pod ARGS=...` hands deploy.tpu one shell-style string; the workers' bash must see the words.
+    # `make tpu-pod ARGS=...` hands deploy.tpu.cli one shell-style string; the workers' bash must see the words.
     flags = ["run", "--name=pod-1", "--zone=us-central2-b", f"--args={shlex.join(words)}"]
     _, cfg = tpu.parse_args([*flags, *([f"--image={IMAGE}"] if image else [])])
     assert cfg.job_args == tuple(words)

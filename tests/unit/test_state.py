@@ -1,4 +1,4 @@
-"""job.state and job.steps on 8 CPU devices: the train state planned before it exists and created as
+"""job.train.state and job.train.steps on 8 CPU devices: the train state planned before it exists and created as
 its shards, train and eval modes, a task's own logical axes, and gradient accumulation."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from flax import nnx  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from job import sharding as sh  # noqa: E402
-from job import state, steps  # noqa: E402
 from job.errors import ConfigError  # noqa: E402
+from job.train import state, steps  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +167,7 @@ def test_accumulated_micro_batches_give_the_whole_batchs_gradient_and_metrics(k:
 
 
 def test_a_typed_rng_key_is_compared_as_the_key_data_a_checkpoint_holds() -> None:
-    from job.trees import leaf_specs
+    from job.parallel.trees import leaf_specs
 
     assert leaf_specs({"key": jax.random.key(0)}) == {"key": ((2,), "uint32")}
     assert leaf_specs({"key": jax.ShapeDtypeStruct((), jax.random.key(0).dtype)}) == {"key": ((2,), "uint32")}

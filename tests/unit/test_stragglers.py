@@ -1,11 +1,11 @@
-"""job.stragglers: who is named, from the numbers every process shares."""
+"""job.observe.stragglers: who is named, from the numbers every process shares."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from job.stragglers import FLOOR, Straggler, StragglerWatch, named
+from job.observe.stragglers import FLOOR, Straggler, StragglerWatch, named
 
 
 def test_the_one_slow_host_is_named_with_its_ratio_to_the_median() -> None:

@@ -1,4 +1,4 @@
-"""One parser per kind of value (job/values.py): the launcher, the Slurm make variables and the TPU
+"""One parser per kind of value (job/core/values.py): the launcher, the Slurm make variables and the TPU
 make variables take the same words and refuse the same ones, with the same expected / found words."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ import argparse
 
 import pytest
 
-from deploy import slurm_options
-from deploy import tpu as tpu_cli
-from job import launch, values
+from deploy.slurm import options as slurm_options
+from deploy.tpu import cli as tpu_cli
+from job import launch
+from job.core import values
 from job.errors import ConfigError
 
 WHOLE = ["0", "1", "4", "007", "1" + "0" * 20]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from job.watchdog import HANG_EXIT_CODE
+from job.runtime.watchdog import HANG_EXIT_CODE
 
 HUNG = """
 import time
-from job.watchdog import Watchdog
+from job.runtime.watchdog import Watchdog
 def stuck_in_a_collective():
     time.sleep(60)
 with Watchdog(1.0):
@@ -21,7 +21,7 @@ with Watchdog(1.0):
 # outlive its block
 KICKED = """
 import time
-from job.watchdog import Watchdog
+from job.runtime.watchdog import Watchdog
 with Watchdog(1.5) as dog:
     for _ in range(40):
         time.sleep(0.05)

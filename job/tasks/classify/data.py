@@ -1,7 +1,7 @@
 """Generated data for the classifier: points on interleaved spiral arms, one class per arm.
 
 Row ``r`` of step ``s`` is a pure function of (seed, split, s, r), drawn from
-``job.batches.row_bits`` (a counter-based hash, computed for a block of rows at
+``job.train.batches.row_bits`` (a counter-based hash, computed for a block of rows at
 once): the same global batches on every topology, and after a resume.
 Coordinates beyond the first two are noise.
 """
@@ -12,9 +12,9 @@ import dataclasses
 
 import numpy as np
 
-from job.batches import below, row_bits, uniform
 from job.errors import ConfigError
 from job.task import SPLITS
+from job.train.batches import below, row_bits, uniform
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,10 +5,10 @@
     source = data.make_source(cfg, vocab_size=32, seq_len=32)
     rows = source.rows("train", step, start, stop)             # {"tokens", "mask"}, rows [start, stop)
 
-The loop turns rows into global arrays with `job.batches.global_batch`.
+The loop turns rows into global arrays with `job.train.batches.global_batch`.
 
 Row ``r`` of step ``s`` is a pure function of (seed, split, s, r): it is drawn
-from ``job.batches.row_bits`` (a counter-based hash of seed, split_id, s, r and
+from ``job.train.batches.row_bits`` (a counter-based hash of seed, split_id, s, r and
 the position in the row), computed for a process's whole block of rows at once.
 So every topology (1 x 4, 2 x 2, 4 x 1 processes x devices) sees the same global
 batches, and a run resumed at step s sees exactly the batches an uninterrupted run would.
@@ -28,9 +28,9 @@ from typing import TypedDict
 
 import numpy as np
 
-from job.batches import below, row_bits
 from job.errors import ConfigError, require
 from job.task import SPLITS  # a split's index is its id in the row hash
+from job.train.batches import below, row_bits
 
 TOKEN_DTYPES = ("uint16", "uint32")
 CHUNK_TOKENS = 1 << 24  # tokens (or bytes) touched at once when scanning or writing a file

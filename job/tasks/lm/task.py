@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from job import values
+from job.core import values
 from job.errors import ConfigError
 from job.task import Task
 from job.tasks.lm import data, model, presets
@@ -65,7 +65,7 @@ def _sample(args: list[str]) -> int:
     p.add_argument("--step", type=int, default=None, help="a saved step (default: the newest)")
     p.add_argument("--ema", action="store_true", help="the EMA's parameters (runs with --ema.decay)")
     opts = p.parse_args(args)
-    from job import trained
+    from job.train import trained
 
     try:
         net, cfg = trained.load_model(opts.run_dir, opts.step, ema=opts.ema)

@@ -12,7 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from tests.tpu.fake_gcloud.grammar import Parsed, UsageError
-from tests.tpu.fake_gcloud.state import DEFAULT_PROJECT, QUEUE_SECONDS_ENV, Cloud, node_ids
+from tests.tpu.fake_gcloud.state import (
+    DEFAULT_PROJECT,
+    QUEUE_SECONDS_ENV,
+    Cloud,
+    node_ids,
+)
 
 
 class CloudError(Exception):
@@ -114,7 +119,7 @@ def _list(cloud: Cloud, parsed: Parsed, kind: str, view: Callable[[dict[str, Any
 
 # ---------------------------------------------------------------------- tpu-vm
 def _workers_of(parsed: Parsed, accelerator: str) -> int:
-    from deploy.tpu_accelerators import parse_accelerator  # the table the launcher uses
+    from deploy.tpu.accelerators import parse_accelerator  # the table the launcher uses
     from job.errors import ConfigError
 
     try:

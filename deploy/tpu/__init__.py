@@ -1,0 +1,1 @@
+"""Cloud TPU pod slices through gcloud: `python -m deploy.tpu` (`make tpu-*`)."""

@@ -1,0 +1,290 @@
+"""Cloud TPU pods through gcloud: create or reuse a slice, run the job on every worker, resume after preemption.
+
+    python -m deploy.tpu pod --name my-pod --zone us-central2-b --accelerator v4-32 \\
+        --args 'train --run-dir /mnt/my-bucket/run1 --steps 1000'
+
+Commands (`make tpu-<command>` runs each):
+
+    pod     create or reuse the slice, wait until READY, ship the code (or pull --image), set up
+            every worker, free the TPU, run `python -m job ARGS` on all workers, stream worker 0,
+            keep every worker's log, and exit with the job's status. A preempted slice (or a job
+            that exits 75) is recreated and the job resumed, up to --retries times.
+    create  create or reuse the slice and wait until it is READY
+    run     ship, set up and run the job on a READY slice (no retries)
+    logs    copy every worker's log to LOCAL_DIR/NAME/logs/ and print worker 0's end
+    stop    stop the job: SIGTERM (it saves a checkpoint), SIGKILL after --stop-grace seconds
+    delete  delete the slice (and its queued resource)
+    status  print the slice's state
+
+Every gcloud call goes through `deploy.runner.Runner` as an argv list;
+`--dry-run 1` prints the ones that change something instead of running them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import math
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from deploy.runner import Runner, shell_words
+from deploy.tpu import capacity
+from deploy.tpu import job as tpu_job
+from deploy.tpu.config import DEFAULT_SHIP, TpuConfig, validate_job, with_bucket
+from deploy.tpu.gcloud import GCLOUD, INSTALL_HINT
+from deploy.tpu.slice import Slice, TpuError
+from job.core import values
+from job.errors import ConfigError, positive_seconds, refuse_dash_values
+from job.runtime.preemption import REQUEUE_EXIT_CODE
+
+log = logging.getLogger("deploy.tpu")
+
+TAIL_LINES = 40  # `logs` prints this many lines of worker 0's log
+SSH_LOST = tpu_job.SSH_LOST
+
+
+_DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?)([smhd]?)$")
+_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def duration_seconds(text: str) -> float:
+    """CREATE_DEADLINE (--create-deadline): `2h`, `30m`, `90s`, `1d` or plain seconds; > 0."""
+    found = _DURATION.fullmatch(text.strip())
+    value = float(found.group(1)) * _UNIT_S[found.group(3)] if found else math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a duration > 0 such as 2h, 30m or 900 (seconds), found {text!r}")
+    return value
+
+
+def tag_list(text: str) -> tuple[str, ...]:
+    """TAGS (--tags): a comma-separated list (empty: none)."""
+    return tuple(word.strip() for word in text.split(",")) if text.strip() else ()
+
+
+def require_gcloud(runner: Runner) -> None:
+    if runner.which(GCLOUD) is None:
+        raise ConfigError("gcloud", expected="the Google Cloud CLI on PATH", found="no `gcloud` on PATH",
+                          fix=INSTALL_HINT)
+
+
+def pod(cfg: TpuConfig, runner: Runner) -> int:
+    """Create or reuse, run, and recreate-and-resume after preemption; the job's final exit status."""
+    slice_ = Slice(cfg, runner)
+    tpu_job.clear_stop(cfg)
+    retry = 0
+    while True:
+        slice_.ensure_ready()
+        code = tpu_job.run_job(cfg, runner)
+        if code == 0 or cfg.dry_run:
+            tpu_job.fetch_logs(cfg, runner)
+            return code
+        if code != SSH_LOST and tpu_job.stop_requested(cfg, runner):
+            log.info("the job was stopped by `tpu-stop` (exit code %d): not restarting it", code)
+            return code
+        status = slice_.status()
+        if status.ready:
+            tpu_job.fetch_logs(cfg, runner)
+        if not (status.broken or status.absent or code == REQUEUE_EXIT_CODE):
+            if code == SSH_LOST:
+                log.error("the connection to %s was lost (exit code %d) and could not be opened again, but the "
+                          "slice is %s: the job may still be running; `make tpu-pod` again attaches to it, "
+                          "`make tpu-logs` shows it, `make tpu-stop` stops it", cfg.name, code, status.describe())
+            else:
+                log.error("the job failed with exit code %d on a %s slice: a failure, not a preemption; "
+                          "worker logs: %s", code, status.describe(), cfg.slice_dir / "logs")
+            return code
+        if retry >= cfg.retries:
+            log.error("preempted (slice %s, exit code %d) and all %d retries used: giving up; "
+                      "`make tpu-pod` again resumes from the last checkpoint", status.describe(), code, cfg.retries)
+            return code
+        retry += 1
+        log.warning("preempted (slice %s, job exit code %d): retry %d of %d, resuming from the last checkpoint",
+                    status.describe(), code, retry, cfg.retries)
+
+
+def _as_found(cfg: TpuConfig, runner: Runner) -> TpuConfig:
+    """cfg with the existing slice's accelerator type (so every worker counts even without ACCELERATOR)."""
+    found = Slice(cfg, runner).status().accelerator
+    if not found or found == cfg.accelerator:
+        return cfg
+    try:
+        return dataclasses.replace(cfg, accelerator=found)
+    except ConfigError:  # a type this launcher does not know: keep the requested one
+        return cfg
+
+
+def status(cfg: TpuConfig, runner: Runner) -> int:
+    st = Slice(cfg, runner).status()
+    where = f"in {cfg.zone}" + (f" (project {cfg.project})" if cfg.project else "")
+    accel = st.accelerator or cfg.accelerator
+    workers = cfg.workers if accel == cfg.accelerator else "?"
+    print(f"{cfg.name}: {st.describe()}, {accel}, {workers} workers, {where}", flush=True)
+    return 0
+
+
+def logs(cfg: TpuConfig, runner: Runner) -> int:
+    cfg = _as_found(cfg, runner)
+    fetched = tpu_job.fetch_logs(cfg, runner)
+    for path in fetched:
+        print(f"{path}", flush=True)
+    first = cfg.slice_dir / "logs" / "worker-0.log"
+    if first in fetched and first.exists():
+        lines = first.read_text(errors="replace").splitlines()[-TAIL_LINES:]
+        print(f"--- last {len(lines)} lines of worker 0 ---", *lines, sep="\n", flush=True)
+    try:
+        state = tpu_job.probe(cfg, runner, tries=1)
+    except TpuError as err:  # the logs above are what there is; whether the job runs is unknown
+        log.warning("%s", err)
+        state = tpu_job.JobState(False, None, False)
+    if state.running or state.exit_code is not None:
+        print("the job is still running" if state.running else f"the job ended with exit code {state.exit_code}"
+              + (" (stopped by `tpu-stop`)" if state.stopped else ""), flush=True)
+    return 0 if len(fetched) == cfg.workers * len(cfg.slice_names) or cfg.dry_run else 1
+
+
+def run(cfg: TpuConfig, runner: Runner) -> int:
+    """`tpu-run`: the job, once, on a READY slice of the requested type."""
+    slice_ = Slice(cfg, runner)
+    st = slice_.status()
+    if not st.ready:
+        if not cfg.dry_run:
+            raise TpuError(f"slice {cfg.name} is {st.describe()}, not READY; fix: `make tpu-create` "
+                           "(or `make tpu-pod`) first")
+        log.warning("dry run: slice %s is %s; a real run would stop here", cfg.name, st.describe())
+    else:
+        slice_.check_type(st)
+    code = tpu_job.run_job(cfg, runner)
+    tpu_job.fetch_logs(cfg, runner)
+    return code
+
+
+def create(cfg: TpuConfig, runner: Runner) -> int:
+    Slice(cfg, runner).ensure_ready()
+    return 0
+
+
+def stop(cfg: TpuConfig, runner: Runner) -> int:
+    return tpu_job.stop_job(_as_found(cfg, runner), runner)
+
+
+def delete(cfg: TpuConfig, runner: Runner) -> int:
+    Slice(cfg, runner).delete()
+    return 0
+
+
+HANDLERS = {"pod": pod, "create": create, "run": run, "logs": logs, "stop": stop, "delete": delete,
+            "status": status}
+COMMANDS = tuple(HANDLERS)
+
+
+def dispatch(command: str, cfg: TpuConfig, runner: Runner) -> int:
+    """Check everything that needs no network, then run one command; its exit status."""
+    if command in ("pod", "run"):
+        validate_job(cfg)
+    require_gcloud(runner)
+    return HANDLERS[command](cfg, runner)
+
+
+# ---------------------------------------------------------------------- command line
+def _flag(text: str) -> bool:
+    try:
+        return values.switch(text)
+    except values.BadValue as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _count(text: str) -> int:
+    try:
+        return values.whole(text, minimum=0)
+    except values.BadValue as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m deploy.tpu", description=__doc__.split("\n")[0],
+                                epilog="job arguments go after --args '...' or after `--`",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", choices=COMMANDS)
+    p.add_argument("--name", default="", help="TPU_NAME: the slice's name")
+    p.add_argument("--zone", default="", help="ZONE, e.g. us-central2-b")
+    p.add_argument("--accelerator", default="v4-8", help="ACCELERATOR type, e.g. v4-32 (default v4-8)")
+    p.add_argument("--runtime", default="", help="RUNTIME: TPU software version (default: per generation)")
+    p.add_argument("--project", default="", help="PROJECT (default: gcloud's configured project)")
+    p.add_argument("--spot", type=_flag, nargs="?", const=True, default=False, help="SPOT=1: Spot capacity")
+    p.add_argument("--queued", type=_flag, nargs="?", const=True, default=False,
+                   help="QUEUED=1: create through queued resources")
+    p.add_argument("--image", default="", help="IMAGE to pull and run instead of shipping the code")
+    p.add_argument("--retries", type=_count, default=3, help="RETRIES after preemption (default 3)")
+    p.add_argument("--dry-run", type=_flag, nargs="?", const=True, default=False,
+                   help="DRY_RUN=1: print gcloud commands that change something")
+    p.add_argument("--bucket", default="", help="BUCKET: gs://BUCKET/PATH, the run dir (--run-dir) of the job")
+    p.add_argument("--args", type=shell_words, default=None, help="ARGS of `python -m job`, one shell-style string")
+    p.add_argument("--remote-dir", default="jax-cluster-job", help="folder under each worker's home")
+    p.add_argument("--local-dir", default="runs/tpu", help="local folder for logs (LOCAL_DIR/NAME)")
+    p.add_argument("--source-dir", default=".", help="the checkout to ship (default: .)")
+    p.add_argument("--ship", nargs="+", default=list(DEFAULT_SHIP), help="paths to ship")
+    p.add_argument("--setup", default=None, help="shell lines run on every worker before the job")
+    p.add_argument("--poll-seconds", type=positive_seconds, default=10.0, help="between state queries")
+    p.add_argument("--ready-timeout", type=positive_seconds, default=3600.0, help="seconds to wait for READY")
+    p.add_argument("--stop-grace", type=_count, default=60, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--reserved", type=_flag, nargs="?", const=True, default=False,
+                   help="RESERVED=1: use the project's reserved capacity")
+    p.add_argument("--internal-ip", type=_flag, nargs="?", const=True, default=False,
+                   help="INTERNAL_IP=1: workers without external IPs, reached through internal ones")
+    p.add_argument("--network", default="", help="NETWORK: the workers' VPC network")
+    p.add_argument("--subnetwork", default="", help="SUBNETWORK: the workers' subnetwork")
+    p.add_argument("--service-account", default="", help="SERVICE_ACCOUNT: the workers' service account email")
+    p.add_argument("--tags", type=tag_list, default=(), help="TAGS: network tags, comma-separated")
+    p.add_argument("--slices", type=_count, default=1, help="SLICES: slices of one queued resource (needs QUEUED=1)")
+    p.add_argument("--create-deadline", type=duration_seconds, default=capacity.DEFAULT_DEADLINE_S,
+                   help="CREATE_DEADLINE: how long stock-outs are retried, e.g. 2h (default)")
+    p.add_argument("--stockout-backoff", type=positive_seconds, default=capacity.DEFAULT_BACKOFF_S,
+                   help="seconds before the first retry after a stock-out (doubles, at most 600)")
+    return p
+
+
+def parse_args(argv: Sequence[str]) -> tuple[str, TpuConfig]:
+    argv = list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    parser = _parser()
+    refuse_dash_values(parser, argv[:cut])
+    args = parser.parse_args(argv[:cut])
+    tail = tuple(argv[cut + 1:])
+    if args.args is not None and tail:
+        raise ConfigError("job arguments", expected="either --args '...' or words after `--`",
+                          found=(" ".join(args.args), " ".join(tail)), fix="give them one way only")
+    cfg = TpuConfig(
+        name=args.name, zone=args.zone, accelerator=args.accelerator, runtime=args.runtime or None,
+        project=args.project or None, spot=args.spot, queued=args.queued, image=args.image or None,
+        job_args=with_bucket(args.args if args.args is not None else tail, args.bucket or None),
+        retries=args.retries, dry_run=args.dry_run,
+        remote_dir=args.remote_dir, local_dir=args.local_dir, source_dir=args.source_dir, ship=tuple(args.ship),
+        setup=args.setup, poll_s=args.poll_seconds, ready_timeout_s=args.ready_timeout,
+        stop_grace_s=args.stop_grace, reserved=args.reserved, internal_ip=args.internal_ip,
+        network=args.network or None, subnetwork=args.subnetwork or None,
+        service_account=args.service_account or None, tags=args.tags, slices=args.slices,
+        create_deadline_s=args.create_deadline, stockout_backoff_s=args.stockout_backoff,
+    )
+    return args.command, cfg
+
+
+def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="[tpu] %(message)s")
+    try:
+        command, cfg = parse_args(sys.argv[1:] if argv is None else argv)
+        return dispatch(command, cfg, runner or Runner(dry_run=cfg.dry_run))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except (TpuError, subprocess.CalledProcessError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: the job may still be running on the workers; `make tpu-stop` stops it",
+              file=sys.stderr, flush=True)
+        return 130
+

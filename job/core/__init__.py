@@ -1,0 +1,1 @@
+"""What every other part uses: errors that say expected / found / fix, and one parser per kind of value."""

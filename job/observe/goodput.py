@@ -1,0 +1,158 @@
+"""Where a run's wall-clock time went: start-up, compilation, steps, input, checkpoints, evaluation.
+
+    timer = Goodput()                     # first thing in the run
+    with timer.part("input_wait"):
+        batch = upcoming.get(step)
+    ...
+    record = timer.finish(step=done)      # {"total_s": ..., "steps_s": ..., "goodput": 0.83, ...}
+
+Every part is measured, none is a remainder: `other_s` is what no part
+covered, so the parts' sum against `total_s` shows how complete the split is.
+The first training step's time, minus one ordinary step, is `compile_s`.
+
+Across requeues of one run directory, process 0 appends to RUN_DIR/goodput.jsonl:
+an "attempt" line when a run starts, a "progress" line whenever it logs a step,
+and an "end" line when it stops. The next attempt reads them back: the time
+from the previous attempt's last line to its own start is `restart_s`, and the
+steps the previous attempt had reached beyond the checkpoint it resumes from
+are `redone_steps` (costing `redone_s` at the previous attempt's step time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+PARTS = ("startup", "compile", "steps", "input_wait", "checkpoint", "eval", "profile", "logging")
+RECORD = "goodput.jsonl"
+
+
+class Goodput:
+    """Timers of one attempt. Not thread-safe: the training loop's thread calls it."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter,
+                 wall: Callable[[], float] = time.time) -> None:
+        self._clock, self._wall = clock, wall
+        self.began = clock()
+        self.began_wall = wall()
+        self.seconds = dict.fromkeys(PARTS, 0.0)
+        self.first_step_s: float | None = None
+        self.steps_timed = 0
+        self.previous: dict[str, Any] = {}
+        self._record: Any = None  # a storage.Appender on RUN_DIR/goodput.jsonl (process 0, from `resume`)
+
+    def started(self) -> None:
+        """Everything until now (initialisation, preflight, building and restoring the state) is start-up."""
+        self.seconds["startup"] = self._clock() - self.began
+
+    @contextlib.contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        """Adds the time spent inside the block to part `name`."""
+        start = self._clock()
+        try:
+            yield
+        finally:
+            self.seconds[name] += self._clock() - start
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """One training step: the first one (compilation included) is kept apart until `finish`."""
+        start = self._clock()
+        try:
+            yield
+        finally:
+            took = self._clock() - start
+            if self.first_step_s is None:
+                self.first_step_s = took
+            else:
+                self.seconds["steps"] += took
+                self.steps_timed += 1
+
+    def finish(self) -> dict[str, Any]:
+        """The split of this attempt's time so far (seconds, rounded to ms), and across attempts."""
+        total = self._clock() - self.began
+        seconds = dict(self.seconds)
+        if self.first_step_s is not None:  # the first step: one ordinary step, the rest is compilation
+            ordinary = seconds["steps"] / self.steps_timed if self.steps_timed else 0.0
+            ordinary = min(ordinary, self.first_step_s)
+            seconds["compile"] += self.first_step_s - ordinary
+            seconds["steps"] += ordinary
+        result: dict[str, Any] = {"total_s": round(total, 3)}
+        result.update({f"{name}_s": round(value, 3) for name, value in seconds.items()})
+        result["other_s"] = round(total - sum(seconds.values()), 3)
+        result["goodput"] = round(seconds["steps"] / total, 4) if total > 0 else 0.0
+        result.update(self.previous)
+        return result
+
+    def step_time(self) -> float:
+        """Mean seconds of an ordinary step so far (0 before the second step)."""
+        return self.seconds["steps"] / self.steps_timed if self.steps_timed else 0.0
+
+    # -------------------------------------------------------------- across attempts (process 0)
+    def resume(self, run_dir: Path | Any, start_step: int) -> None:
+        """Read earlier attempts' lines from RUN_DIR/goodput.jsonl; append this attempt's start."""
+        path = run_dir / RECORD
+        lines = _read(path)
+        attempts = [r for r in lines if r.get("event") == "attempt"]
+        last = lines[-1] if lines else None
+        previous: dict[str, Any] = {"attempt": len(attempts) + 1}
+        if last is not None:
+            reached = max((int(r.get("step", 0)) for r in lines if r.get("attempt") == len(attempts)), default=0)
+            redone = max(0, reached - start_step)
+            step_s = float(last.get("step_time_s", 0.0))
+            previous.update({
+                "restart_s": round(max(0.0, self.began_wall - float(last["time"])), 3),
+                "redone_steps": redone,
+                "redone_s": round(redone * step_s, 3),
+            })
+        self.previous = previous
+        from job.runs import storage
+
+        self._record = storage.Appender(path)
+        self._append({"event": "attempt", "attempt": previous["attempt"], "step": start_step,
+                      "time": self.began_wall})
+        self.flush()  # the attempt is on record at once, even if it ends within seconds
+
+    def progress(self, run_dir: Path | Any, step: int, event: str = "progress") -> None:
+        """Note that this attempt reached `step` (process 0, when it logs or stops; "end" writes it out)."""
+        if self._record is None:
+            from job.runs import storage
+
+            self._record = storage.Appender(run_dir / RECORD)
+        self._append({"event": event, "attempt": self.previous.get("attempt", 1), "step": step,
+                      "time": self._wall(), "step_time_s": round(self.step_time(), 6)})
+
+    def flush(self) -> None:
+        """Write out the records held back (in gs:// they are batched)."""
+        if self._record is not None:
+            self._record.flush()
+
+    def _append(self, record: dict[str, Any]) -> None:
+        self._record.write(json.dumps(record) + "\n")
+        if record["event"] == "end":
+            self._record.close()
+            self._record = None
+
+
+def _read(path: Path | Any) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(ValueError):
+            records.append(json.loads(line))
+    return [r for r in records if isinstance(r, dict) and "time" in r]
+
+
+def describe(split: dict[str, Any]) -> str:
+    """One log line: "goodput 71%: steps 10.2 s, compile 3.1 s, ... of 14.4 s"."""
+    parts = ", ".join(f"{name.replace('_', ' ')} {split[f'{name}_s']:.1f} s" for name in (*PARTS, "other"))
+    line = f"goodput {split['goodput']:.0%} of {split['total_s']:.1f} s: {parts}"
+    if "restart_s" in split:
+        line += (f"; attempt {split['attempt']}: {split['restart_s']:.1f} s since the previous one, "
+                 f"{split['redone_steps']} steps redone ({split['redone_s']:.1f} s)")
+    return line

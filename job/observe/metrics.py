@@ -1,0 +1,134 @@
+"""Where metrics go: one writer interface, three writers. Process 0 creates them (job/observe/report.py).
+
+    writers = open_writers(run_dir, start_step=0, wandb=cfg.wandb, config=to_dict(cfg))
+    for w in writers:
+        w.scalars(10, "train", {"loss": 2.3, "lr": 1e-3})
+
+- `JsonlWriter`: RUN_DIR/metrics.jsonl, one JSON record per call (what `python -m job plot` reads).
+- `TensorBoardWriter`: TensorBoard event files in RUN_DIR (tensorboardX; no TensorFlow needed),
+  tags `train/loss`, `eval/loss`, ...: `tensorboard --logdir RUN_DIR`.
+- `WandbWriter`: the same scalars and the resolved config to Weights & Biases (`--wandb.project`).
+
+A resumed run starts at its checkpoint's step: records of later steps (written
+before a crash, then redone) are dropped from metrics.jsonl, TensorBoard is
+told to purge them, and the W&B run of the first attempt is resumed (its id is
+kept in RUN_DIR/wandb_run_id).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from job.core.errors import ConfigError
+from job.runs import storage
+from job.train.config import WandbConfig
+
+log = logging.getLogger("job.train")
+
+WANDB_ID_FILE = "wandb_run_id"
+
+
+class MetricWriter(Protocol):
+    def scalars(self, step: int, split: str, values: Mapping[str, float]) -> None:
+        """Record `values` (name -> number) of `split` ("train" or "eval") at `step`."""
+
+    def flush(self) -> None:
+        """Write out whatever is held back (a run that stops early keeps every record so far)."""
+
+    def close(self) -> None: ...
+
+
+class JsonlWriter:
+    """RUN_DIR/metrics.jsonl: `{"step": N, "split": "train", name: value, ...}` per line."""
+
+    def __init__(self, run_dir: Path | Any, start_step: int) -> None:
+        path = run_dir / "metrics.jsonl"
+        if start_step and path.exists():  # steps past the checkpoint are trained again: drop their records
+            lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+            kept = [line for line in lines if 0 <= _step_of(line) <= start_step]
+            if len(kept) != len(lines):
+                path.write_text("".join(kept), encoding="utf-8")
+        self._out = storage.Appender(path)  # in gs://, rewritten whole at most every 30 s and at the end
+
+    def scalars(self, step: int, split: str, values: Mapping[str, float]) -> None:
+        self._out.write(json.dumps({"step": step, "split": split, **values}) + "\n")
+
+    def flush(self) -> None:
+        self._out.flush()
+
+    def close(self) -> None:
+        self._out.close()
+
+
+def _step_of(line: str) -> int:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return -1  # a torn last line (killed mid-write): dropped
+
+
+class TensorBoardWriter:
+    """TensorBoard event files in RUN_DIR; a resumed run purges what earlier attempts logged past its start."""
+
+    def __init__(self, run_dir: Path | Any, start_step: int) -> None:
+        from tensorboardX import SummaryWriter
+
+        # the suffix keeps two attempts started within one second (same name otherwise) in two files
+        self._writer = SummaryWriter(logdir=str(run_dir), purge_step=start_step + 1 if start_step else None,
+                                     flush_secs=30, filename_suffix=f".{time.time_ns()}")
+
+    def scalars(self, step: int, split: str, values: Mapping[str, float]) -> None:
+        for name, value in values.items():
+            self._writer.add_scalar(f"{split}/{name}", value, global_step=step)
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class WandbWriter:
+    """A W&B run per run directory: requeued attempts resume it (`resume="allow"` with the stored id)."""
+
+    def __init__(self, run_dir: Path | Any, wandb_cfg: WandbConfig, config: Mapping[str, Any]) -> None:
+        try:
+            import wandb
+        except ImportError:
+            raise ConfigError("--wandb.project", expected="the wandb package installed (the `wandb` extra)",
+                              found=f"{wandb_cfg.project} but no wandb module",
+                              fix="pip install 'jax-cluster-job[wandb]', or leave --wandb.project out") from None
+        id_file = run_dir / WANDB_ID_FILE
+        run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(8)
+        if not id_file.exists():
+            id_file.write_text(run_id + "\n")
+        self._run = wandb.init(project=wandb_cfg.project, entity=wandb_cfg.entity or None,
+                               name=wandb_cfg.name or None, id=run_id, resume="allow", config=dict(config),
+                               dir=os.environ.get("WANDB_DIR") or None)
+        log.info("W&B run %s (project %s)", run_id, wandb_cfg.project)
+
+    def scalars(self, step: int, split: str, values: Mapping[str, float]) -> None:
+        self._run.log({f"{split}/{name}": value for name, value in values.items()}, step=step)
+
+    def flush(self) -> None:
+        """W&B sends on its own thread; `close` finishes the run."""
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+def open_writers(run_dir: Path | Any, *, start_step: int, wandb: WandbConfig | None = None,
+                 config: Mapping[str, Any] | None = None) -> list[MetricWriter]:
+    """The writers of a run: metrics.jsonl and TensorBoard always, W&B when `wandb.project` is set."""
+    storage.make_dirs(run_dir)
+    writers: list[MetricWriter] = [JsonlWriter(run_dir, start_step), TensorBoardWriter(run_dir, start_step)]
+    if wandb is not None and wandb.project:
+        writers.append(WandbWriter(run_dir, wandb, config or {}))
+    return writers

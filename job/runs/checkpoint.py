@@ -1,0 +1,351 @@
+"""Checkpoints: orbax's CheckpointManager, atomic, async, keep-last-N, on a disk or in gs://.
+
+Orbax writes each step into a temporary folder and renames it only when
+every process has finished, so an interrupted save is never listed (and
+never restored). In Cloud Storage (no rename there) it writes the step in
+place and adds a `commit_success.txt` object last; a step without it is
+never listed either. Restoring takes abstract targets carrying the *current*
+shardings, so a run saved on 4 processes x 2 devices resumes on any other
+topology.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+from orbax.checkpoint.type_handlers import (
+    ArrayHandler,
+    create_type_handler_registry,
+    get_type_handler,
+    supported_types,
+)
+
+from job.core.errors import ConfigError, JobError
+from job.parallel.multihost import barrier, coordination_client
+from job.parallel.trees import leaf_specs
+from job.runs import storage
+from job.runtime import priority
+from job.train.config import CheckpointConfig
+
+log = logging.getLogger(__name__)
+
+# What a failed write usually is; named first in the error (orbax buries it in long messages).
+_STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EIO)
+# Where a process that failed to write posts why (coordination service), for the others to raise too.
+FAILED_KEY = "job/checkpoint/failed/"
+POLL_S = 0.05  # how often wait() looks at this process's save
+PEER_POLL_S = 1.0  # how often wait() asks the coordinator whether another process's save failed
+WRITER_NICE = 19  # the save's threads give way to the loop's, the input's and the step's for CPU time
+WRITER_THREADS = "ts_pool_worker"  # tensorstore's thread pool, which copies and writes the arrays
+SET_ASIDE = ".unreadable-"  # STEP.unreadable-TIME: a step that did not read back, moved aside and kept
+
+
+class CheckpointError(JobError, RuntimeError):
+    """A save failed (disk full, permissions, a vanished filesystem): says which step and what is safe."""
+
+
+def abstract(tree: Any) -> Any:
+    """Shape, dtype and sharding of every array leaf: what restore fills in."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) if isinstance(x, jax.Array) else x,
+        tree,
+    )
+
+
+class Checkpointer:
+    """Saves and restores the train state; `save` holds the loop for a device copy and a thread start.
+
+    With `background` (the default) `save` copies the state on its devices (one jitted copy,
+    dispatched without waiting) and runs orbax's save on a thread: its barriers, tree metadata and
+    copies to host memory no longer hold the loop. Orbax's barriers go through the coordination
+    service (not device collectives, which must not run beside the step's), so the save can run
+    while the next steps do. That thread, and the write on tensorstore's threads, run at a low CPU
+    priority (nice WRITER_NICE): on a busy host they fill the gaps the step leaves instead of slowing
+    it (bench.ckpt), and get the CPU whenever the loop waits.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], cfg: CheckpointConfig) -> None:
+        path = storage.run_path(directory)
+        self.directory = path if storage.is_remote(path) else path.absolute()
+        self.background = cfg.background
+        processes = jax.process_count()
+        self.options = ocp.CheckpointManagerOptions(
+            max_to_keep=cfg.keep,
+            enable_async_checkpointing=cfg.async_save,
+            enable_background_delete=True,  # the keep-N deletion runs on orbax's thread, not the loop's
+            # naming every process makes orbax's barriers coordination-service barriers (it uses device
+            # collectives otherwise); orbax then leaves creating the folder to us
+            multiprocessing_options=ocp.options.MultiprocessingOptions(
+                active_processes=set(range(processes)) if processes > 1 else None),
+            create=processes == 1,
+        )
+        if processes > 1:
+            if jax.process_index() == 0:
+                storage.make_dirs(self.directory)
+            barrier(f"checkpoint folder {self.directory}")
+        self._writing: int | None = None  # the step an async save may still be writing
+        self._failure: BaseException | None = None  # why this process's last write failed, the moment it did
+        self._starting: threading.Thread | None = None  # the thread running orbax's save of self._writing
+        self._listener = _FailureListener(self._write_failed)
+        logging.getLogger("absl").addHandler(self._listener)  # orbax logs through absl
+        self.manager = self._manager()
+
+    def _manager(self) -> ocp.CheckpointManager:
+        """A manager whose arrays are written by one replica each, copied to host in one piece.
+
+        orbax's default on CPU and TPU splits every replicated array into per-replica slices,
+        one eager slice per replica and array, on the loop's thread; that doubled the time a
+        save blocked the loop (bench.ckpt). One replica per array is orbax's GPU default.
+        Arrays are stored without zstd: trained float weights hardly compress, and compressing
+        took about 30% of the whole write (bench.ckpt); checkpoints written compressed still read.
+        """
+        others = [(ty, get_type_handler(ty)) for ty in supported_types() if ty is not jax.Array]
+        registry = create_type_handler_registry((jax.Array, ArrayHandler(use_replica_parallel=False)), *others)
+        handler = ocp.PyTreeCheckpointHandler(type_handler_registry=registry, use_compression=False)
+        return ocp.CheckpointManager(self.directory, options=self.options, item_handlers=handler)
+
+    def latest_step(self) -> int | None:
+        self._started()
+        return self.manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        self._started()
+        return list(self.manager.all_steps())
+
+    def save(self, step: int, state: Any) -> None:
+        """Start saving `state` as `step` (collective; returns before the write ends when async)."""
+        barrier(f"checkpoint save {step}")
+        self.wait()  # orbax waits for the previous save anyway; a failure there is reported as that step's
+        self._writing = step
+        if not self.background:
+            try:
+                self._start(step, state)
+            except Exception as exc:
+                raise self._failed(step, exc) from exc
+            return
+        # the next step donates `state`: the thread saves a copy, made on the devices in the loop's order
+        self._starting = threading.Thread(target=self._start_in_background, args=(step, snapshot(state)),
+                                          name=f"checkpoint-save-{step}", daemon=True)
+        self._starting.start()
+
+    def _start(self, step: int, state: Any) -> None:
+        """orbax's save: barriers, tree metadata, copies to host; returns while it writes (async)."""
+        self.manager.save(step, args=ocp.args.PyTreeSave(state), force=True)
+        if self.options.enable_async_checkpointing:
+            priority.lower_named(WRITER_THREADS, WRITER_NICE)  # tensorstore's, now writing
+
+    def _start_in_background(self, step: int, state: Any) -> None:
+        priority.lower(WRITER_NICE)  # and so the threads it starts: orbax's writer, tensorstore's
+        try:
+            self._start(step, state)
+        except BaseException as exc:  # noqa: BLE001 - kept for wait() and posted for the other processes
+            self._write_failed(exc)
+
+    def _started(self) -> None:
+        """Wait for the thread starting a save (orbax's manager is not shared between threads)."""
+        if self._starting is not None:
+            self._starting.join()
+            self._starting = None
+
+    def _busy(self) -> bool:
+        if self._starting is not None and self._starting.is_alive():
+            return True
+        self._started()
+        return self.manager.is_saving_in_progress()
+
+    def restore(self, step: int, like: Any, *, partial: bool = False) -> Any:
+        """The saved state, placed like `like` (which may come from another topology); with `partial`,
+        only the parts of it that `like` has (e.g. {"model": ...} without the optimizer)."""
+        barrier(f"checkpoint restore {step}")
+        self._started()
+        target = abstract(like)
+        return self.manager.restore(step, args=ocp.args.PyTreeRestore(
+            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=partial))
+
+    def saved_step(self, step: int | None) -> int:
+        """`step` if it was saved, the newest saved step for None; else one ConfigError naming them."""
+        steps = self.all_steps()
+        if step is None and steps:
+            return max(steps)
+        if step not in steps:
+            raise ConfigError("--step", expected=f"a saved step of {self.directory.parent}: {steps or 'none saved'}",
+                              found=step, fix=f"pass one of {steps}" if steps else "train the run first")
+        return step
+
+    def newest_specs(self) -> tuple[int, dict[str, tuple]] | None:
+        """(step, {leaf path: (shape, dtype)}) of the newest step whose tree metadata reads, else None.
+
+        Read before anything is restored, to tell a state this run does not build (bad input,
+        job.runs.resume) from a damaged checkpoint (set aside by restore_newest)."""
+        self._started()
+        for step in sorted(self.all_steps(), reverse=True):
+            try:
+                return step, leaf_specs(self.manager.item_metadata(step))
+            except Exception as exc:  # noqa: BLE001 - unreadable metadata: restore_newest sets the step aside
+                log.warning("checkpoint step %d in %s: its tree metadata does not read (%s)", step,
+                            self.directory, _first_line(exc))
+        return None
+
+    def restore_newest(self, like: Any) -> tuple[int, Any]:
+        """The newest checkpoint that reads back; an unreadable one is reported and skipped."""
+        steps = sorted(self.all_steps(), reverse=True)
+        for step in steps:
+            try:
+                return step, self.restore(step, like)
+            except Exception as exc:  # noqa: BLE001 - any read failure means: try the previous one
+                log.warning("checkpoint step %d in %s is unreadable (%s); trying an older one",
+                            step, self.directory, _first_line(exc))
+                self._quarantine(step)
+                # a failed read can leave the manager unusable: start a fresh one
+                self.manager = self._manager()
+        raise ConfigError(
+            "checkpoints", expected="at least one readable checkpoint", found=f"steps {steps} all unreadable",
+            fix=f"move {self.directory} aside to start afresh, or pass --no-resume",
+        )
+
+    def _quarantine(self, step: int) -> None:
+        """Move an unreadable step aside (kept for inspection, never listed again).
+        In gs:// its commit marker is deleted first, then its objects are copied and deleted."""
+        import jax
+
+        source = self.directory / str(step)
+        if jax.process_index() == 0 and source.exists():
+            target = source.with_name(f"{step}{SET_ASIDE}{int(time.time())}")
+            storage.move_aside(source, target)
+            log.warning("moved the unreadable checkpoint to %s", target)
+        barrier(f"checkpoint quarantine {step}")  # a dead peer here is a named timeout, not a hang
+        storage.forget_listings(self.directory)  # the others listed the step before it moved
+
+    def wait(self) -> None:
+        """Block until the last save is on disk; CheckpointError if it failed on any process.
+
+        A write that fails on some processes only (one host's disk, one replica writing an
+        array) leaves orbax's own wait hanging: the failed process skips the barrier the
+        others wait in, until orbax's 10-minute timeout. So this polls: a failure here is
+        raised at once and posted for the others, who raise it at their next look.
+        """
+        peer_check = time.monotonic()
+        try:
+            while self._failure is None and self._busy():
+                if time.monotonic() - peer_check >= PEER_POLL_S:
+                    peer_check = time.monotonic()
+                    posted = _posted_failures()
+                    if posted:
+                        raise CheckpointError(f"{posted[0]} (reported by that process; this is process "
+                                              f"{jax.process_index()})")
+                time.sleep(POLL_S)
+            if self._failure is not None:
+                raise self._failure
+            self.manager.wait_until_finished()
+            priority.lower_named(WRITER_THREADS, WRITER_NICE)  # those tensorstore added while writing
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            raise self._failed(self._writing, exc) from exc
+        self._writing = None
+
+    def _write_failed(self, exc: BaseException) -> None:
+        """Called on orbax's thread the moment a write of this process fails: kept for wait(), and
+        posted for the other processes (whose own writes may have worked)."""
+        self._failure = exc
+        _post_failure(str(self._failed(self._writing, exc)))
+
+    def _failed(self, step: int | None, exc: BaseException) -> CheckpointError:
+        """One message: which save failed and why, and what is still safe on disk."""
+        cause = exc
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        text = str(cause).splitlines()[0] if str(cause) else ""
+        known = [os.strerror(code) for code in _STORAGE_ERRNOS if os.strerror(code) in text]
+        reason = f"{known[0] + ' (' if known else ''}{type(cause).__name__}: {text[:200]}{')' if known else ''}"
+        try:
+            safe = sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
+            if storage.is_remote(self.directory):  # a gs:// step is complete once its marker is there
+                safe = [s for s in safe if (self.directory / str(s) / storage.COMMIT_MARKER).exists()]
+            on_disk = f"{safe or 'none'} ({f'a rerun resumes from step {safe[-1]}' if safe else 'none complete yet'})"
+        except Exception as err:  # noqa: BLE001 - a vanished disk, a refused bucket: the listing is unknown
+            on_disk = f"unknown (cannot list the folder: {getattr(err, 'strerror', None) or err})"
+        return CheckpointError(
+            f"checkpoint: expected to write step {step} to {self.directory}, found {reason}. "
+            f"Complete checkpoints on disk: {on_disk}. "
+            f"Fix: free space in (or restore write access to) {self.directory}, or pass another --run-dir "
+            "with the checkpoints copied over; then rerun"
+        )
+
+    def close(self) -> None:
+        self._started()
+        self.manager.close()
+        logging.getLogger("absl").removeHandler(self._listener)
+
+
+def _first_line(exc: BaseException) -> str:
+    """"Type: the first 200 characters of its message's first line" (orbax's messages run long)."""
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {lines[0][:200] if lines else ''}"
+
+
+@jax.jit
+def _copy(arrays: list[jax.Array]) -> list[jax.Array]:
+    return [jnp.copy(x) for x in arrays]
+
+
+def snapshot(tree: Any) -> Any:
+    """A copy of every jax.Array leaf in new buffers, same devices and shardings; returns without waiting.
+
+    One jitted copy of them all; leaves on different sets of devices (which one computation cannot
+    take) are copied one by one."""
+    leaves, treedef = jax.tree.flatten(tree)
+    where = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]
+    arrays = [leaves[i] for i in where]
+    if len({frozenset(x.sharding.device_set) for x in arrays}) <= 1:
+        copies = _copy(arrays)
+    else:
+        copies = [jax.device_put(x, x.sharding, may_alias=False) for x in arrays]
+    for i, copied in zip(where, copies, strict=True):
+        leaves[i] = copied
+    return jax.tree.unflatten(treedef, leaves)
+
+
+class _FailureListener(logging.Handler):
+    """Hears orbax's background save thread log its failure, with the exception: the one signal orbax
+    gives at that moment (it raises the error only after barriers the other processes, whose writes
+    worked, are waiting in elsewhere)."""
+
+    def __init__(self, report: Callable[[BaseException], None]) -> None:
+        super().__init__(logging.ERROR)
+        self._report = report
+
+    def emit(self, record: logging.LogRecord) -> None:
+        exc = record.exc_info[1] if record.exc_info else None
+        caught = exc.__traceback__.tb_frame.f_code if exc is not None and exc.__traceback__ else None
+        # the frame that caught it: orbax's background save thread (its logger may not name it)
+        if caught is not None and caught.co_name == "_thread_func" and "orbax" in caught.co_filename:
+            self._report(exc)
+
+
+def _post_failure(message: str) -> None:
+    """Tell the other processes that this one could not write (best effort: the error is raised anyway)."""
+    client = coordination_client()
+    if client is not None:
+        try:
+            client.key_value_set(f"{FAILED_KEY}{jax.process_index()}", f"process {jax.process_index()}: {message}",
+                                 allow_overwrite=True)
+        except Exception as exc:  # noqa: BLE001 - a coordinator that is gone: the others see this process exit
+            log.warning("could not tell the other processes that the save failed: %s", exc)
+
+
+def _posted_failures() -> list[str]:
+    """What other processes posted about their failed writes (empty when none did)."""
+    client = coordination_client()
+    if client is None:
+        return []
+    return [value for _, value in sorted(client.key_value_dir_get(FAILED_KEY))]

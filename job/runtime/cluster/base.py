@@ -1,0 +1,141 @@
+"""The record `job.initialize` returns, and the interface every environment implements."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Mapping
+from typing import ClassVar
+
+from job.core.errors import ConfigError
+
+Env = Mapping[str, str]
+
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+# What Slurm writes when a job's GPUs have no device files: no GPU is visible.
+_NO_DEVICE_FILES = "NoDevFiles"
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterInfo:
+    """Where this process runs and how it joins the others."""
+
+    kind: str  # "local" | "slurm" | "tpu" | "manual" | "single"
+    process_id: int  # this process's index, 0..num_processes-1
+    num_processes: int  # how many processes form the JAX cluster
+    coordinator_address: str | None  # "host:port" of process 0's service; None when single
+    local_device_ids: tuple[int, ...] | None  # devices this process owns; None = all it sees
+
+    @property
+    def is_coordinator(self) -> bool:
+        return self.process_id == 0
+
+    @property
+    def is_multiprocess(self) -> bool:
+        return self.num_processes > 1
+
+    def summary(self) -> str:
+        devices = "all" if self.local_device_ids is None else ",".join(map(str, self.local_device_ids))
+        return (
+            f"{self.kind} cluster: process {self.process_id} of {self.num_processes}, "
+            f"coordinator {self.coordinator_address or '-'}, local devices {devices}"
+        )
+
+
+def read_int(env: Env, name: str, *, minimum: int = 0, fix: str) -> int:
+    """An integer environment variable, or one clear error naming it."""
+    raw = env.get(name)
+    try:
+        value = int(raw) if raw is not None else None
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise ConfigError(name, expected=f"an integer >= {minimum}", found=raw, fix=fix)
+    return value
+
+
+def read_port(env: Env, name: str, *, fix: str) -> int:
+    port = read_int(env, name, minimum=1, fix=fix)
+    if port > 65535:
+        raise ConfigError(name, expected="a TCP port 1..65535", found=env[name], fix=fix)
+    return port
+
+
+def read_id_list(env: Env, name: str, *, fix: str) -> tuple[int, ...]:
+    """``"0,1,3"`` -> ``(0, 1, 3)``."""
+    raw = env[name]
+    try:
+        ids = tuple(int(part) for part in raw.split(","))
+    except ValueError:
+        ids = ()
+    if not ids or min(ids) < 0:
+        raise ConfigError(name, expected="comma-separated device ids such as '0,1'", found=raw, fix=fix)
+    return ids
+
+
+def visible_gpus(env: Env) -> tuple[str, ...] | None:
+    """The GPUs CUDA_VISIBLE_DEVICES lets this process see, as listed (ids, UUIDs or MIG names).
+
+    None when it is unset (the process sees every GPU of the machine). CUDA stops at the
+    first invalid entry, so ``""``, ``"-1"`` and Slurm's ``"NoDevFiles"`` mean none.
+    """
+    raw = env.get(CUDA_VISIBLE_DEVICES)
+    if raw is None:
+        return None
+    seen: list[str] = []
+    for entry in (part.strip() for part in raw.split(",")):
+        if not entry or entry.startswith("-") or entry == _NO_DEVICE_FILES:
+            break
+        seen.append(entry)
+    return tuple(seen)
+
+
+class ClusterEnv(abc.ABC):
+    """One kind of environment. Subclasses read variables; they never talk to peers.
+
+    Every method takes the environment as a mapping so detection can be tested
+    from recorded tables. `describe` validates and builds the record.
+    """
+
+    kind: ClassVar[str]
+    # Variables that must all be present for `is_present` (documentation and detection).
+    required: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def is_present(cls, env: Env) -> bool:
+        return all(name in env for name in cls.required)
+
+    @classmethod
+    @abc.abstractmethod
+    def process_id(cls, env: Env) -> int: ...
+
+    @classmethod
+    @abc.abstractmethod
+    def num_processes(cls, env: Env) -> int: ...
+
+    @classmethod
+    @abc.abstractmethod
+    def coordinator_address(cls, env: Env) -> str | None: ...
+
+    @classmethod
+    def local_device_ids(cls, env: Env) -> tuple[int, ...] | None:
+        return None
+
+    @classmethod
+    def describe(cls, env: Env) -> ClusterInfo:
+        process_id = cls.process_id(env)
+        num_processes = cls.num_processes(env)
+        if not 0 <= process_id < num_processes:
+            raise ConfigError(
+                f"{cls.kind} process id",
+                expected=f"0 <= process id < {num_processes} (the process count)",
+                found=process_id,
+                fix=f"check the {cls.kind} variables {', '.join(cls.required)}",
+            )
+        return ClusterInfo(
+            kind=cls.kind,
+            process_id=process_id,
+            num_processes=num_processes,
+            coordinator_address=cls.coordinator_address(env),
+            local_device_ids=cls.local_device_ids(env),
+        )

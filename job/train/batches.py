@@ -1,0 +1,173 @@
+"""Global batches from a task's rows: every process makes only the rows its devices hold.
+
+    bits = row_bits(seed, split_id, step, start, stop, width)   # uint64 [stop - start, width]
+    batch = global_batch(source, NamedSharding(mesh, P("data")), split="train", step=s, size=32)
+    with Prefetch(lambda s: source.rows("train", s, *span), range(start, steps)) as upcoming:
+        rows = upcoming.get(step)                                # made while the previous step ran
+
+The rows a process needs come from the sharding itself, so any device order
+works as long as each process's rows are one contiguous block, and processes
+of one model group (tensor parallelism across processes) make the same rows.
+
+`row_bits` is the randomness a task draws its rows from: a counter-based hash
+(splitmix64) of (seed, split, step, row, position), computed for a whole block
+of rows at once. Bit j of row r never depends on which other rows are asked for,
+so every topology sees the same global batches and a resumed run the same
+batches as an uninterrupted one. This module imports jax only when it builds arrays.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from job.core.errors import ConfigError
+from job.runtime import priority
+from job.train.task import Rows
+
+_MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: 2**64 / golden ratio, odd
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)  # splitmix64's finaliser constants
+
+T = TypeVar("T")
+PREFETCH_NICE = 10  # the prefetch thread gives way to the loop and the step (bench.pipeline)
+
+
+def _mix_int(x: int) -> int:
+    """splitmix64's finaliser on a Python int (exact, no overflow warnings): a bijection of 64-bit words."""
+    x &= _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """The same finaliser on a uint64 array (multiplication wraps modulo 2**64), in place."""
+    x ^= x >> np.uint64(30)
+    x *= _M1
+    x ^= x >> np.uint64(27)
+    x *= _M2
+    x ^= x >> np.uint64(31)
+    return x
+
+
+def row_bits(seed: int, split_id: int, step: int, start: int, stop: int, width: int) -> np.ndarray:
+    """uint64 [stop - start, width]: uniform random words, a pure function of (seed, split_id, step, row, position).
+
+    Row r's key is the chained hash of (seed, split_id, step, r); its words are the
+    splitmix64 stream of that key (word j = mix(key + (j + 1) * golden)).
+    """
+    key = _mix_int(_mix_int(_mix_int(seed + _GOLDEN) ^ split_id) ^ step)
+    rows = _mix(np.arange(start, stop, dtype=np.uint64) ^ np.uint64(key))
+    steps = np.arange(1, width + 1, dtype=np.uint64) * np.uint64(_GOLDEN)
+    return _mix(rows[:, None] + steps[None, :])
+
+
+def uniform(bits: np.ndarray) -> np.ndarray:
+    """float64 in [0, 1) from the top 53 bits of each word."""
+    return (bits >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def below(bits: np.ndarray, n: int) -> np.ndarray:
+    """int64 in [0, n) from each word (bias at most n / 2**64)."""
+    return (bits % np.uint64(n)).astype(np.int64)
+
+
+def row_span(sharding: Any, size: int) -> tuple[int, int]:
+    """[start, stop) of the global rows this process's devices hold under `sharding`."""
+    spans = sorted({idx[0].indices(size)[:2] for idx in sharding.addressable_devices_indices_map((size,)).values()})
+    start, stop = spans[0][0], max(end for _, end in spans)
+    if not all(a_end >= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:])):
+        raise ConfigError("batch sharding", expected="each process's rows in one contiguous block", found=spans,
+                          fix="order the mesh's devices by process (job.sharding.make_mesh does)")
+    return start, stop
+
+
+def to_global(rows: Mapping[str, Any], sharding: Any, size: int) -> dict[str, Any]:
+    """This process's rows (from `row_span`) as jax.Arrays of `size` global rows laid out by `sharding`."""
+    import jax
+
+    local = {name: np.asarray(value) for name, value in rows.items()}
+    shapes = {name: (size, *value.shape[1:]) for name, value in local.items()}
+    return jax.make_array_from_process_local_data(sharding, local, shapes)  # one call: one batched transfer
+
+
+def global_batch(source: Rows, sharding: Any, *, split: str, step: int, size: int, offset: int = 0) -> dict[str, Any]:
+    """Batch `step` of `split` as jax.Arrays of `size` rows laid out by `sharding`: the source's rows
+    offset .. offset + size (a finite split's full pass reads it in such windows)."""
+    start, stop = row_span(sharding, size)
+    return to_global(source.rows(split, step, offset + start, offset + stop), sharding, size)
+
+
+class Prefetch(Generic[T]):
+    """`make(step)` for each step of `steps` in order, up to `depth` steps ahead, on a daemon thread.
+
+    `get(step)` returns what `make(step)` returned (or raises what it raised); steps are
+    asked for in order. Nothing beyond the last step of `steps` is made. Leaving the
+    `with` block (normally, by `break`, or by an exception) stops the thread.
+    """
+
+    def __init__(self, make: Callable[[int], T], steps: range, depth: int = 2) -> None:
+        if depth < 1:
+            raise ConfigError("prefetch depth", expected="an integer >= 1", found=depth, fix="pass depth=1 or more")
+        self._make, self._steps = make, steps
+        self._ready: queue.Queue[tuple[int, T | None, BaseException | None]] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._work, name="job-prefetch", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        priority.lower(PREFETCH_NICE)  # it fills the step's gaps on a host whose cores the step uses
+        for step in self._steps:
+            try:
+                item: tuple[int, T | None, BaseException | None] = (step, self._make(step), None)
+            except BaseException as err:  # handed to the consumer, which re-raises it in its own thread
+                item = (step, None, err)
+            while not self._stop.is_set():
+                try:
+                    self._ready.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if self._stop.is_set() or item[2] is not None:
+                return
+
+    def get(self, step: int) -> T:
+        """What `make(step)` returned, waiting for it if it is not ready yet."""
+        while True:
+            try:
+                made, value, err = self._ready.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._ready.empty():
+                    raise RuntimeError(f"prefetch: step {step} was asked for, but the prefetch thread has "
+                                       f"stopped (it makes steps {self._steps.start}..{self._steps.stop - 1} "
+                                       "in order)") from None
+        if err is not None:
+            raise err
+        if made != step:
+            raise RuntimeError(f"prefetch: expected step {step}, found step {made}; ask for steps in order")
+        return value  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stop the thread (it finishes the step it is making) and drop what it made."""
+        self._stop.set()
+        while True:
+            try:
+                self._ready.get_nowait()
+            except queue.Empty:
+                break
+        self._thread.join(timeout=10.0)
+
+    def __enter__(self) -> Prefetch[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["Prefetch", "below", "global_batch", "row_bits", "row_span", "to_global", "uniform"]

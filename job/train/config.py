@@ -1,0 +1,244 @@
+"""The training run's configuration: one typed, frozen dataclass tree.
+
+    python -m job train [--task lm] --steps 200 --model.layers 4 --data.global-batch 64
+
+Every field below is a command-line flag (nested ones as `--section.field`);
+`model` and `data` are the task's own config classes (job/tasks/NAME/).
+`validate(cfg, task)` refuses a value that cannot work (zero steps, a NaN
+learning rate, ...) before anything starts. The resolved config is saved as
+`config.json` in the run directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from job.core.errors import ConfigError
+from job.runs.storage import url_problem
+
+if TYPE_CHECKING:
+    from job.train.task import Task
+
+M = TypeVar("M")  # the task's model config
+D = TypeVar("D")  # the task's data config
+
+MAX_STEPS = 2**31 - 1  # optax counts steps in int32
+MAX_SEED = 2**63 - 1  # jax.random.key takes a C long
+MAX_ACCUM = 4096  # micro-batches per step; more is a typo (each one is a scan iteration)
+
+
+OPTIMIZER_NAMES = ("adamw", "adam", "sgd", "lion", "adafactor")  # --optim.name (job/train/optimizers.py)
+SCHEDULE_NAMES = ("cosine", "linear", "constant", "warmup-stable-decay")  # --optim.schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    name: str = "adamw"  # adamw, adam, sgd (momentum b1), lion or adafactor (job/train/optimizers.py)
+    schedule: str = "cosine"  # after the warmup: cosine, linear, constant or warmup-stable-decay
+    lr: float = 3e-3  # peak learning rate, reached after the warmup
+    warmup_steps: int = 20  # linear warmup from 0
+    min_lr_ratio: float = 0.1  # cosine, linear and the stable schedule's decay end at lr * min_lr_ratio
+    decay_fraction: float = 0.2  # warmup-stable-decay: the last fraction of the steps decays
+    weight_decay: float = 0.01  # decoupled weight decay (adamw, lion, adafactor)
+    clip_norm: float = 1.0  # global gradient norm clip (0 = no clipping)
+    b1: float = 0.9  # Adam's and Lion's beta1; SGD's momentum
+    b2: float = 0.98  # Adam's and Lion's beta2
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 50  # save every N steps (and always at the end and on preemption)
+    keep: int = 3  # how many of the newest checkpoints to keep
+    async_save: bool = True  # write in the background while training continues
+    background: bool = True  # copy the state on its devices and save it from a thread (2x device memory meanwhile)
+
+
+@dataclasses.dataclass(frozen=True)
+class WandbConfig:
+    project: str = ""  # also log to this Weights & Biases project ("" = off; needs the `wandb` extra)
+    entity: str = ""  # W&B team or user ("" = your default)
+    name: str = ""  # display name of the run ("" = W&B picks one)
+
+
+@dataclasses.dataclass(frozen=True)
+class EmaConfig:
+    decay: float = 0.0  # keep an exponential moving average of the parameters, evaluated beside them (0 = off)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileConfig:
+    steps: str = ""  # trace steps A:B (both included, e.g. 10:15) to RUN_DIR/profile/process-N ("" = off)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig(Generic[M, D]):
+    model: M  # the task's model config: --model.*
+    data: D  # the task's data config: --data.* (global_batch, eval_batches, ...)
+    task: str = "lm"  # the task to train: a folder under job/tasks/
+    # a named experiment of the task (Task.presets): its model and data configs; flags given beside it win
+    preset: str = ""
+    run_dir: str = "runs/example"  # checkpoints, metrics.jsonl, config.json, summary.json; or gs://BUCKET/FOLDER
+    steps: int = 200  # total optimizer steps of the run (a resumed run continues to this)
+    seed: int = 0  # parameter initialisation seed
+    log_every: int = 10  # log and write metrics every N steps
+    eval_every: int = 50  # evaluate on held-out data every N steps (and at the end)
+    # a finite eval split (its source gives its size) is evaluated in one full pass, every row once;
+    # --no-eval-full: its first --data.eval-batches batches (job/train/evaluation.py)
+    eval_full: bool = True
+    # how the state is split over the ("data", "model") mesh: replicated, fsdp (over "data"), tensor (over
+    # "model") or fsdp_tensor (both, on a 2-D mesh); see job/parallel/sharding.py
+    rule: str = "replicated"
+    model_axis: int = 1  # devices per tensor-parallel group (the mesh's "model" axis)
+    accum_steps: int = 1  # micro-batches per step: gradients of K slices of the global batch, one update
+    resume: bool = True  # continue from the newest complete checkpoint in run_dir
+    watchdog_s: float = 600.0  # no step within this many seconds: dump every stack, exit 86 (0 = off)
+    # name a host whose own time per step (input wait, dispatch) is over this x the median (job/observe/stragglers.py)
+    straggler_ratio: float = 1.2
+    # jax's persistent compilation cache: a folder, "none" (off), or "" = $JOB_COMPILE_CACHE, else
+    # $JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/job/jax (~/.cache/job/jax); see job/runtime/compile_cache.py
+    compile_cache: str = ""
+    optim: OptimConfig = OptimConfig()
+    ckpt: CheckpointConfig = CheckpointConfig()
+    ema: EmaConfig = EmaConfig()
+    wandb: WandbConfig = WandbConfig()
+    profile: ProfileConfig = ProfileConfig()
+
+
+def _divisor_near(n: int, k: int) -> int:
+    """The divisor of n nearest to k (the lower one on a tie)."""
+    if not isinstance(n, int) or n < 1:
+        return 1
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - k), d))
+
+
+def _finite(x: float) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x)
+
+
+def defaults(task: Task) -> TrainConfig:
+    """The config a run of `task` starts from: every field's default."""
+    return TrainConfig(model=task.model_config(), data=task.data_config(), task=task.name)
+
+
+def validate(cfg: TrainConfig, task: Task) -> None:
+    """Every check that needs no devices (run before anything starts); raises ConfigError on the first bad value."""
+    from job.parallel.sharding import TRAIN_RULES
+    from job.train.evaluation import check_splits
+
+    check_splits(task.eval_splits, task.name)
+    if cfg.rule not in TRAIN_RULES:
+        raise ConfigError("--rule", expected=f"one of {', '.join(TRAIN_RULES)}", found=cfg.rule,
+                          fix="pass --rule replicated (safe), fsdp, tensor or fsdp_tensor")
+    task.validate(cfg.model, cfg.data, rule=cfg.rule, model_axis=cfg.model_axis)
+    o, run_dir = cfg.optim, cfg.run_dir
+    checks = (  # (ok, flag, expected, found, fix); comparisons are written so that NaN fails them
+        (1 <= cfg.accum_steps <= MAX_ACCUM, "--accum-steps", f"an integer 1..{MAX_ACCUM}", cfg.accum_steps,
+         "pass --accum-steps 1 (no accumulation)"),
+        (cfg.accum_steps < 1 or cfg.data.global_batch % cfg.accum_steps == 0, "--accum-steps",
+         f"a divisor of --data.global-batch {cfg.data.global_batch}", cfg.accum_steps,
+         f"pass --accum-steps {_divisor_near(cfg.data.global_batch, cfg.accum_steps)}, or a --data.global-batch "
+         f"that is a multiple of {cfg.accum_steps}"),
+        (1 <= cfg.steps <= MAX_STEPS, "--steps", f"an integer 1..{MAX_STEPS}", cfg.steps, "pass --steps 200"),
+        (cfg.log_every >= 1, "--log-every", "an integer >= 1", cfg.log_every, "pass --log-every 10"),
+        (cfg.eval_every >= 1, "--eval-every", "an integer >= 1", cfg.eval_every, "pass --eval-every 50"),
+        (cfg.ckpt.every >= 1, "--ckpt.every", "an integer >= 1", cfg.ckpt.every, "pass --ckpt.every 50"),
+        (cfg.ckpt.keep >= 1, "--ckpt.keep", "an integer >= 1", cfg.ckpt.keep, "pass --ckpt.keep 3"),
+        (0 <= cfg.seed <= MAX_SEED, "--seed", f"an integer 0..{MAX_SEED}", cfg.seed, "pass --seed 0"),
+        (_finite(cfg.watchdog_s) and cfg.watchdog_s >= 0, "--watchdog-s", "a finite number of seconds >= 0",
+         cfg.watchdog_s, "pass --watchdog-s 600, or 0 to turn the watchdog off"),
+        (_finite(cfg.straggler_ratio) and cfg.straggler_ratio >= 1, "--straggler-ratio", "a finite ratio >= 1",
+         cfg.straggler_ratio, "pass --straggler-ratio 1.2"),
+        (bool(run_dir) and run_dir.isprintable(), "--run-dir", "a non-empty path without control characters",
+         run_dir, "pass --run-dir runs/example"),
+        (url_problem(run_dir) is None, "--run-dir", "a folder path or gs://BUCKET/FOLDER", run_dir,
+         f"{url_problem(run_dir)}; pass e.g. --run-dir runs/example or --run-dir gs://my-bucket/run1"),
+        (_finite(o.lr) and o.lr > 0, "--optim.lr", "a finite learning rate > 0", o.lr, "pass --optim.lr 3e-3"),
+        (0 <= o.warmup_steps <= MAX_STEPS, "--optim.warmup-steps", f"an integer 0..{MAX_STEPS}", o.warmup_steps,
+         "pass --optim.warmup-steps 20 (0 for none)"),
+        (0 <= o.min_lr_ratio <= 1, "--optim.min-lr-ratio", "a fraction 0..1", o.min_lr_ratio,
+         "pass --optim.min-lr-ratio 0.1"),
+        (_finite(o.weight_decay) and o.weight_decay >= 0, "--optim.weight-decay", "a finite number >= 0",
+         o.weight_decay, "pass --optim.weight-decay 0.01 (0 for none)"),
+        (o.name in OPTIMIZER_NAMES, "--optim.name", f"one of {', '.join(OPTIMIZER_NAMES)}", o.name,
+         "pass --optim.name adamw"),
+        (o.schedule in SCHEDULE_NAMES, "--optim.schedule", f"one of {', '.join(SCHEDULE_NAMES)}", o.schedule,
+         "pass --optim.schedule cosine"),
+        (_finite(o.decay_fraction) and 0 < o.decay_fraction <= 1, "--optim.decay-fraction", "a fraction 0 < f <= 1",
+         o.decay_fraction, "pass --optim.decay-fraction 0.2"),
+        (_finite(o.clip_norm) and o.clip_norm >= 0, "--optim.clip-norm", "a finite gradient norm >= 0 (0: no clipping)",
+         o.clip_norm, "pass --optim.clip-norm 1.0, or 0 for no clipping"),
+        (0 <= cfg.ema.decay < 1, "--ema.decay", "a decay 0 <= d < 1 (0: no average)", cfg.ema.decay,
+         "pass --ema.decay 0.999, or 0 for none"),
+        (0 <= o.b1 < 1, "--optim.b1", "a decay rate 0 <= b1 < 1", o.b1, "pass --optim.b1 0.9"),
+        (0 <= o.b2 < 1, "--optim.b2", "a decay rate 0 <= b2 < 1", o.b2, "pass --optim.b2 0.98"),
+    )
+    for ok, flag, expected, found, fix in checks:
+        if not ok:
+            raise ConfigError(flag, expected=expected, found=found, fix=fix)
+    if cfg.profile.steps:
+        from job.observe.profile import parse_steps
+
+        parse_steps(cfg.profile.steps, cfg.steps)
+
+
+def to_dict(cfg: TrainConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def to_json(cfg: TrainConfig) -> str:
+    return json.dumps(to_dict(cfg), indent=2, sort_keys=True)
+
+
+def from_dict(values: Mapping[str, Any], task: Task) -> TrainConfig:
+    """The TrainConfig that `to_dict` (a run's config.json) holds: `from_dict(to_dict(cfg), task) == cfg`.
+    A field the file lacks takes its default (a config.json of an older version); one it has that the
+    config does not is one error."""
+    import typing
+
+    def build(kind: type, given: Any, where: str) -> Any:
+        if not isinstance(given, Mapping):
+            raise ConfigError(where, expected=f"a JSON object of {kind.__name__}'s fields", found=given,
+                              fix="pass a config.json that python -m job train wrote")
+        fields = {f.name for f in dataclasses.fields(kind)}
+        unknown = sorted(set(given) - fields)
+        if unknown:
+            raise ConfigError(where, expected=f"fields of {kind.__name__} ({', '.join(sorted(fields))})",
+                              found=unknown, fix="remove them, or load the run with the code that wrote it")
+        hints = typing.get_type_hints(kind)
+        out = {}
+        for name, value in given.items():
+            inner = nested[name] if kind is TrainConfig and name in nested else hints.get(name)
+            is_config = isinstance(inner, type) and dataclasses.is_dataclass(inner)
+            out[name] = build(inner, value, f"{where}.{name}") if is_config else value
+        return kind(**out)
+
+    nested = {"model": task.model_config, "data": task.data_config}
+    return build(TrainConfig, {"model": {}, "data": {}, **values}, "config.json")
+
+
+def parse(args: list[str], task: Task) -> TrainConfig:
+    """Command-line flags -> the TrainConfig of `task`; an unknown flag exits with usage (code 2)."""
+    import tyro
+
+    kind = TrainConfig[task.model_config, task.data_config]  # type: ignore[name-defined]
+    parsed = tyro.cli(kind, args=args, default=defaults(task), prog="python -m job train",
+                      description=__doc__.split("\n")[0])
+    if not parsed.preset:
+        return parsed
+    return tyro.cli(kind, args=args, default=preset(task, parsed.preset), prog="python -m job train",
+                    description=__doc__.split("\n")[0])
+
+
+def preset(task: Task, name: str) -> TrainConfig:
+    """The defaults of `task` with its preset `name` applied (`--preset NAME`)."""
+    presets = getattr(task, "presets", {}) or {}
+    if name not in presets:
+        known = ", ".join(presets) or "none"
+        raise ConfigError("--preset", expected=f"one of the {task.name} task's presets: {known}", found=name,
+                          fix=f"pass one of {known}, or no --preset" if presets else "drop --preset")
+    model, data = presets[name]()
+    return dataclasses.replace(defaults(task), model=model, data=data, preset=name)

@@ -1,0 +1,96 @@
+"""What every entry point does around its work: logging, bad input as exit 2, a clean distributed end.
+
+`python -m job` is built from these; a fork's own script uses them instead of copying it:
+
+    # mypkg/train.py: python -m job.launch -n 2 -- python -m mypkg.train --steps 100
+    import sys
+    from job.train import entry
+
+    if __name__ == "__main__":
+        sys.exit(entry.train(sys.argv[1:], task="mypkg.tasks:TASK"))  # the default --task
+
+    # or any program of its own, with the same set-up and shutdown:
+    def my_main(argv: list[str]) -> int:
+        job.initialize(); ...; return 0
+    sys.exit(entry.command(my_main, sys.argv[1:]))
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+
+from job.core.errors import BAD_INPUT_EXIT_CODE, ConfigError
+
+QUIET_LOGGERS = ("absl", "jax._src", "orbax", "fsspec", "gcsfs")
+
+
+def setup_logging() -> None:
+    """INFO lines with the time and the logger's name; other libraries' chatter at WARNING."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    for noisy in QUIET_LOGGERS:
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def command(fn: Callable[[list[str]], int], argv: list[str]) -> int:
+    """`fn(argv)` with logging set up: its exit code, BAD_INPUT_EXIT_CODE (2) with one line on stderr for
+    a ConfigError, and, where it joined one, the distributed runtime left together (its shutdown
+    barrier) when it ends well.
+
+    A ConfigError raised after `job.initialize` is left to its exit hook, which prints it and ends every
+    process with 2 without the shutdown barrier that the other processes would never reach."""
+    setup_logging()
+    try:
+        code = fn(argv)
+    except ConfigError as exc:
+        if _distributed():
+            raise
+        if not exc.reported:
+            print(f"error: {exc}", file=sys.stderr)
+        return BAD_INPUT_EXIT_CODE
+    _shutdown()
+    return code
+
+
+def train(argv: list[str], task: str | None = None) -> int:
+    """`python -m job train ARGV`; `task` (NAME or MODULE:ATTR) is the --task when ARGV gives none. The
+    run records it, so `python -m job eval` and `rerun` find the same task."""
+    from job.train import task as tasks
+
+    if task is not None and tasks.task_name(argv, default=None) is None:
+        argv = ["--task", task, *argv]
+    return command(_train, argv)
+
+
+def _train(flags: list[str]) -> int:
+    from job.train import config, loop
+    from job.train import task as tasks
+
+    chosen = tasks.load(tasks.task_name(flags))
+    cfg = config.parse(flags, chosen)
+    config.validate(cfg, chosen)  # bad input: one clear line and exit 2, before anything starts
+    try:
+        return loop.run(cfg, chosen, ["train", *flags])
+    except ConfigError as exc:  # found inside the run (a state unlike the saved one, ...): still bad input
+        if not _distributed() and not exc.reported:  # printed as job.initialize's exit hook prints it
+            print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+            exc.reported = True
+        raise
+
+
+def _distributed() -> bool:
+    import jax
+
+    return jax.distributed.is_initialized()
+
+
+def _shutdown() -> None:
+    import jax
+
+    if _distributed():
+        jax.distributed.shutdown()
+
+
+__all__ = ["QUIET_LOGGERS", "command", "setup_logging", "train"]

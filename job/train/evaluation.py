@@ -1,0 +1,142 @@
+"""Evaluation of a task's declared splits: a fixed number of batches, or one full pass over a finite split.
+
+    evaluator = Evaluator(eval_step, source, mesh, splits=task.eval_splits, global_batch=32,
+                          batches=cfg.data.eval_batches, full=cfg.eval_full, weight=task.weight)
+    results = evaluator.run(state)            # {split: {metric: value}}, or None when a signal came
+
+A split is finite when its source says how many rows it has (`source.size(split)` returns an int).
+A full pass over it reads each of its rows once, as `rows(split, 0, start, stop)` with row numbers
+of the whole split, in global batches. The last, partial batch is cut in two so that no row is
+padded or seen twice: the rows that divide over the data-parallel devices are sharded like a train
+batch, and the remainder (fewer rows than data shards) is held whole by every device. Those are
+two more shapes, each compiled once. A split without a size (synthetic or random windows) is
+evaluated in `batches` batches, batch i being `rows(split, i, start, stop)`.
+
+Metrics are averaged over the batches weighed by the task's weight metric (its items, such as
+tokens), else by each batch's rows. A task's loss that is a mean over its items then gives, over
+a full pass, the mean over every item of the split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from job.core.errors import ConfigError
+
+RESERVED_SPLITS = ("train", "hosts")  # metric records the loop writes under these names
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """One eval batch: `rows` rows of `rows(split, step, ...)` from row `offset` on."""
+
+    step: int
+    offset: int
+    rows: int
+    whole: bool = False  # held whole by every device (a full pass's last few rows), else sharded over data
+
+
+def size_of(source: Any, split: str) -> int | None:
+    """The rows of a finite split (the source's `size(split)`), None for a split without an end."""
+    size = getattr(source, "size", None)
+    if size is None:
+        return None
+    rows = size(split)
+    if rows is not None and (not isinstance(rows, int) or rows < 1):
+        raise ConfigError(f"the size of eval split {split!r}", expected="a number of rows >= 1, or None (no end)",
+                          found=rows, fix=f"return the split's row count from {type(source).__name__}.size")
+    return rows
+
+
+def pieces(size: int | None, *, batch: int, divisor: int, batches: int, full: bool) -> list[Piece]:
+    """The eval batches of one split: `batches` batches of an endless split; of a finite one of `size`
+    rows, a full pass (`full`), else its first `batches` batches (the whole split when it is shorter)."""
+    if size is None:
+        return [Piece(step, 0, batch) for step in range(batches)]
+    whole_batches = size // batch
+    count = whole_batches if full else min(batches, whole_batches)
+    out = [Piece(0, i * batch, batch) for i in range(count)]
+    if full or batches > whole_batches:  # the whole split: its last rows too
+        left = size - whole_batches * batch
+        sharded = left - left % divisor
+        if sharded:
+            out.append(Piece(0, whole_batches * batch, sharded))
+        if left % divisor:
+            out.append(Piece(0, whole_batches * batch + sharded, left % divisor, whole=True))
+    return out
+
+
+def check_splits(splits: Sequence[str], task_name: str) -> None:
+    """A task's declared eval splits: distinct names that are not the loop's own record names."""
+    bad = [s for s in splits if not isinstance(s, str) or not s.isidentifier() or s in RESERVED_SPLITS]
+    if bad or len(set(splits)) != len(splits):
+        raise ConfigError(f"Task.eval_splits of {task_name}", expected="distinct identifiers other than "
+                          f"{' and '.join(RESERVED_SPLITS)}", found=list(splits),
+                          fix='declare e.g. eval_splits=("eval", "test")')
+
+
+class Evaluator:
+    """Evaluates a state on every declared split, each under its own name."""
+
+    def __init__(self, eval_step: Callable[..., Any], source: Any, mesh: Any, *, splits: Sequence[str],
+                 global_batch: int, batches: int, full: bool, weight: str | None) -> None:
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        from job.parallel import sharding
+
+        self._step, self._source, self._weight = eval_step, source, weight
+        self._sharded = NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh)))
+        self._whole = NamedSharding(mesh, PartitionSpec())
+        self._batch = global_batch
+        divisor = sharding.batch_size_divisor(mesh)
+        self.plan = {split: pieces(size_of(source, split), batch=global_batch, divisor=divisor,
+                                   batches=batches, full=full) for split in (splits if batches else ())}
+
+    def rows(self, split: str) -> int:
+        """How many rows one evaluation of `split` reads."""
+        return sum(p.rows for p in self.plan[split])
+
+    def batch(self, split: str, piece: Piece) -> dict[str, Any]:
+        """The global arrays of one piece: sharded like a train batch, or whole on every device."""
+        from job.train.batches import global_batch
+
+        return global_batch(self._source, self._whole if piece.whole else self._sharded, split=split,
+                            step=piece.step, size=piece.rows, offset=piece.offset)
+
+    def run(self, state: Any, should_stop: Callable[[], bool] = lambda: False) -> dict[str, dict[str, float]] | None:
+        """{split: metrics} of `state`; None when `should_stop` (the collective preemption check after
+        each batch) says a signal came."""
+        import jax
+
+        results = {}
+        for split, planned in self.plan.items():
+            sums: dict[str, float] = {}
+            total = 0.0
+            for piece in planned:
+                metrics = {k: float(v) for k, v in jax.device_get(self._step(state, self.batch(split, piece))).items()}
+                if should_stop():
+                    return None
+                w = metrics.pop(self._weight) if self._weight else piece.rows / self._batch
+                for name, value in metrics.items():
+                    sums[name] = sums.get(name, 0.0) + value * w
+                total += w
+            results[split] = {name: value / total if total else 0.0 for name, value in sums.items()}
+        return results
+
+
+def summary_fields(splits: Sequence[str], results: Mapping[str, Mapping[str, float]], shown: Sequence[str],
+                   ema: bool) -> dict[str, Any]:
+    """The summary's eval entries: SPLIT_METRIC for the task's shown metrics (SPLIT_ema_METRIC beside),
+    None for a split not evaluated."""
+    out: dict[str, Any] = {}
+    for split in splits:
+        metrics = results.get(split, {})
+        out.update({f"{split}_{name}": metrics.get(name) for name in shown})
+        if ema:
+            out.update({f"{split}_ema_{name}": metrics.get(f"ema_{name}") for name in shown})
+    return out
+
+
+__all__ = ["Evaluator", "Piece", "check_splits", "pieces", "size_of", "summary_fields"]

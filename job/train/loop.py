@@ -1,0 +1,407 @@
+"""The training loop, for any task: resume, train, evaluate, checkpoint, stop cleanly on preemption.
+
+    python -m job.launch -n 4 --devices-per-process 2 -- python -m job train --steps 200
+    python -m job train --task classify --run-dir runs/classify
+
+The task (job/tasks/NAME/, see job/train/task.py) gives the model, its loss and the
+rows of each batch; this loop, the checkpoints and the preemption protocol
+are the same for every task.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from etils import epath
+from flax import nnx
+
+from job.core.errors import ConfigError
+from job.observe.goodput import Goodput, describe
+from job.runs import provenance, resume, storage
+from job.runtime.cluster import ClusterInfo
+from job.runtime.distributed import initialize
+from job.runtime.preemption import REQUEUE_EXIT_CODE, PreemptionGuard
+from job.runtime.watchdog import Watchdog
+from job.train import config
+from job.train.config import TrainConfig, to_dict, to_json
+from job.train.task import Task
+
+log = logging.getLogger("job.train")
+
+
+def count_params(model: nnx.Module) -> int:
+    """Number of scalar entries over all `nnx.Param`s."""
+    return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def run(cfg: TrainConfig, task: Task, argv: list[str] | None = None) -> int:
+    """Train `task` to cfg.steps (resuming if possible). Returns 0, or REQUEUE_EXIT_CODE when preempted.
+
+    `argv` is the command line that made `cfg` (`python -m job ARGV`), recorded for `python -m job rerun`."""
+    config.validate(cfg, task)
+    timer = Goodput()
+    # from here on a SIGTERM (USR1, USR2) is heard in every phase: start-up, the first compilation,
+    # evaluation and saves end with the last finished step saved and REQUEUE_EXIT_CODE
+    # (after job.initialize: jax's own preemption notifier takes SIGTERM there, and this guard takes it back)
+    info = initialize()
+    with PreemptionGuard() as guard:
+        return Training(cfg, task, argv, timer, info, guard).run()
+
+
+@dataclasses.dataclass
+class Built:
+    """What `Training.build` makes before any array of the train state exists."""
+
+    run_dir: epath.Path
+    mesh: jax.sharding.Mesh
+    source: Any  # the task's rows
+    planned: Any  # job.train.state.Plan: shapes, shardings and the init of the state
+    schedule: Any  # the learning rate by step
+    train_step: Callable[..., Any]  # (state, batch) -> (state, metrics), jitted
+    evaluator: Any  # job.train.evaluation.Evaluator over the task's eval splits
+    batch_sharding: Any  # how a train batch is laid out
+    checked: Any  # the preflight's findings
+
+
+class Training:
+    """One run of the loop, in the phases a reader finds by name:
+
+    build (mesh, data, the planned state, the jitted steps) -> restore (the newest checkpoint, else a
+    fresh state created as its shards) -> step (one optimizer step, then logging, evaluate and save
+    as due) -> finish (the last save, the summary). `run` strings them together."""
+
+    def __init__(self, cfg: TrainConfig, task: Task, argv: list[str] | None, timer: Goodput,
+                 info: ClusterInfo, guard: PreemptionGuard) -> None:
+        self.cfg, self.task, self.argv, self.timer, self.info, self.guard = cfg, task, argv, timer, info, guard
+        self.metrics: dict[str, Any] = {}  # the last train step's
+        self.evaluated: dict[str, dict[str, float]] = {}  # the last evaluation's, by split
+        self.last_saved = 0
+
+    def run(self) -> int:
+        """build, restore, then step to cfg.steps (or a preemption), then finish: the exit code."""
+        from job.parallel.multihost import only_specific_processes
+
+        built = self.build()
+        start, state = self.restore(built)
+        if start >= self.cfg.steps:
+            only_specific_processes()(log.info)("already complete at step %d; use a new --run-dir or raise --steps",
+                                                start)
+            self.checkpoints.close()
+            return 0
+        self.open_records(built, start)
+        if self.guard.should_stop():  # a signal during start-up (build, restore): no step since the last save
+            self.report.message("preempted before the first step: nothing new to save; exiting with %d (requeue)",
+                                REQUEUE_EXIT_CODE)
+            self.report.flush()
+            self.timer.flush()
+            self.checkpoints.close()
+            return REQUEUE_EXIT_CODE
+        code, state = self.train(built, start, state)
+        self.finish(built, state, code)
+        return code
+
+    def build(self) -> Built:
+        """The mesh, the task's rows, the optimizer, the state's plan (no array made) and the jitted steps."""
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        from job.parallel import sharding
+        from job.runtime import compile_cache, preflight
+        from job.train import state as state_plan
+        from job.train.steps import jit_train_step
+
+        cfg, task, info = self.cfg, self.task, self.info
+        self.cache_dir = compile_cache.enable(cfg.compile_cache)  # before the first compilation
+        log.info("process %d of %d (%s) on %s", info.process_id, info.num_processes, info.kind,
+                 os.environ.get("SLURMD_NODENAME") or socket.gethostname())
+        run_dir = storage.run_path(cfg.run_dir)  # a local folder or gs://BUCKET/FOLDER (etils.epath)
+        checked = preflight.check(to_dict(cfg), run_dir / "checkpoints")
+        mesh = sharding.make_mesh(model_axis=cfg.model_axis)
+        _check_batch(cfg, mesh)
+        source = task.source(cfg.data, cfg.model)
+        tx, schedule = _optimizer(task, cfg)
+        # shapes and placement first, no array made; the state is then created as its shards, or restored into them
+        planned = state_plan.plan(task, cfg, mesh, tx)
+        batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh)))
+        micro = NamedSharding(mesh, PartitionSpec(None, sharding.batch_axes(mesh)))
+        train_step = jit_train_step(task.loss, planned.graphdef, planned.shardings, accum_steps=cfg.accum_steps,
+                                    weight=task.weight, custom=task.train_step, micro_sharding=micro)
+        evaluator = _evaluator(cfg, task, mesh, source, planned)
+        return Built(run_dir=run_dir, mesh=mesh, source=source, planned=planned, schedule=schedule,
+                     train_step=train_step, evaluator=evaluator, batch_sharding=batch_sharding, checked=checked)
+
+    def restore(self, built: Built) -> tuple[int, Any]:
+        """(the step to start from, the state): the newest readable checkpoint's, else a fresh state.
+        A checkpoint of another state stops the run here (exit 2), with nothing touched."""
+        from job.parallel.multihost import only_specific_processes
+        from job.runs.checkpoint import Checkpointer
+
+        cfg, run_dir = self.cfg, built.run_dir
+        self.moved = None if cfg.resume else resume.move_aside_for_fresh_start(run_dir / "checkpoints")
+        self.checkpoints = checkpoints = Checkpointer(run_dir / "checkpoints", cfg.ckpt)
+        start, self.changed = 0, []
+        newest = checkpoints.newest_specs() if cfg.resume else None
+        if newest is not None:
+            self.changed = resume.check(run_dir, to_dict(cfg), *newest, built.planned.abstract)
+        only_specific_processes()(_save_config)(run_dir, cfg)
+        only_specific_processes()(provenance.record)(run_dir, self.argv, _topology(self.info, built.mesh))
+        if cfg.resume and checkpoints.all_steps():  # read back first: an unreadable newest step is set aside
+            start, state = checkpoints.restore_newest(built.planned.abstract)
+        else:
+            if cfg.resume:  # never from step 0 over checkpoints that were set aside as unreadable
+                resume.refuse_fresh_start_over_set_aside(checkpoints.directory)
+            state = built.planned.init()
+        self.last_saved = start
+        return start, state
+
+    def open_records(self, built: Built, start: int) -> None:
+        """The metrics writers, goodput, profiler and straggler watch, and the run's opening lines."""
+        from job.observe.profile import StepProfiler
+        from job.observe.report import Reporter
+        from job.observe.stragglers import StragglerWatch
+        from job.parallel.multihost import only_specific_processes
+
+        cfg, task, run_dir = self.cfg, self.task, built.run_dir
+        self.report = report = Reporter(
+            run_dir, start_step=start, total_steps=cfg.steps, shown=task.shown, unit=task.unit,
+            items_per_step=cfg.data.global_batch * task.items_per_row(cfg.model), wandb=cfg.wandb, config=to_dict(cfg))
+        only_specific_processes()(self.timer.resume)(run_dir, start)
+        self.profiler = StepProfiler(cfg.profile.steps, cfg.steps, run_dir, self.info.process_id)
+        self.watch = StragglerWatch(cfg.straggler_ratio)
+        if start:
+            report.message("resumed from step %d (%s)", start, run_dir / "checkpoints")
+        if start and self.changed:
+            report.message("changed since the saved run (the state is the same): %s", ", ".join(
+                f"{resume.flag(name)} {old!r} -> {new!r}" for name, old, new in self.changed))
+        if self.moved is not None:
+            report.message("--no-resume: starting afresh; the earlier checkpoints are kept in %s", self.moved)
+        report.message("%s", built.checked.line())
+        report.message("%s; task %s; %d parameters; mesh %s; rule %s", self.info.summary(), task.name,
+                       built.planned.params, dict(built.mesh.shape), cfg.rule)
+        for split in built.evaluator.plan:
+            report.message("eval split %s: %d rows in %d batches", split, built.evaluator.rows(split),
+                           len(built.evaluator.plan[split]))
+        self.began = time.perf_counter()
+        self.timer.started()
+
+    def train(self, built: Built, start: int, state: Any) -> tuple[int, Any]:
+        """Steps start..cfg.steps-1, each followed by what is due; (exit code, the state at the end)."""
+        from job.parallel import sharding
+        from job.runtime import compile_cache
+        from job.train.batches import Prefetch, global_batch
+
+        cfg, timer = self.cfg, self.timer
+
+        def batch(step: int) -> dict[str, jax.Array]:
+            return global_batch(built.source, built.batch_sharding, split="train", step=step,
+                                size=cfg.data.global_batch)
+
+        with contextlib.ExitStack() as stack, sharding.mesh_context(built.mesh):
+            self.cache_events = stack.enter_context(compile_cache.CacheEvents())
+            stack.callback(self.profiler.stop)
+            # however the loop ends (an error, too), the records so far are written; a full disk there is
+            # a warning, not an error over the one that ended the loop (a failed save's CheckpointError)
+            stack.callback(_written, self.report.flush, "metrics")
+            stack.callback(_written, timer.flush, "goodput record")
+            # the next 2 batches (rows and transfer) are made on a thread while this step runs; it stops with the loop
+            upcoming = stack.enter_context(Prefetch(batch, range(start, cfg.steps)))
+            dog = None
+            for step in range(start, cfg.steps):
+                state, stop = self.step(built, state, step, upcoming, first=step == start)
+                if stop:
+                    done = step + 1
+                    if self.last_saved != done:
+                        state = self.save(state, done)
+                    self.report.message("preempted: saved step %d; exiting with %d (requeue)", done,
+                                        REQUEUE_EXIT_CODE)
+                    return REQUEUE_EXIT_CODE, state
+                if dog is not None:
+                    dog.kick()
+                elif cfg.watchdog_s > 0:  # armed after the first step: compilation may take long
+                    dog = stack.enter_context(Watchdog(cfg.watchdog_s))
+        return 0, state
+
+    def step(self, built: Built, state: Any, step: int, upcoming: Any, *, first: bool) -> tuple[Any, bool]:
+        """One optimizer step, then its logging, evaluation and save when due: (state, stop now)."""
+        from job.parallel.multihost import only_specific_processes
+
+        cfg, timer, report = self.cfg, self.timer, self.report
+        done = step + 1
+        logs = done % cfg.log_every == 0 or done == cfg.steps
+        evaluates = bool(built.evaluator.plan) and (done % cfg.eval_every == 0 or done == cfg.steps)
+        saves = done % cfg.ckpt.every == 0 or done == cfg.steps
+        step_began = time.perf_counter()
+        with timer.part("input_wait"):
+            next_batch = upcoming.get(step)
+        with self.profiler.step(done) as outputs, timer.step():  # starting and ending a trace is not a step
+            state, self.metrics = built.train_step(state, next_batch)
+            host_s = time.perf_counter() - step_began  # this host's own part: its batch and the dispatch
+            outputs.append(self.metrics)
+            if first or logs or evaluates or saves:  # what follows waits for it: time it here
+                jax.block_until_ready(self.metrics)
+        if logs:
+            with timer.part("logging"):
+                values = {k: float(v) for k, v in jax.device_get(self.metrics).items()}
+                report.train(done, values, float(built.schedule(step)))
+                report.hosts(done, self.watch.share())  # one all-gather of one number, on log steps only
+                only_specific_processes()(timer.progress)(built.run_dir, done)
+        interrupted = False  # by a preemption signal during the evaluation: save this step and stop
+        if evaluates:
+            interrupted = not self.evaluate(built, state, done)
+        if saves and not interrupted:
+            state = self.save(state, done)
+        with timer.part("steps"):  # a collective every step: part of what a step costs
+            stop = interrupted or self.guard.should_stop()
+        if not first and not (evaluates or saves):  # a step's time: no compilation, evaluation or save
+            self.watch.add(host_s, time.perf_counter() - step_began)
+        return state, stop
+
+    def evaluate(self, built: Built, state: Any, done: int) -> bool:
+        """Every eval split, each reported under its name; False when a preemption signal cut it short."""
+        with self.timer.part("eval"):
+            results = built.evaluator.run(state, self.guard.should_stop)
+        if results is None:
+            return False
+        self.evaluated = results
+        for split, metrics in results.items():
+            self.report.eval(done, metrics, split=split)
+        return True
+
+    def save(self, state: Any, done: int) -> Any:
+        """Step `done`'s checkpoint (written in the background when --ckpt.async-save)."""
+        with self.timer.part("checkpoint"):
+            self.checkpoints.save(done, state)
+        self.last_saved = done
+        return state
+
+    def finish(self, built: Built, state: Any, code: int) -> None:
+        """The saves written, the goodput split, and summary.json."""
+        import optax
+
+        from job.parallel.fingerprint import fingerprint
+        from job.parallel.multihost import only_specific_processes
+        from job.train.evaluation import summary_fields
+
+        cfg, task, timer = self.cfg, self.task, self.timer
+        with timer.part("checkpoint"):
+            self.checkpoints.wait()
+            self.checkpoints.close()
+        timer.seconds["profile"] = self.profiler.seconds
+        split = {**timer.finish(), "compile_cache": {"dir": self.cache_dir, "hits": self.cache_events.hits,
+                                                     "misses": self.cache_events.misses}}
+        only_specific_processes()(timer.progress)(built.run_dir, self.last_saved, "end")
+        self.report.message("%s", describe(split))
+        final = jax.device_get(self.metrics)
+        trained = nnx.state(nnx.merge(built.planned.graphdef, state)["model"], nnx.Param)
+        self.report.close({
+            "final_step": self.last_saved,
+            "completed": code == 0,
+            "task": task.name,
+            "parameters": built.planned.params,
+            "train_loss": float(final["loss"]) if final else None,
+            **summary_fields(task.eval_splits, self.evaluated, task.shown, bool(cfg.ema.decay)),
+            "seconds": round(time.perf_counter() - self.began, 3),
+            # jitted: an eager norm of sharded leaves is a chain of cross-process additions that can
+            # interleave differently on each process and hang (seen under fsdp on 2 processes)
+            "params_norm": float(jax.jit(optax.tree.norm)(trained)),
+            "params_sha256": fingerprint(trained),
+            "slowest_hosts": self.watch.slowest(),  # the processes named as stragglers, each at its slowest
+            "goodput": split,
+        })
+
+
+def _check_batch(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> None:
+    """The global batch splits over the data-parallel devices, every micro-batch too."""
+    from job.parallel import sharding
+
+    divisor = sharding.batch_size_divisor(mesh) * cfg.accum_steps
+    if cfg.data.global_batch % divisor:
+        per = f" x --accum-steps {cfg.accum_steps}" if cfg.accum_steps > 1 else ""
+        raise ConfigError(
+            "--data.global-batch", expected=f"a multiple of the data-parallel size "
+            f"{sharding.batch_size_divisor(mesh)}{per} = {divisor}", found=cfg.data.global_batch,
+            fix=f"use --data.global-batch {divisor * max(1, -(-cfg.data.global_batch // divisor))}",
+        )
+
+
+def _evaluator(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh, source: Any, planned: Any) -> Any:
+    """The Evaluator of the task's eval splits with the model in eval mode."""
+    from job.train.evaluation import Evaluator
+    from job.train.steps import jit_eval_step
+
+    return Evaluator(jit_eval_step(task.loss, planned.eval_graphdef, task.weight), source, mesh,
+                     splits=task.eval_splits, global_batch=cfg.data.global_batch, batches=cfg.data.eval_batches,
+                     full=cfg.eval_full, weight=task.weight)
+
+
+def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None) -> int:
+    """`python -m job eval`: restore step `step` (default the newest) of cfg.run_dir on this topology and
+    evaluate every eval split as the run does; process 0 writes RUN_DIR/eval-STEP.json. Returns 0."""
+    from job.parallel import sharding
+    from job.parallel.multihost import only_specific_processes
+    from job.runs.checkpoint import Checkpointer
+    from job.train import state as state_plan
+
+    initialize()
+    run_dir = storage.run_path(cfg.run_dir)
+    mesh = sharding.make_mesh(model_axis=cfg.model_axis)
+    source = task.source(cfg.data, cfg.model)
+    tx, _ = _optimizer(task, cfg)
+    planned = state_plan.plan(task, cfg, mesh, tx)
+    checkpoints = Checkpointer(run_dir / "checkpoints", cfg.ckpt)
+    try:
+        chosen = checkpoints.saved_step(step)
+        restored = checkpoints.restore(chosen, planned.abstract)
+    finally:
+        checkpoints.close()
+    evaluator = _evaluator(cfg, task, mesh, source, planned)
+    with sharding.mesh_context(mesh):
+        results = evaluator.run(restored) or {}
+    record = {"step": chosen, "splits": {split: {"rows": evaluator.rows(split), "batches": len(evaluator.plan[split]),
+                                                 **metrics} for split, metrics in results.items()}}
+    only_specific_processes()(_write_json)(run_dir / f"eval-{chosen}.json", record)
+    for split, metrics in results.items():
+        only_specific_processes()(log.info)("eval of step %d on %s: %s", chosen, split, ", ".join(
+            f"{k} {v:.6g}" for k, v in metrics.items()))
+    only_specific_processes()(log.info)("wrote %s", run_dir / f"eval-{chosen}.json")
+    return 0
+
+
+def _optimizer(task: Task, cfg: TrainConfig) -> tuple[Any, Any]:
+    """(transformation, schedule): the task's own, else --optim.*."""
+    from job.train.steps import make_optimizer
+
+    return task.optimizer(cfg, cfg.steps) if task.optimizer else make_optimizer(cfg.optim, cfg.steps)
+
+
+def _write_json(path: epath.Path, record: dict) -> None:
+    import json
+
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
+def _written(flush: Callable[[], None], what: str) -> None:
+    try:
+        flush()
+    except OSError as exc:
+        log.warning("could not write the %s at the end of the run: %s", what, exc)
+
+
+def _topology(info: ClusterInfo, mesh: jax.sharding.Mesh) -> dict:
+    """Where the run ran, for its provenance record."""
+    devices = jax.devices()
+    return {"kind": info.kind, "processes": info.num_processes, "local_devices": jax.local_device_count(),
+            "devices": len(devices), "platform": devices[0].platform, "device_kind": devices[0].device_kind,
+            "mesh": dict(mesh.shape), "hosts": len({d.process_index for d in devices})}
+
+
+def _save_config(run_dir: epath.Path, cfg: TrainConfig) -> None:
+    storage.make_dirs(run_dir)
+    (run_dir / "config.json").write_text(to_json(cfg) + "\n")

@@ -1,0 +1,122 @@
+"""A run after training: its config, its model on one host, an evaluation of a checkpoint, an export.
+
+    from job.train import trained
+    model, cfg = trained.load_model("runs/example")            # newest step; the optimizer is not read
+    model, cfg = trained.load_model("runs/example", ema=True)  # the EMA's parameters (--ema.decay runs)
+
+    python -m job eval --run-dir runs/example [--step N]       # any topology: RUN_DIR/eval-STEP.json
+    python -m job export --run-dir runs/example OUT [--step N] # the model's state alone, an orbax checkpoint
+
+The model comes back in eval mode (dropout off), whole on this host's devices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+from typing import Any
+
+from job.core.errors import BAD_INPUT_EXIT_CODE, ConfigError
+from job.runs import storage
+from job.train import config
+
+log = logging.getLogger("job.train.trained")
+
+
+def saved_config(run_dir: str) -> tuple[Any, Any]:
+    """(TrainConfig, Task) of a run dir, from its config.json."""
+    from job.runs.resume import saved_config as read
+    from job.train import task as tasks
+
+    path = storage.run_path(run_dir)
+    saved = read(path)
+    if saved is None:
+        raise ConfigError("--run-dir", expected="a run dir with the config.json its training wrote",
+                          found=f"{run_dir} (no readable config.json)", fix="pass the --run-dir a training ran in")
+    chosen = tasks.load(saved.get("task", tasks.DEFAULT_TASK))
+    return config.from_dict(saved, chosen), chosen
+
+
+def load_model(run_dir: str, step: int | None = None, *, ema: bool = False) -> tuple[Any, Any]:
+    """(the trained model in eval mode, its TrainConfig), from one step (default: the newest) of a run
+    dir; only the model's own state is read (with `ema`, the EMA's copy of it), onto this host's
+    devices, replicated. One process (it reads the checkpoint alone)."""
+    import jax
+    from flax import nnx
+
+    from job.parallel import sharding
+    from job.runs.checkpoint import Checkpointer
+    from job.train import state
+
+    cfg, chosen = saved_config(run_dir)
+    if ema and not cfg.ema.decay:
+        raise ConfigError("ema=True", expected="a run trained with --ema.decay", found=f"{run_dir} (no EMA)",
+                          fix="load its model with ema=False")
+    with nnx.use_eager_sharding(False):
+        abstract_model = nnx.eval_shape(lambda: chosen.build(cfg.model, nnx.Rngs(cfg.seed)))
+    graphdef, abstract_state = nnx.split(abstract_model)
+    mesh = sharding.make_mesh(devices=jax.local_devices())
+    like = state.placed(abstract_state, sharding.placement(abstract_state, mesh, "replicated")[0])
+    target = {"ema": {"model": like}} if ema else {"model": like}
+    checkpoints = Checkpointer(storage.run_path(run_dir) / "checkpoints", cfg.ckpt)
+    try:
+        restored = checkpoints.restore(checkpoints.saved_step(step), target, partial=True)
+    finally:
+        checkpoints.close()
+    model = nnx.merge(graphdef, restored["ema"]["model"] if ema else restored["model"])
+    model.eval()
+    return model, cfg
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m job {prog}")
+    p.add_argument("--run-dir", required=True, help="the run dir a training wrote")
+    p.add_argument("--step", type=int, default=None, help="a saved step (default: the newest)")
+    return p
+
+
+def eval_command(argv: list[str]) -> int:
+    """`python -m job eval --run-dir D [--step N]`: restore a checkpoint on this topology, evaluate it as
+    the run does (--data.eval-batches batches of each split), write D/eval-STEP.json on process 0."""
+    args = _parser("eval").parse_args(argv)
+    try:
+        cfg, chosen = saved_config(args.run_dir)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return BAD_INPUT_EXIT_CODE
+    from job.train import loop
+
+    return loop.evaluate_checkpoint(cfg, chosen, args.step)
+
+
+def export_command(argv: list[str]) -> int:
+    """`python -m job export --run-dir D OUT [--step N]`: the model's state alone (no optimizer), as an
+    orbax checkpoint at OUT that `orbax.checkpoint.StandardCheckpointer().restore(OUT)` reads."""
+    p = _parser("export")
+    p.add_argument("out", help="the folder to write (must not exist)")
+    args = p.parse_args(argv)
+    try:
+        model, cfg = load_model(args.run_dir, args.step)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return BAD_INPUT_EXIT_CODE
+    import orbax.checkpoint as ocp
+    from etils import epath
+    from flax import nnx
+
+    out = epath.Path(args.out).absolute() if "://" not in args.out else epath.Path(args.out)
+    if out.exists():
+        print(f"error: export OUT: expected a path that does not exist, found {out}. Fix: pass a new folder",
+              file=sys.stderr)
+        return BAD_INPUT_EXIT_CODE
+    with ocp.StandardCheckpointer() as writer:
+        writer.save(out, nnx.state(model))
+    (out.parent / f"{out.name}.config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+    print(f"wrote the {cfg.task} model's state to {out} (and its config to {out.name}.config.json)")
+    return 0
+
+
+__all__ = ["eval_command", "export_command", "load_model", "saved_config"]

@@ -1,0 +1,136 @@
+"""The house's rules, read from the code's own imports: rooms by role, public faces on top, no circle.
+
+- `job/` holds at its top only the public surface (the package, `python -m job`, `python -m job.launch`,
+  `job.multihost`, `job.sharding`, `job.task`, `job.errors`) and the example tasks; the rest lives in
+  sub-packages named for who reads them.
+- A public module is a face: it hands on the names of the sub-package module behind it, all of them.
+- No module of a sub-package imports a public module (or the `job` package) that it serves, nor an
+  example task; no two modules of `job/` or `deploy/` import each other in a circle.
+- `docs/layout.md` names every module.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PUBLIC = {"job/__init__.py", "job/__main__.py", "job/launch.py", "job/multihost.py", "job/sharding.py",
+          "job/task.py", "job/errors.py"}
+FACES = {"job.multihost": "job.parallel.multihost", "job.sharding": "job.parallel.sharding",
+         "job.task": "job.train.task", "job.errors": "job.core.errors"}
+ROLES = {"core", "observe", "parallel", "runs", "runtime", "train"}
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted name -> file, for every module of job/ and deploy/."""
+    found = {}
+    for top in ("job", "deploy"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module of this tree that the file imports, at its top or inside a function (not in a string)."""
+    name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # a relative import: from its own package
+                package = name.split(".")[: -node.level]
+                base = ".".join([*package, base] if base else package)
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in MODULES)
+    return {n for n in names if n in MODULES}
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def test_the_top_of_job_holds_only_the_public_surface_the_tasks_and_the_rooms_by_role() -> None:
+    top = {p.name for p in (ROOT / "job").iterdir() if p.name != "__pycache__"}
+    assert top == {Path(p).name for p in PUBLIC} | ROLES | {"tasks"}, sorted(top)
+    for role in ROLES:
+        assert (ROOT / "job" / role / "__init__.py").read_text().startswith('"""'), f"job/{role}/ says what it holds"
+
+
+@pytest.mark.parametrize("face", sorted(FACES))
+def test_a_public_module_hands_on_every_public_name_of_the_module_behind_it(face: str) -> None:
+    behind = FACES[face]
+    tree = ast.parse(MODULES[behind].read_text())
+    defined = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign):
+            defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            defined.add(node.target.id)
+    public = {n for n in defined if not n.startswith("_") and n not in {"log", "T", "F"}}
+    module, implementation = importlib.import_module(face), importlib.import_module(behind)
+    assert set(module.__all__) == public, "the face and the module behind it name the same public names"
+    for name in public:
+        assert getattr(module, name) is getattr(implementation, name), name
+    assert _imports(MODULES[face]) <= {behind, *_parents(behind)}, "a face imports only the module behind it"
+
+
+def _parents(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def test_no_room_imports_the_public_modules_it_serves_nor_an_example_task() -> None:
+    served = {"job", "job.__main__", "job.launch", *FACES}
+    wrong = {}
+    for name, path in MODULES.items():
+        if name.split(".")[:2][-1] in ROLES and name.startswith("job."):
+            bad = {m for m in _imports(path) - set(_parents(name)) if m in served or m.startswith("job.tasks")}
+            if bad:
+                wrong[_rel(path)] = sorted(bad)
+    assert not wrong, wrong
+
+
+def test_no_two_modules_import_each_other_in_a_circle() -> None:
+    graph = {name: _imports(path) - set(_parents(name)) - {name} for name, path in MODULES.items()}
+    # A package's __init__ that imports its own modules is not a circle with them: drop parent edges.
+    seen: dict[str, int] = {}  # 1: on the current path, 2: done
+    circles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        seen[node] = 1
+        for nxt in sorted(graph[node]):
+            if seen.get(nxt) == 1:
+                circles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in seen:
+                visit(nxt, [*path, nxt])
+        seen[node] = 2
+
+    for start in sorted(graph):
+        if start not in seen:
+            visit(start, [start])
+    assert not circles, circles
+
+
+def test_the_layout_page_names_every_module() -> None:
+    page = (ROOT / "docs" / "layout.md").read_text()
+    missing = []
+    for path in MODULES.values():
+        rel = _rel(path)
+        if rel.startswith("job/tasks/"):
+            continue  # the example tasks are named in their folder's row
+        named = f"`{rel}`" in page or (path.name == "__init__.py" and f"`{_rel(path.parent)}/`" in page)
+        if not named:
+            missing.append(rel)
+    assert not missing, f"docs/layout.md names no {missing}"
