@@ -4,7 +4,9 @@
 
 MODE: hold (loop forever), raise (RANK raises), exit (RANK dies at once with
 code ARG, as a crash would; a lone sys.exit would wait in jax's shutdown barrier),
-term (every rank saves a marker in ARG on SIGTERM and exits 42).
+term (every rank saves a marker in ARG on SIGTERM and exits 42; it runs no collective
+once ready, so that no rank waits in one for a peer that has already exited and misses
+its own handler: a Python handler runs only once the main thread is back in Python).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ mesh = multihost.create_device_mesh()
 sharding = multihost.create_dp_sharding(mesh)
 total = jax.jit(jnp.sum)
 print(f"ready pid={os.getpid()}", flush=True)
+while mode == "term":
+    time.sleep(0.05)
 step = 0
 while True:
     x = jax.make_array_from_process_local_data(sharding, np.ones((jax.local_device_count(),), np.float32))
