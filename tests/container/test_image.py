@@ -151,10 +151,9 @@ def test_one_failing_container_stops_the_others(cpu_image: Built, podman_env: di
                "print('started', flush=True)\n"
                "if os.environ['JOB_LAUNCH_PROCESS_ID'] == '1': time.sleep(3); sys.exit(3)\n"
                "time.sleep(300)\n")
-    began = time.monotonic()
+    # rank 0 sleeps 300 s: a run_local that ends inside its 120 s timeout stopped it
     proc = run_local(podman_env, cpu_image.tag, tmp_path / "runs", "python", "-c", program, timeout=120)
     assert proc.returncode == 3, explain(proc, proc.stdout, proc.stderr)
     assert "[rank 0] started" in proc.stdout and "rank 1 exited with code 3" in proc.stderr, proc.stdout + proc.stderr
-    assert time.monotonic() - began < 60, "the sleeping container was not stopped"
     left = podman(podman_env, "ps", "--all", "--quiet", f"--filter=ancestor={cpu_image.tag}")
     assert left.stdout.split() == [], "containers left behind"

@@ -230,4 +230,3 @@ def test_a_hung_rank_trips_the_watchdog_on_the_others(tmp_path: Path) -> None:
     output = "".join(lines) + out
     assert proc.returncode == 86, output
     assert "[rank 0] watchdog: no training step completed for" in output
-    assert elapsed < 30
