@@ -21,19 +21,18 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
-from unittest.mock import patch
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from job.core import internals
 from job.core.errors import JobError
 from job.parallel.mesh import hybrid_mesh, spans_slices
 from job.parallel.trees import is_array, path_str
 
 DATA_PARALLELISM_AXIS_NAME = "devices"
-_ORBAX_SYNC = "orbax.checkpoint._src.multihost.multihost.should_skip_process_sync"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -125,19 +124,7 @@ def single_host_jax_and_orbax() -> Iterator[None]:
     if jax.process_count() == 1:
         yield
         return
-    from orbax.checkpoint._src.futures import (
-        signaling_client,  # private, like _ORBAX_SYNC: versions are pinned
-    )
-
-    local = jax.local_devices()
-    own_store = signaling_client.ThreadSafeKeyValueSignalingClient()
-    with (
-        patch("jax.process_index", return_value=0),
-        patch("jax.process_count", return_value=1),
-        patch("jax.devices", return_value=local),
-        patch(_ORBAX_SYNC, return_value=True),
-        patch.object(signaling_client, "get_signaling_client", return_value=own_store),
-    ):
+    with internals.one_host_view(jax.local_devices()):
         yield
 
 
@@ -149,9 +136,7 @@ def coordination_client() -> Any:
     """The coordination service client of a multi-process run (its key-value store and barriers), else None."""
     if jax.process_count() == 1:
         return None
-    from jax._src import distributed
-
-    return distributed.global_state.client
+    return internals.coordination_client()
 
 
 def barrier(name: str, timeout_s: float | None = None) -> None:

@@ -29,6 +29,7 @@ from orbax.checkpoint.type_handlers import (
     supported_types,
 )
 
+from job.core import internals
 from job.core.errors import ConfigError, JobError
 from job.parallel.multihost import barrier, coordination_client
 from job.parallel.trees import leaf_specs
@@ -45,7 +46,7 @@ FAILED_KEY = "job/checkpoint/failed/"
 POLL_S = 0.05  # how often wait() looks at this process's save
 PEER_POLL_S = 1.0  # how often wait() asks the coordinator whether another process's save failed
 WRITER_NICE = 19  # the save's threads give way to the loop's, the input's and the step's for CPU time
-WRITER_THREADS = "ts_pool_worker"  # tensorstore's thread pool, which copies and writes the arrays
+WRITER_THREADS = internals.TENSORSTORE_WRITER_THREADS  # tensorstore's pool, which copies and writes the arrays
 SET_ASIDE = ".unreadable-"  # STEP.unreadable-TIME: a step that did not read back, moved aside and kept
 
 
@@ -328,7 +329,7 @@ class _FailureListener(logging.Handler):
         exc = record.exc_info[1] if record.exc_info else None
         caught = exc.__traceback__.tb_frame.f_code if exc is not None and exc.__traceback__ else None
         # the frame that caught it: orbax's background save thread (its logger may not name it)
-        if caught is not None and caught.co_name == "_thread_func" and "orbax" in caught.co_filename:
+        if caught is not None and internals.is_orbax_save_thread(caught):
             self._report(exc)
 
 

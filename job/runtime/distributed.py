@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import ClassVar
 
+from job.core import internals
 from job.core.errors import BAD_INPUT_EXIT_CODE, ConfigError, InitOrderError, JobError
 from job.runtime.cluster import ClusterInfo, detect
 from job.runtime.cluster.base import CUDA_VISIBLE_DEVICES, read_id_list, read_int
@@ -234,7 +235,6 @@ def initialize(
     this process sees.
     """
     import jax
-    from jax._src import xla_bridge
 
     env = os.environ if env is None else env
     info = resolve(
@@ -255,7 +255,7 @@ def initialize(
         return info
     if not info.is_multiprocess:
         return info
-    if xla_bridge.backends_are_initialized():
+    if internals.backends_are_initialized():
         raise InitOrderError(
             "job.initialize() must run before any JAX computation: expected no JAX backend yet, "
             "found one already started (something called jax.devices(), jnp.*, jax.jit(...)(), or "

@@ -29,6 +29,7 @@ from typing import Any
 
 from etils import epath
 
+from job.core import internals
 from job.core.errors import ConfigError, JobError
 from job.runs import storage
 from job.runtime.cluster.base import visible_gpus
@@ -147,11 +148,10 @@ def local_facts(config: Mapping[str, Any], run_dir: epath.Path,
                 env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """This process's facts (needs jax initialised: it reads the local devices)."""
     import jax
-    from jax._src import xla_bridge
 
     env = os.environ if env is None else env
     devices = jax.local_devices()
-    given = gpus_given(env, xla_bridge.CUDA_VISIBLE_DEVICES.value)
+    given = gpus_given(env, internals.cuda_visible_devices())
     facts: dict[str, Any] = {
         "process": jax.process_index(),
         "host": socket.gethostname(),

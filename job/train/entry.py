@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from job.core.errors import BAD_INPUT_EXIT_CODE, ConfigError
 
-QUIET_LOGGERS = ("absl", "jax._src", "orbax", "fsspec", "gcsfs")
+QUIET_LOGGERS = ("absl", "jax", "orbax", "fsspec", "gcsfs")
 
 
 def setup_logging() -> None:

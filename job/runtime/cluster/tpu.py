@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from job.core import internals
 from job.core.errors import ConfigError
 from job.runtime.cluster.base import ClusterEnv, Env, read_int, read_port
 
@@ -105,15 +106,11 @@ class CloudTpuVm(ClusterEnv):
 
     @classmethod
     def is_present(cls, env: Env) -> bool:
-        from jax._src.clusters import cloud_tpu_cluster  # imports no backend
-
-        return bool(cloud_tpu_cluster.running_in_cloud_tpu_vm) and cloud_tpu_cluster.GceTpuCluster.is_env_present()
+        return internals.in_cloud_tpu_vm()
 
     @classmethod
     def _jax_env(cls):  # noqa: ANN206 - jax private class
-        from jax._src.clusters import cloud_tpu_cluster
-
-        return cloud_tpu_cluster.GceTpuCluster
+        return internals.gce_tpu_cluster()
 
     @classmethod
     def process_id(cls, env: Env) -> int:

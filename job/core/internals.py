@@ -1,0 +1,118 @@
+"""The one place the job reaches other libraries' private names (jax, orbax, tensorstore).
+
+Each name below is not part of its library's API and may move in any release. Every one
+says the versions it was checked against (the ones requirements.lock pins: jax 0.10.2 on
+Python 3.11, jax 0.12.0.1 on 3.12 and newer, orbax-checkpoint 0.12.8, tensorstore 0.1.86),
+and tests/unit/test_internals.py looks each one up in the installed libraries: when a
+version bump removes one, that test fails naming it and this file, instead of the job
+silently losing what it did (a save that hangs, a GPU check that reads nothing).
+No other module of job/ or deploy/ names a private module or attribute (the test checks).
+
+Names are looked up when called, not when this module is imported: importing it
+imports no backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from types import CodeType
+from typing import Any
+from unittest import mock
+
+# Every private name used here, "module:attribute" (dotted attribute paths allowed).
+JAX_XLA_BRIDGE = "jax._src.xla_bridge"
+JAX_DISTRIBUTED = "jax._src.distributed"
+JAX_CLOUD_TPU = "jax._src.clusters.cloud_tpu_cluster"
+ORBAX_MULTIHOST = "orbax.checkpoint._src.multihost.multihost"
+ORBAX_SIGNALING = "orbax.checkpoint._src.futures.signaling_client"
+ORBAX_ASYNC = "orbax.checkpoint._src.checkpointers.async_checkpointer"
+PRIVATE = (
+    # jax 0.10.2, 0.12.0.1: the CUDA_VISIBLE_DEVICES jax itself honours (flag or variable)
+    f"{JAX_XLA_BRIDGE}:CUDA_VISIBLE_DEVICES",
+    # jax 0.10.2, 0.12.0.1: whether a backend exists yet (jax.distributed.initialize must come first)
+    f"{JAX_XLA_BRIDGE}:backends_are_initialized",
+    # jax 0.10.2, 0.12.0.1: the coordination service client (key-value store and named barriers)
+    f"{JAX_DISTRIBUTED}:global_state",
+    # jax 0.10.2, 0.12.0.1: jax's own Cloud TPU VM detection (the metadata server's worker list)
+    f"{JAX_CLOUD_TPU}:running_in_cloud_tpu_vm",
+    f"{JAX_CLOUD_TPU}:GceTpuCluster.is_env_present",
+    f"{JAX_CLOUD_TPU}:GceTpuCluster.get_process_id",
+    f"{JAX_CLOUD_TPU}:GceTpuCluster.get_process_count",
+    f"{JAX_CLOUD_TPU}:GceTpuCluster.get_coordinator_address",
+    # orbax-checkpoint 0.12.8: the cross-host sync it skips when this says so
+    f"{ORBAX_MULTIHOST}:should_skip_process_sync",
+    # orbax-checkpoint 0.12.8: the key-value store its async saves signal their stages through
+    f"{ORBAX_SIGNALING}:get_signaling_client",
+    f"{ORBAX_SIGNALING}:ThreadSafeKeyValueSignalingClient",
+    # orbax-checkpoint 0.12.8: the function its background save thread runs (and logs a failure from)
+    f"{ORBAX_ASYNC}:_AsyncManager._thread_func",
+)
+ORBAX_SAVE_THREAD_FUNCTION = "_thread_func"  # the last name of the entry above
+# tensorstore 0.1.86: the name of the threads of its pool, which copy and write a checkpoint's arrays
+# (a C++ thread name, seen in /proc/self/task/*/comm; the test writes an array and looks for one)
+TENSORSTORE_WRITER_THREADS = "ts_pool_worker"
+
+
+def lookup(name: str) -> Any:
+    """The object a "module:attribute.path" entry of PRIVATE names (ImportError or AttributeError if gone)."""
+    import importlib
+
+    module, _, attribute = name.partition(":")
+    found: Any = importlib.import_module(module)
+    for part in attribute.split("."):
+        found = getattr(found, part)
+    return found
+
+
+def cuda_visible_devices() -> str | None:
+    """The CUDA_VISIBLE_DEVICES setting jax uses ('all' unless set), or None on a jax without it."""
+    return lookup(f"{JAX_XLA_BRIDGE}:CUDA_VISIBLE_DEVICES").value
+
+
+def backends_are_initialized() -> bool:
+    """True once some JAX call has created a backend (too late for jax.distributed.initialize)."""
+    return bool(lookup(f"{JAX_XLA_BRIDGE}:backends_are_initialized")())
+
+
+def coordination_client() -> Any:
+    """The distributed runtime's coordination service client, or None when it is not up."""
+    return lookup(f"{JAX_DISTRIBUTED}:global_state").client
+
+
+def gce_tpu_cluster() -> Any:
+    """jax's Cloud TPU VM cluster class (process id, count and coordinator from the metadata server)."""
+    return lookup(f"{JAX_CLOUD_TPU}:GceTpuCluster")
+
+
+def in_cloud_tpu_vm() -> bool:
+    """jax's own test for a Cloud TPU VM with a worker list (imports no backend)."""
+    return bool(lookup(f"{JAX_CLOUD_TPU}:running_in_cloud_tpu_vm")) and gce_tpu_cluster().is_env_present()
+
+
+def is_orbax_save_thread(code: CodeType) -> bool:
+    """True for the code object of the function orbax's background save thread runs."""
+    return code.co_name == ORBAX_SAVE_THREAD_FUNCTION and "orbax" in code.co_filename
+
+
+@contextlib.contextmanager
+def one_host_view(local_devices: list[Any]) -> Iterator[None]:
+    """Inside: jax says process 0 of 1 with `local_devices` as every device, orbax skips its
+    cross-host sync and signals its async stages through a store of this process's own.
+    Patched for every thread of the process; everything is put back on exit."""
+    store = lookup(f"{ORBAX_SIGNALING}:ThreadSafeKeyValueSignalingClient")()
+    with (
+        mock.patch("jax.process_index", return_value=0),
+        mock.patch("jax.process_count", return_value=1),
+        mock.patch("jax.devices", return_value=local_devices),
+        mock.patch(f"{ORBAX_MULTIHOST}.should_skip_process_sync", return_value=True),
+        mock.patch(f"{ORBAX_SIGNALING}.get_signaling_client", return_value=store),
+    ):
+        yield
+
+
+__all__ = [
+    "PRIVATE", "TENSORSTORE_WRITER_THREADS", "backends_are_initialized", "coordination_client",
+    "cuda_visible_devices", "gce_tpu_cluster", "in_cloud_tpu_vm", "is_orbax_save_thread", "lookup",
+    "one_host_view",
+]

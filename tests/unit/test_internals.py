@@ -1,0 +1,68 @@
+"""job.core.internals: every private name of another library the job uses is still there, and no other
+module of the job reaches one itself."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import jax
+import pytest
+
+from job.core import internals
+
+ROOT = Path(__file__).resolve().parents[2]
+# What only internals.py may write: a private module path, or a private name listed there.
+PRIVATE_TEXT = re.compile(r"\b(?:jax|orbax|tensorstore)(?:\.\w+)*\._[a-z]\w*|\bts_pool_worker\b|\b_thread_func\b"
+                          r"|\bunittest\.mock\b|from unittest import mock")
+
+
+@pytest.mark.parametrize("name", internals.PRIVATE)
+def test_every_private_name_is_still_in_the_installed_library(name: str) -> None:
+    try:
+        internals.lookup(name)
+    except (ImportError, AttributeError) as exc:
+        pytest.fail(f"{name}: expected it in the installed library (jax {jax.__version__}), found it gone "
+                    f"({exc!r}). Fix: find what replaced it and update job/core/internals.py", pytrace=False)
+
+
+def test_each_private_name_says_the_versions_it_was_checked_against() -> None:
+    text = (ROOT / "job" / "core" / "internals.py").read_text()
+    for name in internals.PRIVATE:
+        before = text[:text.index(f'"{name}"') if f'"{name}"' in text else text.index(name.split(":")[1])]
+        comment = before.rstrip().rsplit("\n", 1)[-1]
+        while not comment.lstrip().startswith("#"):  # entries grouped under one comment
+            before = before.rstrip().rsplit("\n", 1)[0]
+            comment = before.rsplit("\n", 1)[-1]
+        assert re.search(r"\d+\.\d+\.\d+", comment), f"{name}: its comment names no version: {comment!r}"
+
+
+def test_no_other_module_reaches_a_private_name() -> None:
+    found = []
+    for path in sorted([*(ROOT / "job").rglob("*.py"), *(ROOT / "deploy").rglob("*.py")]):
+        if path == ROOT / "job" / "core" / "internals.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if PRIVATE_TEXT.search(line.split("#", 1)[0]):
+                found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not found, "private names outside job/core/internals.py:\n" + "\n".join(found)
+
+
+def test_the_lookups_answer_in_one_process() -> None:
+    assert internals.backends_are_initialized() in (True, False)
+    assert internals.coordination_client() is None  # no distributed runtime in the unit tier
+    assert internals.in_cloud_tpu_vm() is False
+    code = internals.lookup(next(n for n in internals.PRIVATE if n.endswith(internals.ORBAX_SAVE_THREAD_FUNCTION)))
+    assert internals.is_orbax_save_thread(code.__code__)
+    assert not internals.is_orbax_save_thread(test_the_lookups_answer_in_one_process.__code__)
+
+
+def test_the_one_host_view_is_undone_on_exit() -> None:
+    devices = jax.local_devices()
+    from orbax.checkpoint._src.multihost import multihost
+
+    before = multihost.should_skip_process_sync
+    with internals.one_host_view(devices[:1]):
+        assert jax.process_index() == 0 and jax.process_count() == 1 and jax.devices() == devices[:1]
+        assert multihost.should_skip_process_sync() is True
+    assert multihost.should_skip_process_sync is before and jax.devices() == devices
