@@ -49,6 +49,7 @@ from deploy.slurm.options import (
     task_environment,
     time_minutes,
 )
+from job.core import internals
 from job.errors import ConfigError, JobError, refuse_dash_values
 
 log = logging.getLogger("deploy.slurm")
@@ -146,11 +147,9 @@ def submitit_parameters(cfg: SlurmConfig, environ: Mapping[str, str] = os.enviro
 
 def submitit_script(cfg: SlurmConfig, environ: Mapping[str, str] = os.environ) -> str:
     """The batch script submitit writes for `cfg` (SlurmExecutor's own command line and folder)."""
-    from submitit.slurm.slurm import _make_sbatch_string
-
     folder = Path(cfg.log_dir).expanduser().absolute()
-    command = f"{shlex.quote(cfg.task_python)} -u -m submitit.core._submit {shlex.quote(str(folder))}"
-    return _make_sbatch_string(command=command, folder=folder, **submitit_parameters(cfg, environ))
+    command = f"{shlex.quote(cfg.task_python)} -u -m {internals.SUBMITIT_TASK_MODULE} {shlex.quote(str(folder))}"
+    return internals.submitit_sbatch_script(command, folder, **submitit_parameters(cfg, environ))
 
 
 def exports(cfg: SlurmConfig) -> list[str]:

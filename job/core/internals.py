@@ -1,8 +1,8 @@
-"""The one place the job reaches other libraries' private names (jax, orbax, tensorstore).
+"""The one place the job reaches other libraries' private names (jax, orbax, tensorstore, submitit).
 
 Each name below is not part of its library's API and may move in any release. Every one
 says the versions it was checked against (the ones requirements.lock pins: jax 0.10.2 on
-Python 3.11, jax 0.12.0.1 on 3.12 and newer, orbax-checkpoint 0.12.8, tensorstore 0.1.86),
+Python 3.11, jax 0.12.0.1 on 3.12 and newer, orbax-checkpoint 0.12.8, tensorstore 0.1.86, submitit 1.5.4),
 and tests/unit/test_internals.py looks each one up in the installed libraries: when a
 version bump removes one, that test fails naming it and this file, instead of the job
 silently losing what it did (a save that hangs, a GPU check that reads nothing).
@@ -27,6 +27,9 @@ JAX_CLOUD_TPU = "jax._src.clusters.cloud_tpu_cluster"
 ORBAX_MULTIHOST = "orbax.checkpoint._src.multihost.multihost"
 ORBAX_SIGNALING = "orbax.checkpoint._src.futures.signaling_client"
 ORBAX_ASYNC = "orbax.checkpoint._src.checkpointers.async_checkpointer"
+SUBMITIT_SLURM = "submitit.slurm.slurm"
+# submitit 1.5.4: the module each Slurm task runs (`python -m ...` FOLDER: unpickles and runs the job)
+SUBMITIT_TASK_MODULE = "submitit.core._submit"
 PRIVATE = (
     # jax 0.10.2, 0.12.0.1: the CUDA_VISIBLE_DEVICES jax itself honours (flag or variable)
     f"{JAX_XLA_BRIDGE}:CUDA_VISIBLE_DEVICES",
@@ -47,6 +50,9 @@ PRIVATE = (
     f"{ORBAX_SIGNALING}:ThreadSafeKeyValueSignalingClient",
     # orbax-checkpoint 0.12.8: the function its background save thread runs (and logs a failure from)
     f"{ORBAX_ASYNC}:_AsyncManager._thread_func",
+    # submitit 1.5.4: the batch script SlurmExecutor writes, for a dry run and the golden files
+    f"{SUBMITIT_SLURM}:_make_sbatch_string",
+    f"{SUBMITIT_TASK_MODULE}:submitit_main",
 )
 ORBAX_SAVE_THREAD_FUNCTION = "_thread_func"  # the last name of the entry above
 # tensorstore 0.1.86: the name of the threads of its pool, which copy and write a checkpoint's arrays
@@ -90,6 +96,11 @@ def in_cloud_tpu_vm() -> bool:
     return bool(lookup(f"{JAX_CLOUD_TPU}:running_in_cloud_tpu_vm")) and gce_tpu_cluster().is_env_present()
 
 
+def submitit_sbatch_script(command: str, folder: Any, **parameters: Any) -> str:
+    """The batch script submitit's SlurmExecutor submits for `command` and these parameters."""
+    return lookup(f"{SUBMITIT_SLURM}:_make_sbatch_string")(command=command, folder=folder, **parameters)
+
+
 def is_orbax_save_thread(code: CodeType) -> bool:
     """True for the code object of the function orbax's background save thread runs."""
     return code.co_name == ORBAX_SAVE_THREAD_FUNCTION and "orbax" in code.co_filename
@@ -112,7 +123,7 @@ def one_host_view(local_devices: list[Any]) -> Iterator[None]:
 
 
 __all__ = [
-    "PRIVATE", "TENSORSTORE_WRITER_THREADS", "backends_are_initialized", "coordination_client",
+    "PRIVATE", "SUBMITIT_TASK_MODULE", "TENSORSTORE_WRITER_THREADS", "backends_are_initialized", "coordination_client",
     "cuda_visible_devices", "gce_tpu_cluster", "in_cloud_tpu_vm", "is_orbax_save_thread", "lookup",
-    "one_host_view",
+    "one_host_view", "submitit_sbatch_script",
 ]

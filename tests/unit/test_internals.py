@@ -13,7 +13,7 @@ from job.core import internals
 
 ROOT = Path(__file__).resolve().parents[2]
 # What only internals.py may write: a private module path, or a private name listed there.
-PRIVATE_TEXT = re.compile(r"\b(?:jax|orbax|tensorstore)(?:\.\w+)*\._[a-z]\w*|\bts_pool_worker\b|\b_thread_func\b"
+PRIVATE_TEXT = re.compile(r"\b(?:jax|orbax|tensorstore|submitit)(?:\.\w+)*\._[a-z]\w*|\bts_pool_worker\b|\b_thread_func\b"
                           r"|\bunittest\.mock\b|from unittest import mock")
 
 
