@@ -55,6 +55,7 @@ from job.errors import ConfigError, JobError, refuse_dash_values
 log = logging.getLogger("deploy.slurm")
 
 SBATCH_SCRIPT = ROOT / "slurm" / "train.sbatch"
+REQUEUE_SCRIPT = ROOT / "slurm" / "requeue.sh"  # how both batch scripts requeue a preempted job
 LOCAL_CLUSTER_ENV = "/var/tmp/jax-job-slurm/env.sh"
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
             "DEADLINE"}
@@ -139,9 +140,10 @@ def submitit_parameters(cfg: SlurmConfig, environ: Mapping[str, str] = os.enviro
         "additional_parameters": {"export": "ALL", "requeue": True, **dict(extra_options(cfg.sbatch_args))},
     }
     params.update((name.replace("-", "_"), value) for name, value in resource_options(cfg))
-    setup = task_environment(cfg, environ)
-    if setup:
-        params["setup"] = [f"export {name}={shlex.quote(value)}" for name, value in setup.items()]
+    # srun's status is $? on the teardown's first line: requeued as slurm/train.sbatch requeues
+    params["setup"] = ["# shellcheck source=slurm/requeue.sh", f"source {shlex.quote(str(REQUEUE_SCRIPT))} || exit 2",
+                       *(f"export {name}={shlex.quote(value)}" for name, value in task_environment(cfg, environ).items())]
+    params["teardown"] = ['requeue_if_preempted "$?"']
     return params
 
 

@@ -6,7 +6,6 @@ import logging
 import os
 import sys
 
-from deploy.runner import Runner
 from job.runtime.preemption import REQUEUE_EXIT_CODE
 
 log = logging.getLogger(__name__)
@@ -15,9 +14,11 @@ log = logging.getLogger(__name__)
 class JobTask:
     """Callable submitit pickles: ``python -m job ARGS`` inside the task.
 
-    On the requeue exit code (the job saved after a preemption signal),
-    process 0 requeues the Slurm job and every task leaves without a result,
-    so submitit keeps waiting for the requeued run, which resumes.
+    On the requeue exit code (the job saved after a preemption signal) every
+    task leaves with that code and without a result: srun ends with it, and
+    the batch script requeues the job (slurm/requeue.sh, the same step
+    slurm/train.sbatch takes), so submitit keeps waiting for the requeued
+    run, which unpickles this task again and resumes.
     """
 
     def __call__(self, args: list[str]) -> int:
@@ -25,9 +26,7 @@ class JobTask:
 
         code = main(list(args))
         if code == REQUEUE_EXIT_CODE:
-            if os.environ.get("SLURM_PROCID") == "0":
-                log.warning("requeueing Slurm job %s after a preemption save", os.environ["SLURM_JOB_ID"])
-                Runner().run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], timeout=60)
+            log.warning("saved after a preemption signal: leaving with %d for the batch script to requeue", code)
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)

@@ -15,6 +15,7 @@ import submitit.slurm.slurm as submitit_slurm
 from deploy.runner import Runner
 from deploy.slurm import options as slurm_options
 from deploy.slurm import submit as slurm
+from deploy.slurm import task as slurm_task
 from job.errors import ConfigError
 from tests.doubles import RecordingRunner
 from tests.golden import check_golden
@@ -161,7 +162,8 @@ def test_both_paths_ask_for_requeue_and_give_srun_the_cpus_per_task() -> None:
     cfg = slurm.SlurmConfig(nodes=2, cpus_per_task=6)
     script = slurm.submitit_script(cfg, {})
     assert "#SBATCH --requeue" in script and "#SBATCH --export=ALL" in script
-    assert "--kill-on-bad-exit=1 --cpus-per-task=6 " in script.splitlines()[-1]  # the srun line
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    assert "--kill-on-bad-exit=1 --cpus-per-task=6 " in srun
     argv = slurm.sbatch_argv(dataclasses.replace(cfg, via="sbatch"))
     assert "--requeue" in argv and "--cpus-per-task=6" in argv
     assert "--cpus-per-task=6" in slurm.srun_line(cfg, Runner(), {"PATH": os.environ["PATH"]}).split()
@@ -179,9 +181,11 @@ def test_gpu_xla_flags_join_xla_flags_without_overriding_the_users(given: str, e
 
 def test_gpu_xla_flags_are_set_only_on_the_gpu_path_and_on_both_paths() -> None:
     environ = {"XLA_FLAGS": "--xla_dump_to=/tmp/d"}
-    assert slurm.submitit_parameters(slurm.SlurmConfig(), environ).get("setup") is None
+    exports = [line for line in slurm.submitit_parameters(slurm.SlurmConfig(), environ)["setup"]
+               if line.startswith("export ")]
+    assert exports == []
     gpu = slurm.SlurmConfig(gpus_per_node=4)
-    assert slurm.submitit_parameters(gpu, environ)["setup"] == [
+    assert slurm.submitit_parameters(gpu, environ)["setup"][2:] == [
         "export XLA_FLAGS='--xla_dump_to=/tmp/d --xla_gpu_enable_latency_hiding_scheduler=true'"]
     assert slurm_options.task_environment(gpu, environ) == {
         "XLA_FLAGS": "--xla_dump_to=/tmp/d --xla_gpu_enable_latency_hiding_scheduler=true"}
@@ -481,3 +485,51 @@ def test_make_venv_python_makes_a_venv_of_another_interpreter_again(tmp_path: Pa
     assert proc.returncode == 0, proc.stderr
     assert (f"-m venv --clear {venv}" in proc.stdout) is remade, proc.stdout
     assert ("was made with Python 0.0.0; making it again with" in proc.stderr) is remade, proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------------- requeue
+STAND_INS = {
+    # srun: ends as the tasks did (SRUN_CODE); scontrol: only `scontrol requeue JOBID`, recorded, as Slurm takes it
+    "srun": 'echo "srun $*" >> "$CALLS"; exit "$SRUN_CODE"\n',
+    "scontrol": '[[ $# == 2 && $1 == requeue && $2 =~ ^[0-9]+$ ]] || { echo "scontrol: invalid command: $*" >&2; '
+                'exit 1; }\necho "scontrol $*" >> "$CALLS"\n',
+}
+
+
+def _batch_script(route: str, tmp_path: Path) -> list[str]:
+    if route == "sbatch":
+        return ["bash", str(slurm.SBATCH_SCRIPT), "train", "--run-dir", str(tmp_path / "run")]
+    script = tmp_path / "submitit.sbatch"
+    script.write_text(slurm.submitit_script(slurm.SlurmConfig(nodes=2, log_dir=str(tmp_path / "logs")), {}))
+    return ["bash", str(script)]
+
+
+@pytest.mark.parametrize("route", ["sbatch", "submitit"])
+@pytest.mark.parametrize("code", [75, 0, 1, 137])
+def test_both_batch_scripts_requeue_the_job_when_its_tasks_saved_after_a_preemption_signal(
+        route: str, code: int, tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in STAND_INS.items():
+        (bin_dir / name).write_text("#!/usr/bin/env bash\n" + body)
+        (bin_dir / name).chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "CALLS": str(calls),
+           "SRUN_CODE": str(code), "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]",
+           "SLURM_RESTART_COUNT": "2", "JOB_LOG_DIR": str(tmp_path / "logs")}
+    proc = subprocess.run(_batch_script(route, tmp_path), env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    recorded = calls.read_text().splitlines()
+    assert proc.returncode == code, proc.stderr  # srun's status is the batch step's, requeued or not
+    assert recorded[0].startswith("srun ") and "--kill-on-bad-exit=1" in recorded[0]
+    if code == slurm_task.REQUEUE_EXIT_CODE:
+        assert recorded[1:] == ["scontrol requeue 4242"]
+        assert "job 4242 saved its state after a preemption signal: requeueing (restart 3)" in proc.stdout
+    else:
+        assert recorded[1:] == []
+
+
+def test_the_requeue_code_of_the_batch_scripts_is_the_jobs() -> None:
+    text = slurm.REQUEUE_SCRIPT.read_text()
+    assert f"\nREQUEUE_EXIT_CODE={slurm_task.REQUEUE_EXIT_CODE}\n" in text
+    assert "REQUEUE_EXIT_CODE=" not in slurm.SBATCH_SCRIPT.read_text()  # one place says it
