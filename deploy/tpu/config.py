@@ -17,6 +17,7 @@ from pathlib import Path
 
 from deploy.tpu.accelerators import Accelerator, parse_accelerator
 from deploy.tpu.capacity import DEFAULT_BACKOFF_S, DEFAULT_DEADLINE_S
+from job.core import flags
 from job.errors import ConfigError, require
 from job.runs import storage
 
@@ -30,7 +31,6 @@ _ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")  # us-central2-b, europe-west
 _PROJECT = re.compile(r"^([a-z][-a-z0-9.]*:)?[a-z][-a-z0-9]{4,28}[a-z0-9]$")  # my-proj, example.com:my-proj
 _TOKEN = re.compile(r"^[^\s'\"`$;|&<>\\]+$")  # runtime versions, image references: one plain word
 _DIR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # one path component
-_RUN_DIR_FLAGS = ("--run-dir", "--run_dir")
 MOUNT_EXAMPLE = "/mnt/my-bucket"  # where the docs mount a bucket (gcsfuse) on every worker
 BUCKET_EXAMPLE = "gs://my-bucket/run1"
 # The capacity, network and multislice options (make tpu-create ... RESERVED=1 NETWORK=my-vpc TAGS=tpu,train SLICES=2)
@@ -104,13 +104,7 @@ class TpuConfig:
 
 def run_dir_of(job_args: tuple[str, ...]) -> str | None:
     """The job's --run-dir (last one wins, as in the job's own parser), or None."""
-    found = None
-    for i, arg in enumerate(job_args):
-        if arg in _RUN_DIR_FLAGS and i + 1 < len(job_args):
-            found = job_args[i + 1]
-        elif arg.startswith(tuple(f"{flag}=" for flag in _RUN_DIR_FLAGS)):
-            found = arg.split("=", 1)[1]
-    return found
+    return flags.value(job_args, "--run-dir")
 
 
 def validate(cfg: TpuConfig) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 from etils import epath
 
+from job.core import flags
 from job.core.errors import ConfigError
 from job.runs import storage
 from job.runtime import preflight
@@ -147,24 +148,9 @@ def differences(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> list[str
 
 
 def with_run_dir(argv: Sequence[str], run_dir: str) -> list[str]:
-    """`argv` with its --run-dir (either spelling) replaced by `run_dir`, or added after the command."""
-    out, skip, replaced = [], False, False
-    for i, arg in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        if arg == "--run-dir" and i + 1 < len(argv):
-            out += ["--run-dir", run_dir]
-            skip = replaced = True
-        elif arg.startswith("--run-dir="):
-            out.append(f"--run-dir={run_dir}")
-            replaced = True
-        else:
-            out.append(arg)
-    if not replaced:
-        at = 1 if out and not out[0].startswith("-") else 0
-        out[at:at] = ["--run-dir", run_dir]
-    return out
+    """`argv` with its --run-dir (any spelling, every time given) replaced by `run_dir` once, or added after
+    the command."""
+    return flags.with_value(argv, "--run-dir", run_dir)
 
 
 def replay_command(entry: Mapping[str, Any], new_run_dir: str, python: str = sys.executable) -> list[str]:

@@ -34,6 +34,7 @@ import pkgutil
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from job.core import flags
 from job.core.errors import ConfigError
 
 TASKS_PACKAGE = "job.tasks"
@@ -130,27 +131,13 @@ def _load_from_module(spec: str) -> Task:
 
 
 def task_name(args: Sequence[str], default: str | None = DEFAULT_TASK) -> str | None:
-    """The value of --task in a command line (the last one given), else `default`."""
-    name = default
-    for i, arg in enumerate(args):
-        if arg == "--task" and i + 1 < len(args):
-            name = args[i + 1]
-        elif arg.startswith("--task="):
-            name = arg.split("=", 1)[1]
-    return name
+    """The value of --task in a command line (the last one given, as the config's parser takes it), else `default`."""
+    return flags.value(args, "--task", default)
 
 
 def without_task(args: Sequence[str]) -> list[str]:
     """`args` without its --task flags (what a task's own command gets)."""
-    out, skip = [], False
-    for i, arg in enumerate(args):
-        if skip:
-            skip = False
-        elif arg == "--task" and i + 1 < len(args):
-            skip = True
-        elif not arg.startswith("--task="):
-            out.append(arg)
-    return out
+    return flags.without(args, "--task")
 
 
 __all__ = ["DEFAULT_TASK", "Rows", "SPLITS", "Task", "load", "names", "task_name", "without_task"]
