@@ -94,6 +94,31 @@ def cpu_image(base_image: str, podman_env: dict[str, str], pytestconfig: pytest.
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ARG001
+    """Each tier's time (setup, call and teardown of its tests), then the fault matrix's figures."""
+    _tier_times(terminalreporter)
+    _fault_matrix(terminalreporter)
+
+
+def _tier_times(terminalreporter) -> None:  # noqa: ANN001 - pytest's TerminalReporter
+    seconds: dict[str, float] = {}
+    tests: dict[str, set[str]] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            nodeid = getattr(report, "nodeid", "")
+            if not nodeid.startswith("tests/") or not hasattr(report, "duration"):
+                continue
+            tier = nodeid.split("/")[1] if nodeid.count("/") > 1 else "tests"
+            seconds[tier] = seconds.get(tier, 0.0) + report.duration
+            tests.setdefault(tier, set()).add(nodeid)
+    if not seconds:
+        return
+    terminalreporter.section("time per tier")
+    for tier in sorted(seconds, key=seconds.get, reverse=True):
+        terminalreporter.write_line(f"{tier:<14} {seconds[tier]:7.0f} s  {len(tests[tier]):5d} tests")
+    terminalreporter.write_line(f"{'all':<14} {sum(seconds.values()):7.0f} s  {sum(map(len, tests.values())):5d} tests")
+
+
+def _fault_matrix(terminalreporter) -> None:  # noqa: ANN001 - pytest's TerminalReporter
     """The fault matrix's measured figures (tests/multiprocess/test_faults.py), one line per case."""
     rows = []
     for outcome in ("passed", "failed"):

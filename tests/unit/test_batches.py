@@ -31,6 +31,16 @@ def test_a_global_batch_holds_the_task_rows_in_order_whatever_the_device_order(s
         np.testing.assert_array_equal(np.asarray(arrays[key]), value)
 
 
+@pytest.mark.parametrize("source", [ReverseTask(16, 10, seed=4), Spirals(DataConfig(seed=3), features=3, classes=4)])
+@pytest.mark.parametrize("cuts", [(0, 16), (0, 5, 16), (0, 4, 8, 12, 16), (0, 1, 2, 15, 16)])
+def test_a_tasks_rows_are_the_same_however_the_hosts_cut_the_batch(source: task.Rows, cuts: tuple[int, ...]) -> None:
+    # what makes every topology see the same global batch (trained alike on 1x4, 4x1 and 2x2 in test_train)
+    whole = source.rows("train", 5, 0, 16)
+    parts = [source.rows("train", 5, a, b) for a, b in zip(cuts, cuts[1:], strict=False)]
+    for key, value in whole.items():
+        np.testing.assert_array_equal(np.concatenate([part[key] for part in parts]), value)
+
+
 def test_rows_of_a_model_group_are_made_once_per_row() -> None:
     mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     assert batches.row_span(NamedSharding(mesh, PartitionSpec("data")), 8) == (0, 8)
