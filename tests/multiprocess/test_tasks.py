@@ -16,7 +16,6 @@ from tests.multiprocess.test_train import summary, train
 pytestmark = pytest.mark.multiprocess
 
 
-
 def test_the_classifier_learns_its_spirals(tmp_path: Path) -> None:
     # measured: eval accuracy 0.99 after 200 steps with the default classifier (2 x 2)
     train(2, 2, tmp_path, "--task", "classify", "--steps", "200", "--eval-every", "200", "--log-every", "50")
