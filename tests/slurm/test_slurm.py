@@ -38,22 +38,6 @@ def job_id(stdout: str) -> str:
     return found.group(1)
 
 
-def test_submitit_trains_on_4_nodes_one_process_each(slurm_env: dict[str, str], tmp_path: Path) -> None:
-    job = ["train", "--run-dir", str(tmp_path / "run"), "--steps", "12", "--log-every", "4", *SMALL]
-    proc = subprocess.run(deploy_argv(tmp_path, "--wait", job=job), env=task_env(slurm_env), cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
-    jid = job_id(proc.stdout)
-    assert f"job {jid} completed" in proc.stderr
-    assert "slurm cluster: process 0 of 4, coordinator node1:" in proc.stdout  # process 0's log, streamed
-    for rank in range(4):
-        log = (tmp_path / "logs" / f"{jid}_{rank}_log.out").read_text()
-        assert f"global_rank={rank}(4)" in log and f"node={rank}(4)" in log
-        assert f"process {rank} of 4 (slurm) on node{rank + 1}" in log
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["completed"] is True and summary["final_step"] == 12
-
-
 def test_sbatch_script_trains_on_4_nodes(slurm_env: dict[str, str], tmp_path: Path) -> None:
     job = ["train", "--run-dir", str(tmp_path / "run"), "--steps", "12", "--log-every", "4", *SMALL]
     proc = subprocess.run(deploy_argv(tmp_path, "--via", "sbatch", "--wait", job=job), env=task_env(slurm_env),
@@ -67,7 +51,8 @@ def test_sbatch_script_trains_on_4_nodes(slurm_env: dict[str, str], tmp_path: Pa
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["final_step"] == 12
 
 
-def test_preempted_job_is_requeued_and_matches_an_uninterrupted_run(slurm_env: dict[str, str], tmp_path: Path) -> None:
+def test_submitit_trains_on_4_nodes_and_a_preempted_job_is_requeued_to_match_an_uninterrupted_run(
+        slurm_env: dict[str, str], tmp_path: Path) -> None:
     flags = ["--steps", "60", "--ckpt.every", "20", "--log-every", "1", *SMALL]
     job = [sys.executable, "-m", "job", "train", "--run-dir", str(tmp_path / "ref"), *flags]
     reference = run(launcher_argv(4, job, devices=1), timeout=300)
@@ -93,6 +78,16 @@ def test_preempted_job_is_requeued_and_matches_an_uninterrupted_run(slurm_env: d
     ref = json.loads((tmp_path / "ref" / "summary.json").read_text())
     assert ours["completed"] is True and ours["final_step"] == 60
     assert ours["params_sha256"] == ref["params_sha256"]
+    # one process per node, each told its place by Slurm; process 0's log streamed while waiting
+    assert f"job {jid} completed" in output
+    assert "slurm cluster: process 0 of 4, coordinator node1:" in output
+    for rank in range(4):
+        log = (tmp_path / "logs" / f"{jid}_{rank}_log.out").read_text()
+        assert f"global_rank={rank}(4)" in log and f"node={rank}(4)" in log
+        assert f"process {rank} of 4 (slurm) on node{rank + 1}" in log
+    # the batch script's own step (slurm/requeue.sh, which slurm/train.sbatch takes too) requeued it
+    batch = (tmp_path / "logs" / f"{jid}_0_log.out").read_text()
+    assert f"job {jid} saved its state after a preemption signal: requeueing (restart 1)" in batch
 
 
 def _submit_scenario(slurm_env: dict[str, str], logs: Path, *args: str) -> Submission:
