@@ -12,6 +12,9 @@ NPROC ?= 4
 DEVICES ?= 2
 ARGS ?= train --run-dir runs/local
 PYTEST_ARGS ?=
+# test-local's pytest workers (pytest-xdist): two, each test file on one of them, the Slurm and container tiers on
+# one (they share the local cluster and podman's image). TEST_WORKERS= runs the suite in this one process.
+TEST_WORKERS ?= -n 2 --dist loadgroup
 BENCH_ARGS ?=
 
 .DEFAULT_GOAL := help
@@ -70,7 +73,7 @@ run-local: $(BIN)/.installed ## the example job on NPROC (4) local CPU processes
 	JAX_PLATFORMS=cpu $(BIN)/python -m job.launch -n $(NPROC) --devices-per-process $(DEVICES) -- $(BIN)/python -m job $(ARGS)
 
 test-local: $(BIN)/.installed ## the whole test suite: unit, multi-process, Slurm, TPU-simulator and container tiers
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(TEST_WORKERS) $(PYTEST_ARGS)
 
 test-unit: $(BIN)/.installed ## only the fast single-process tests
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)

@@ -18,6 +18,7 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 import logging  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
 import pytest  # noqa: E402
@@ -26,6 +27,20 @@ if TYPE_CHECKING:
     from tests.container.conftest import Built
 
 REQUIRE_ALL_TIERS = os.environ.get("JOB_REQUIRE_ALL_TIERS") == "1"
+# Tiers whose tests share one engine on this machine: the local Slurm cluster's 4 nodes, podman's image
+# and store (the Slurm tier runs that image too). With pytest-xdist their tests run on one worker, in turn.
+ONE_ENGINE = {"slurm": "slurm-and-podman", "container": "slurm-and-podman"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With pytest-xdist workers (make test-local: -n 2 --dist loadgroup), one group per test file, so a
+    module's fixtures (its reference runs) are made once, and one for the tiers in ONE_ENGINE."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        path = Path(item.nodeid.split("::", 1)[0])
+        tier = path.parts[1] if len(path.parts) > 2 and path.parts[0] == "tests" else ""
+        item.add_marker(pytest.mark.xdist_group(ONE_ENGINE.get(tier, str(path))))
 
 
 @pytest.hookimpl(hookwrapper=True)
