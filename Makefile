@@ -12,9 +12,9 @@ NPROC ?= 4
 DEVICES ?= 2
 ARGS ?= train --run-dir runs/local
 PYTEST_ARGS ?=
-# test-local's pytest workers (pytest-xdist): two, each test file on one of them, the Slurm and container tiers on
-# one (they share the local cluster and podman's image). TEST_WORKERS= runs the suite in this one process.
-TEST_WORKERS ?= -n 2 --dist loadgroup
+# test-local's pytest workers (pytest-xdist): two, each test file on one of them (its module fixtures made once);
+# the Slurm and container tiers' tests one at a time (tests/conftest.py). TEST_WORKERS= runs it in one process.
+TEST_WORKERS ?= -n 2 --dist loadfile
 BENCH_ARGS ?=
 
 .DEFAULT_GOAL := help

@@ -15,9 +15,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # gcsfs picks its client class when first imported: the Cloud Storage tier's emulator needs the plain one.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
+import fcntl  # noqa: E402
 import logging  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
+import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
@@ -28,19 +30,26 @@ if TYPE_CHECKING:
 
 REQUIRE_ALL_TIERS = os.environ.get("JOB_REQUIRE_ALL_TIERS") == "1"
 # Tiers whose tests share one engine on this machine: the local Slurm cluster's 4 nodes, podman's image
-# and store (the Slurm tier runs that image too). With pytest-xdist their tests run on one worker, in turn.
-ONE_ENGINE = {"slurm": "slurm-and-podman", "container": "slurm-and-podman"}
+# and store (the Slurm tier runs that image too). Under pytest-xdist workers (make test-local) only one of
+# their tests runs at a time, whichever worker has it: each holds this lock from its setup to its teardown.
+ONE_ENGINE = ("slurm", "container")
+ENGINE_LOCK = Path(tempfile.gettempdir()) / f"jax-job-tests-{os.getuid()}" / "one-engine.lock"
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With pytest-xdist workers (make test-local: -n 2 --dist loadgroup), one group per test file, so a
-    module's fixtures (its reference runs) are made once, and one for the tiers in ONE_ENGINE."""
-    if not config.pluginmanager.hasplugin("xdist"):
+def _tier(item: pytest.Item) -> str:
+    parts = Path(item.nodeid.split("::", 1)[0]).parts
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # noqa: ANN201, ARG001
+    if "PYTEST_XDIST_WORKER" not in os.environ or _tier(item) not in ONE_ENGINE:
+        yield
         return
-    for item in items:
-        path = Path(item.nodeid.split("::", 1)[0])
-        tier = path.parts[1] if len(path.parts) > 2 and path.parts[0] == "tests" else ""
-        item.add_marker(pytest.mark.xdist_group(ONE_ENGINE.get(tier, str(path))))
+    ENGINE_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with ENGINE_LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -127,7 +136,7 @@ def _tier_times(terminalreporter) -> None:  # noqa: ANN001 - pytest's TerminalRe
             tests.setdefault(tier, set()).add(nodeid)
     if not seconds:
         return
-    terminalreporter.section("time per tier")
+    terminalreporter.section("time per tier (its tests' time, summed over the workers)")
     for tier in sorted(seconds, key=seconds.get, reverse=True):
         terminalreporter.write_line(f"{tier:<14} {seconds[tier]:7.0f} s  {len(tests[tier]):5d} tests")
     terminalreporter.write_line(f"{'all':<14} {sum(seconds.values()):7.0f} s  {sum(map(len, tests.values())):5d} tests")
