@@ -41,7 +41,7 @@ def _tier(item: pytest.Item) -> str:
     return parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outermost: pytest-timeout's clock starts once it holds the lock
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # noqa: ANN201, ARG001
     if "PYTEST_XDIST_WORKER" not in os.environ or _tier(item) not in ONE_ENGINE:
         yield
