@@ -30,6 +30,8 @@ ORBAX_ASYNC = "orbax.checkpoint._src.checkpointers.async_checkpointer"
 SUBMITIT_SLURM = "submitit.slurm.slurm"
 # submitit 1.5.4: the module each Slurm task runs (`python -m ...` FOLDER: unpickles and runs the job)
 SUBMITIT_TASK_MODULE = "submitit.core._submit"
+# orbax-checkpoint 0.12.8: the function its background save thread runs (and logs a failure from)
+ORBAX_SAVE_THREAD = f"{ORBAX_ASYNC}:_AsyncManager._thread_func"
 PRIVATE = (
     # jax 0.10.2, 0.12.0.1: the CUDA_VISIBLE_DEVICES jax itself honours (flag or variable)
     f"{JAX_XLA_BRIDGE}:CUDA_VISIBLE_DEVICES",
@@ -48,13 +50,12 @@ PRIVATE = (
     # orbax-checkpoint 0.12.8: the key-value store its async saves signal their stages through
     f"{ORBAX_SIGNALING}:get_signaling_client",
     f"{ORBAX_SIGNALING}:ThreadSafeKeyValueSignalingClient",
-    # orbax-checkpoint 0.12.8: the function its background save thread runs (and logs a failure from)
-    f"{ORBAX_ASYNC}:_AsyncManager._thread_func",
+    ORBAX_SAVE_THREAD,
     # submitit 1.5.4: the batch script SlurmExecutor writes, for a dry run and the golden files
     f"{SUBMITIT_SLURM}:_make_sbatch_string",
     f"{SUBMITIT_TASK_MODULE}:submitit_main",
 )
-ORBAX_SAVE_THREAD_FUNCTION = "_thread_func"  # the last name of the entry above
+ORBAX_SAVE_THREAD_FUNCTION = ORBAX_SAVE_THREAD.rsplit(".", 1)[1]  # "_thread_func"
 # tensorstore 0.1.86: the name of the threads of its pool, which copy and write a checkpoint's arrays
 # (a C++ thread name, seen in /proc/self/task/*/comm; the test writes an array and looks for one)
 TENSORSTORE_WRITER_THREADS = "ts_pool_worker"
