@@ -10,8 +10,9 @@ none when JAX_PLATFORMS names no GPU platform) each child gets its own share
 through CUDA_VISIBLE_DEVICES: the visible GPUs split evenly, or
 ``--gpus-per-process K``; ``--gpus-per-process 0`` gives every child all of
 them. Output lines carry a ``[rank N]`` prefix. Fail fast: when one process
-fails the others are stopped and the launcher exits with that first failure's
-code. SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 are forwarded to every child.
+fails the others are stopped and the launcher exits with that failure's code
+(a rank that crashed, killed by SIGKILL or SIGSEGV, counts as the failure even
+when a peer's exit in reaction to it was seen first). SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 are forwarded to every child.
 """
 
 from __future__ import annotations

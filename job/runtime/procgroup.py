@@ -22,6 +22,13 @@ log = logging.getLogger("job.launch")
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING = (signal.SIGINT, signal.SIGTERM)
+# Deaths no rank chooses: a JAX process that loses a peer exits 1 (a Python
+# exception from the collective) or aborts (SIGABRT, jax's fatal log), but is
+# never killed by one of these unless something else killed it or it crashed.
+# Such a rank is the cause even when its peers' reactions are reaped first: a
+# big process takes a while to be torn down after SIGKILL, its peers see the
+# connection drop and exit at about the same time.
+CRASHES = (signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE)
 # Gloo prints "[Gloo] Rank N is connected to M peer ranks. Expected number of
 # connected peer ranks is : M" once per device, from several threads at once,
 # so the pieces interleave into fragment lines. They drown real output at scale.
@@ -80,6 +87,7 @@ class ProcessGroup:
         self.poll_s = poll_s
         self.procs: list[subprocess.Popen[bytes]] = []
         self._pumps: list[threading.Thread] = []
+        self._waiters: list[threading.Thread] = []
         self._write_lock = threading.Lock()
         self._signals: list[int] = []
         self._exits: queue.Queue[tuple[int, int]] = queue.Queue()
@@ -127,10 +135,13 @@ class ProcessGroup:
                 thread = threading.Thread(target=self._pump, args=(rank, pipe, out), daemon=True)
                 thread.start()
                 self._pumps.append(thread)
-            # One waiter per child: exits arrive in the order they happened.
-            threading.Thread(target=lambda r=rank, p=proc: self._exits.put((r, p.wait())), daemon=True).start()
+            # One waiter per child: exits arrive in the order they were reaped.
+            waiter = threading.Thread(target=lambda r=rank, p=proc: self._exits.put((r, p.wait())), daemon=True)
+            waiter.start()
+            self._waiters.append(waiter)
 
-    def _stop_others(self, failed_rank: int, returncode: int) -> None:
+    def _stop_others(self, failed_rank: int, returncode: int) -> set[int]:
+        """Stop the group after a failure; return the ranks that had ended before the launcher's own SIGKILL."""
         log.error(
             "rank %d %s; stopping the other %d process(es)",
             failed_rank, describe_exit(returncode), sum(p.poll() is None for p in self.procs),
@@ -138,7 +149,27 @@ class ProcessGroup:
         self._send(signal.SIGTERM)
         self._send(signal.SIGCONT)  # a stopped (SIGSTOP, frozen) process acts on SIGTERM only once continued
         self._wait_all(self.kill_after_s)
+        ended = {rank for rank, proc in enumerate(self.procs) if proc.poll() is not None}
         self._send(signal.SIGKILL)
+        return ended
+
+    def _cause(self, first: tuple[int, int], ended: set[int]) -> int:
+        """The exit code of the failure that caused the others: a crash (CRASHES) the launcher did not cause, else the
+        first failure reaped."""
+        for waiter in self._waiters:
+            waiter.join()
+        exits = [first]
+        while not self._exits.empty():
+            exits.append(self._exits.get_nowait())
+        crashed = [(rank, rc) for rank, rc in exits if rank in ended and -rc in CRASHES]
+        if not crashed or crashed[0] == first or -first[1] in CRASHES:
+            return exit_code(first[1])
+        rank, rc = crashed[0]
+        log.error(
+            "rank %d %s: that is the cause, rank %d's exit was its reaction (a rank does not die by %s when it "
+            "loses a peer); exiting %d", rank, describe_exit(rc), first[0], signal.Signals(-rc).name, exit_code(rc),
+        )
+        return exit_code(rc)
 
     def _wait_all(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -146,7 +177,7 @@ class ProcessGroup:
             time.sleep(self.poll_s)
 
     def watch(self) -> int:
-        """Block until every child has exited; return the first failure's code, or 0."""
+        """Block until every child has exited; return the failure's code (see `_cause`), or 0."""
         stop_deadline: float | None = None
         running = len(self.procs)
         while running:
@@ -167,14 +198,14 @@ class ProcessGroup:
                 continue
             running -= 1
             if rc != 0:
-                code = exit_code(rc)
                 if stop_deadline is None:
-                    self._stop_others(rank, rc)
-                else:
-                    self._wait_all(self.kill_after_s)
-                    self._send(signal.SIGKILL)
+                    ended = self._stop_others(rank, rc)
+                    self._finish()
+                    return self._cause((rank, rc), ended)
+                self._wait_all(self.kill_after_s)
+                self._send(signal.SIGKILL)
                 self._finish()
-                return code
+                return exit_code(rc)
         self._finish()
         return 0
 

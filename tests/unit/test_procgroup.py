@@ -66,3 +66,49 @@ def test_a_frozen_process_is_continued_so_it_stops_on_sigterm_not_sigkill(tmp_pa
     group = ProcessGroup([sys.executable, "-c", script], envs, kill_after_s=60)
     assert group.run() == 4
     assert group.procs[0].returncode == -signal.SIGTERM  # without SIGCONT: SIGKILL, 60 s later
+
+
+# Rank 1 fails first; rank 0 ignores the launcher's SIGTERM and then ends in the way ACTION says, before the
+# launcher's SIGKILL: the order a crashed host and its peer's reaction can be reaped in.
+LATE = (
+    "import os, signal, sys, time\n"
+    "if os.environ['RANK'] == '1':\n"
+    "    while not os.path.exists(os.environ['READY']):\n"
+    "        time.sleep(0.01)\n"
+    "    sys.exit(1)\n"
+    "signal.signal(signal.SIGTERM, lambda *_: None)\n"
+    "open(os.environ['READY'], 'w').close()\n"
+    "time.sleep(0.5)\n"
+    "{action}\n"
+    "time.sleep(60)\n"
+)
+
+
+def late_group(tmp_path: Path, action: str) -> ProcessGroup:
+    envs = [{**os.environ, "RANK": str(rank), "READY": str(tmp_path / "ready")} for rank in range(2)]
+    return ProcessGroup([sys.executable, "-c", LATE.format(action=action)], envs, kill_after_s=30)
+
+
+def test_a_crash_reaped_after_its_peers_reaction_is_the_cause(tmp_path: Path, caplog) -> None:
+    group = late_group(tmp_path, "os.kill(os.getpid(), signal.SIGKILL)")
+    with caplog.at_level("ERROR", logger="job.launch"):
+        assert group.run() == 137
+    assert [p.returncode for p in group.procs] == [-signal.SIGKILL, 1]
+    assert "rank 1 exited with code 1; stopping the other 1 process(es)" in caplog.text
+    assert "rank 0 was killed by SIGKILL (code 137): that is the cause" in caplog.text
+
+
+def test_an_abort_after_the_first_failure_is_a_reaction_not_the_cause(tmp_path: Path, caplog) -> None:
+    # jax's fatal log aborts a rank that lost its peer: that SIGABRT must not hide rank 1's own exit code
+    group = late_group(tmp_path, "os.abort()")
+    with caplog.at_level("ERROR", logger="job.launch"):
+        assert group.run() == 1
+    assert [p.returncode for p in group.procs] == [-signal.SIGABRT, 1]
+    assert "that is the cause" not in caplog.text
+
+
+def test_the_launchers_own_sigkill_is_not_taken_for_a_crash(tmp_path: Path) -> None:
+    group = late_group(tmp_path, "pass")  # rank 0 ignores SIGTERM and lives on until the launcher kills it
+    group.kill_after_s = 1
+    assert group.run() == 1
+    assert [p.returncode for p in group.procs] == [-signal.SIGKILL, 1]
