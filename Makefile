@@ -12,8 +12,8 @@ NPROC ?= 4
 DEVICES ?= 2
 ARGS ?= train --run-dir runs/local
 PYTEST_ARGS ?=
-# test-local's pytest workers (pytest-xdist): two, each test file on one of them (its module fixtures made once);
-# the Slurm and container tiers' tests one at a time (tests/conftest.py). TEST_WORKERS= runs it in one process.
+# the test targets' pytest workers (pytest-xdist): two, each test file on one of them (its module fixtures made
+# once); the Slurm and container tiers' tests one at a time (tests/conftest.py). TEST_WORKERS= runs in one process.
 TEST_WORKERS ?= -n 2 --dist loadfile
 BENCH_ARGS ?=
 
@@ -75,11 +75,11 @@ run-local: $(BIN)/.installed ## the example job on NPROC (4) local CPU processes
 test-local: $(BIN)/.installed ## the whole test suite: unit, multi-process, Slurm, TPU-simulator and container tiers
 	$(BIN)/python -m pytest $(TEST_WORKERS) $(PYTEST_ARGS)
 
-test-unit: $(BIN)/.installed ## only the fast single-process tests
-	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+test-unit: $(BIN)/.installed ## only the fast single-process tests (under a minute on 2 cores)
+	$(BIN)/python -m pytest $(TEST_WORKERS) tests/unit $(PYTEST_ARGS)
 
 test-smoke: $(BIN)/.installed ## the unit tier and a multi-process smoke (train, bitwise resume, one fault): CI's second Python
-	$(BIN)/python -m pytest tests/unit tests/multiprocess -m "smoke or not multiprocess" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(TEST_WORKERS) tests/unit tests/multiprocess -m "smoke or not multiprocess" $(PYTEST_ARGS)
 
 bench: $(BIN)/.installed ## benchmarks vs hand-written JAX (~10-15 min on 2 cores): bench/RESULTS.md + launch plot; BENCH_ARGS=--quick
 	$(BIN)/python -m bench $(BENCH_ARGS)
