@@ -85,7 +85,6 @@ def worker(argv: list[str]) -> None:
     import jax
     import numpy as np
     from flax import nnx
-    from jax.sharding import NamedSharding, PartitionSpec
 
     from job import sharding
     from job.runs.checkpoint import Checkpointer
@@ -96,8 +95,7 @@ def worker(argv: list[str]) -> None:
     task, cfg, mesh, params, graphdef, train_state = loop_state(quick)
     train_step = jit_train_step(task.loss, graphdef, train_state)
     source = task.source(task.data_config(global_batch=BATCH), cfg)
-    batch = global_batch(source, NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh))),
-                         split="train", step=0, size=BATCH)
+    batch = global_batch(source, sharding.batch_sharding(mesh), split="train", step=0, size=BATCH)
     held = {"state": train_state}
 
     def state() -> nnx.State:

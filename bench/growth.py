@@ -57,7 +57,6 @@ class Trainer:
     def __init__(self, size: str, ckpt_dir: Path) -> None:
         import jax
         from flax import nnx
-        from jax.sharding import NamedSharding, PartitionSpec
 
         from job import sharding
         from job import task as tasks
@@ -83,7 +82,7 @@ class Trainer:
         self.nbytes = sum(x.nbytes for x in jax.tree.leaves(self.state))
         self.train_step = jit_train_step(task.loss, graphdef, self.state)
         source = task.source(task.data_config(global_batch=self.rows), cfg)
-        place = NamedSharding(self.mesh, PartitionSpec(sharding.batch_axes(self.mesh)))
+        place = sharding.batch_sharding(self.mesh)
         self.batches = [global_batch(source, place, split="train", step=s, size=self.rows) for s in range(4)]
         self.ckpt = Checkpointer(ckpt_dir, CheckpointConfig(every=1, keep=2, async_save=True))
         self.saves = 0

@@ -76,7 +76,6 @@ def worker(argv: list[str]) -> None:
     import jax
     import numpy as np
     from flax import nnx
-    from jax.sharding import NamedSharding, PartitionSpec
 
     from job import sharding
     from job import task as tasks
@@ -87,7 +86,7 @@ def worker(argv: list[str]) -> None:
     task = tasks.load(TASK)
     cfg, dcfg = task.model_config(), task.data_config()
     mesh = sharding.make_mesh()
-    batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh)))
+    batch_sharding = sharding.batch_sharding(mesh)
     size = dcfg.global_batch
     span = row_span(batch_sharding, size)
     model = task.build(cfg, nnx.Rngs(0))

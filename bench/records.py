@@ -54,7 +54,6 @@ def worker(argv: list[str]) -> None:
     import jax
     import numpy as np
     from flax import nnx
-    from jax.sharding import NamedSharding, PartitionSpec
 
     from job import sharding
     from job import task as tasks
@@ -73,7 +72,7 @@ def worker(argv: list[str]) -> None:
     source = task.source(dcfg, cfg)
 
     mesh = sharding.make_mesh()
-    batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh)))
+    batch_sharding = sharding.batch_sharding(mesh)
     size = dcfg.global_batch
     span = row_span(batch_sharding, size)
     model = task.build(cfg, nnx.Rngs(0))

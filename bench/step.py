@@ -81,7 +81,7 @@ def measure(size: str, reps: int) -> dict:
     cfg = task.model_config(**overrides)
     source = task.source(task.data_config(global_batch=size_rows), cfg)
     mesh = sharding.make_mesh()
-    batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh)))
+    batch_sharding = sharding.batch_sharding(mesh)
     tx, _ = make_optimizer(OptimConfig(), STEPS)
     host: dict[str, list[float]] = {"template": [], "baseline": []}
 

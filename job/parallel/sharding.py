@@ -105,6 +105,12 @@ def batch_size_divisor(mesh: Mesh) -> int:
     return math.prod(mesh.shape[name] for name in batch_axes(mesh))
 
 
+def batch_sharding(mesh: Mesh, whole: int = 0) -> NamedSharding:
+    """How a global batch is laid out: after `whole` leading axes kept whole (a stack of micro-batches has
+    one), the next axis is split over the batch axes of `mesh`; the rest stay whole."""
+    return NamedSharding(mesh, PartitionSpec(*(None,) * whole, batch_axes(mesh)))
+
+
 AxisRules = Mapping[str, Mapping[str, str | None]]  # {logical name: {rule: mesh axis or None}}
 
 

@@ -46,7 +46,7 @@ def run(cfg: DemoConfig) -> float:
 
     # Each process builds only the rows its devices hold (value = global row index); processes of
     # one model group (the model axis across processes) build the same rows.
-    rows_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(sharding.batch_axes(mesh)))
+    rows_sharding = sharding.batch_sharding(mesh)
     size = cfg.rows_per_device * jax.device_count()
     first, last = row_span(rows_sharding, size)
     local = np.repeat(np.arange(first, last, dtype=np.float32)[:, None], cfg.width, axis=1)

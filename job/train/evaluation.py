@@ -87,7 +87,7 @@ class Evaluator:
         from job.parallel import sharding
 
         self._step, self._source, self._weight = eval_step, source, weight
-        self._sharded = NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh)))
+        self._sharded = sharding.batch_sharding(mesh)
         self._whole = NamedSharding(mesh, PartitionSpec())
         self._batch = global_batch
         divisor = sharding.batch_size_divisor(mesh)

@@ -133,6 +133,19 @@ def test_batch_axes_and_divisor(mesh42: Mesh) -> None:
     assert sh.batch_size_divisor(sh.make_mesh(model_axis=8)) == 1
 
 
+def test_a_batch_placed_by_batch_sharding_is_split_over_the_batch_axes_and_whole_over_model(mesh42: Mesh) -> None:
+    rows = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
+    placed = jax.device_put(rows, sh.batch_sharding(mesh42))
+    assert {s.data.shape for s in placed.addressable_shards} == {(2, 3)}  # 8 rows over data=4, whole over model=2
+    held = {s.device: np.asarray(s.data) for s in placed.addressable_shards}
+    for group in mesh42.devices:  # a row of the mesh: one data shard, every model device holds the same rows
+        assert all(np.array_equal(held[d], held[group[0]]) for d in group)
+    stacked = jax.device_put(np.stack([rows, rows + 100]), sh.batch_sharding(mesh42, whole=1))
+    assert {s.data.shape for s in stacked.addressable_shards} == {(2, 2, 3)}  # the stack's axis kept whole
+    m3 = jax.make_mesh((2, 2, 2), ("replica", "data", "model"), axis_types=(AxisType.Auto,) * 3)
+    assert {s.data.shape for s in jax.device_put(rows, sh.batch_sharding(m3)).addressable_shards} == {(2, 3)}
+
+
 def test_resolve_mesh(mesh42: Mesh) -> None:
     assert sh.resolve_mesh(None) is None
     assert sh.resolve_mesh(mesh42) is mesh42
