@@ -110,11 +110,8 @@ class Training:
 
     def build(self) -> Built:
         """The mesh, the task's rows, the optimizer, the state's plan (no array made) and the jitted steps."""
-        from jax.sharding import NamedSharding, PartitionSpec
-
         from job.parallel import sharding
         from job.runtime import compile_cache, preflight
-        from job.train import state as state_plan
         from job.train.steps import jit_train_step
 
         cfg, task, info = self.cfg, self.task, self.info
@@ -125,15 +122,12 @@ class Training:
         checked = preflight.check(to_dict(cfg), run_dir / "checkpoints")
         mesh = sharding.make_mesh(model_axis=cfg.model_axis)
         _check_batch(cfg, mesh)
-        source = task.source(cfg.data, cfg.model)
-        tx, schedule = _optimizer(task, cfg)
         # shapes and placement first, no array made; the state is then created as its shards, or restored into them
-        planned = state_plan.plan(task, cfg, mesh, tx)
-        batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.batch_axes(mesh)))
-        micro = NamedSharding(mesh, PartitionSpec(None, sharding.batch_axes(mesh)))
+        source, schedule, planned, evaluator = _planned(cfg, task, mesh)
+        batch_sharding = sharding.batch_sharding(mesh)
+        micro = sharding.batch_sharding(mesh, whole=1)  # K micro-batches stacked on a leading axis
         train_step = jit_train_step(task.loss, planned.graphdef, planned.shardings, accum_steps=cfg.accum_steps,
                                     weight=task.weight, custom=task.train_step, micro_sharding=micro)
-        evaluator = _evaluator(cfg, task, mesh, source, planned)
         return Built(run_dir=run_dir, mesh=mesh, source=source, planned=planned, schedule=schedule,
                      train_step=train_step, evaluator=evaluator, batch_sharding=batch_sharding, checked=checked)
 
@@ -331,14 +325,20 @@ def _check_batch(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> None:
         )
 
 
-def _evaluator(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh, source: Any, planned: Any) -> Any:
-    """The Evaluator of the task's eval splits with the model in eval mode."""
+def _planned(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh) -> tuple[Any, Any, Any, Any]:
+    """(the task's rows, the learning rate by step, the state's plan, the Evaluator of the task's eval
+    splits): what a run and an evaluation of its checkpoint both build on `mesh`; no array is made."""
+    from job.train import state as state_plan
     from job.train.evaluation import Evaluator
     from job.train.steps import jit_eval_step
 
-    return Evaluator(jit_eval_step(task.loss, planned.eval_graphdef, task.weight), source, mesh,
-                     splits=task.eval_splits, global_batch=cfg.data.global_batch, batches=cfg.data.eval_batches,
-                     full=cfg.eval_full, weight=task.weight)
+    source = task.source(cfg.data, cfg.model)
+    tx, schedule = _optimizer(task, cfg)
+    planned = state_plan.plan(task, cfg, mesh, tx)
+    evaluator = Evaluator(jit_eval_step(task.loss, planned.eval_graphdef, task.weight), source, mesh,
+                          splits=task.eval_splits, global_batch=cfg.data.global_batch,
+                          batches=cfg.data.eval_batches, full=cfg.eval_full, weight=task.weight)
+    return source, schedule, planned, evaluator
 
 
 def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None) -> int:
@@ -347,21 +347,17 @@ def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None) -
     from job.parallel import sharding
     from job.parallel.multihost import only_specific_processes
     from job.runs.checkpoint import Checkpointer
-    from job.train import state as state_plan
 
     initialize()
     run_dir = storage.run_path(cfg.run_dir)
     mesh = sharding.make_mesh(model_axis=cfg.model_axis)
-    source = task.source(cfg.data, cfg.model)
-    tx, _ = _optimizer(task, cfg)
-    planned = state_plan.plan(task, cfg, mesh, tx)
+    _, _, planned, evaluator = _planned(cfg, task, mesh)
     checkpoints = Checkpointer(run_dir / "checkpoints", cfg.ckpt)
     try:
         chosen = checkpoints.saved_step(step)
         restored = checkpoints.restore(chosen, planned.abstract)
     finally:
         checkpoints.close()
-    evaluator = _evaluator(cfg, task, mesh, source, planned)
     with sharding.mesh_context(mesh):
         results = evaluator.run(restored) or {}
     record = {"step": chosen, "splits": {split: {"rows": evaluator.rows(split), "batches": len(evaluator.plan[split]),
