@@ -1,4 +1,5 @@
-"""One parser per kind of value a user types: the launcher's flags, the Slurm and TPU make variables.
+"""One parser per kind of value: the launcher's flags, the Slurm and TPU make variables, the environment's
+variables that job.initialize reads.
 
     whole("4", minimum=1)     -> 4        whole(" 4"), whole("+4"), whole("٤"), whole("1e3"): BadValue
     switch("yes")             -> True     "", 0/1, true/false, yes/no, on/off in any case; else BadValue

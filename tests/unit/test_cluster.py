@@ -736,6 +736,11 @@ def test_read_helpers() -> None:
     with pytest.raises(ConfigError, match="TCP port"):
         read_port({"P": "65536"}, "P", fix="f")
     assert read_id_list({"D": "0,1,3"}, "D", fix="f") == (0, 1, 3)
+    for bad in (" 4", "+4", "4_0", "\u0664", "-1", ""):  # what job.core.values.whole refuses, in any variable
+        with pytest.raises(ConfigError, match="N: expected an integer >= 0"):
+            read_int({"N": bad}, "N", fix="f")
+        with pytest.raises(ConfigError, match="D: expected comma-separated device ids"):
+            read_id_list({"D": f"0,{bad}"}, "D", fix="f")
 
 
 def test_cluster_info_record() -> None:

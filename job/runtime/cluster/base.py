@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import ClassVar
 
+from job.core import values
 from job.core.errors import ConfigError
 
 Env = Mapping[str, str]
@@ -43,15 +44,13 @@ class ClusterInfo:
 
 
 def read_int(env: Env, name: str, *, minimum: int = 0, fix: str) -> int:
-    """An integer environment variable, or one clear error naming it."""
+    """An integer environment variable (plain digits, as job.core.values reads every count), or one clear
+    error naming it."""
     raw = env.get(name)
     try:
-        value = int(raw) if raw is not None else None
-    except ValueError:
-        value = None
-    if value is None or value < minimum:
-        raise ConfigError(name, expected=f"an integer >= {minimum}", found=raw, fix=fix)
-    return value
+        return values.whole(raw if raw is not None else "", minimum=minimum)
+    except values.BadValue:
+        raise ConfigError(name, expected=f"an integer >= {minimum}", found=raw, fix=fix) from None
 
 
 def read_port(env: Env, name: str, *, fix: str) -> int:
@@ -65,10 +64,10 @@ def read_id_list(env: Env, name: str, *, fix: str) -> tuple[int, ...]:
     """``"0,1,3"`` -> ``(0, 1, 3)``."""
     raw = env[name]
     try:
-        ids = tuple(int(part) for part in raw.split(","))
-    except ValueError:
+        ids = tuple(values.whole(part) for part in raw.split(","))
+    except values.BadValue:
         ids = ()
-    if not ids or min(ids) < 0:
+    if not ids:
         raise ConfigError(name, expected="comma-separated device ids such as '0,1'", found=raw, fix=fix)
     return ids
 
