@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
-from job.runtime.preemption import REQUEUE_EXIT_CODE
+from job.runtime.preemption import REQUEUE_EXIT_CODE, SIGNALS
 
 log = logging.getLogger(__name__)
 
@@ -19,11 +20,17 @@ class JobTask:
     the batch script requeues the job (slurm/requeue.sh, the same step
     slurm/train.sbatch takes), so submitit keeps waiting for the requeued
     run, which unpickles this task again and resumes.
+
+    submitit's own handlers are dropped first: its requeue on USR2 (rank 0 alone, `scontrol requeue`)
+    would be a second way to requeue, and it ignores SIGTERM. Until the loop's guard takes the
+    preemption signals, they act as they do under slurm/train.sbatch.
     """
 
     def __call__(self, args: list[str]) -> int:
         from job.__main__ import main
 
+        for sig in SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
         code = main(list(args))
         if code == REQUEUE_EXIT_CODE:
             log.warning("saved after a preemption signal: leaving with %d for the batch script to requeue", code)

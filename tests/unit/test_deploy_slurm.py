@@ -533,3 +533,28 @@ def test_the_requeue_code_of_the_batch_scripts_is_the_jobs() -> None:
     text = slurm.REQUEUE_SCRIPT.read_text()
     assert f"\nREQUEUE_EXIT_CODE={slurm_task.REQUEUE_EXIT_CODE}\n" in text
     assert "REQUEUE_EXIT_CODE=" not in slurm.SBATCH_SCRIPT.read_text()  # one place says it
+
+
+# submitit's process_job installs its handlers before it runs the task: USR2 requeues the job from rank 0
+# (scontrol requeue), SIGTERM is logged and ignored. A stand-in for them, then a signal before the loop's guard.
+BEFORE_THE_GUARD = """
+import os, signal, sys
+import job.__main__
+from deploy.slurm.task import JobTask
+for sig in (signal.SIGUSR2, signal.SIGTERM):
+    signal.signal(sig, lambda signum, frame: print("submitit's handler", flush=True))
+def main(args):
+    os.kill(os.getpid(), int(sys.argv[1]))
+    return 0
+job.__main__.main = main
+JobTask()(["train"])
+print("went on", flush=True)
+"""
+
+
+@pytest.mark.parametrize("sig", list(slurm_task.SIGNALS), ids=lambda s: s.name)
+def test_the_submitit_task_drops_submitits_own_handlers_so_a_signal_acts_as_under_train_sbatch(sig: int) -> None:
+    proc = subprocess.run([sys.executable, "-c", BEFORE_THE_GUARD, str(int(sig))], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == -sig, (proc.returncode, proc.stdout, proc.stderr)  # its default action, as in sbatch
+    assert "submitit's handler" not in proc.stdout and "went on" not in proc.stdout
