@@ -19,6 +19,9 @@ log = logging.getLogger(__name__)
 
 REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: saved, stopped on purpose, run me again
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+# a scheduler's notice (Slurm's --signal=USR2@SECONDS, scancel --signal=USR2): heard from before the processes
+# join, where SIGTERM keeps its default until they have (the launcher's stop ends a process waiting to join)
+NOTICES = (signal.SIGUSR1, signal.SIGUSR2)
 
 
 class PreemptionGuard:
@@ -33,6 +36,14 @@ class PreemptionGuard:
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._on_signal)
         return self
+
+    def take(self, *signals: signal.Signals) -> None:
+        """Hear `signals` too from now on (SIGTERM once the processes have joined: jax's own preemption
+        notifier takes it in job.initialize, and this takes it back)."""
+        for sig in signals:
+            previous = signal.signal(sig, self._on_signal)
+            self._previous.setdefault(sig, previous)
+        self.signals = tuple(dict.fromkeys((*self.signals, *signals)))
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():

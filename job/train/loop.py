@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -28,7 +29,7 @@ from job.observe.goodput import Goodput, describe
 from job.runs import provenance, resume, storage
 from job.runtime.cluster import ClusterInfo
 from job.runtime.distributed import initialize
-from job.runtime.preemption import REQUEUE_EXIT_CODE, PreemptionGuard
+from job.runtime.preemption import NOTICES, REQUEUE_EXIT_CODE, PreemptionGuard
 from job.runtime.watchdog import Watchdog
 from job.train import config
 from job.train.config import TrainConfig, to_dict, to_json
@@ -48,11 +49,12 @@ def run(cfg: TrainConfig, task: Task, argv: list[str] | None = None) -> int:
     `argv` is the command line that made `cfg` (`python -m job ARGV`), recorded for `python -m job rerun`."""
     config.validate(cfg, task)
     timer = Goodput()
-    # from here on a SIGTERM (USR1, USR2) is heard in every phase: start-up, the first compilation,
-    # evaluation and saves end with the last finished step saved and REQUEUE_EXIT_CODE
-    # (after job.initialize: jax's own preemption notifier takes SIGTERM there, and this guard takes it back)
-    info = initialize()
-    with PreemptionGuard() as guard:
+    # a preemption signal is heard in every phase: joining, start-up, the first compilation, evaluation and
+    # saves end with the last finished step saved and REQUEUE_EXIT_CODE. USR1 and USR2 from here; SIGTERM
+    # once the processes have joined (until then it ends a process, as the launcher's stop must)
+    with PreemptionGuard(NOTICES) as guard:
+        info = initialize()
+        guard.take(signal.SIGTERM)
         return Training(cfg, task, argv, timer, info, guard).run()
 
 

@@ -101,11 +101,13 @@ def test_sigterm_in_the_middle_of_a_long_evaluation_saves_the_step_and_requeues(
     assert "resumed from step 10" in resumed.stderr and summary(tmp_path)["final_step"] == 20
 
 
-def test_a_signal_before_the_first_step_exits_75_with_nothing_new_to_save(tmp_path: Path) -> None:
+# rank 1 gets SIGTERM once its state is built and restored, before its first step; or USR2 (Slurm's notice)
+# just before the processes join the cluster
+@pytest.mark.parametrize("fault", ["term-at-start", "usr2-at-join"])
+def test_a_signal_before_the_first_step_exits_75_with_nothing_new_to_save(tmp_path: Path, fault: str) -> None:
     train(2, 1, tmp_path, "--steps", "2", "--ckpt.every", "2", *SMALL)
     before = digests(tmp_path / "checkpoints")
-    # rank 1 gets SIGTERM once its state is built and restored, before its first step
-    proc = run(launcher_argv(2, scenario("faulty.py", "1", "term-at-start", "--", "train", "--run-dir",
+    proc = run(launcher_argv(2, scenario("faulty.py", "1", fault, "--", "train", "--run-dir",
                                          str(tmp_path), "--steps", "4", *SMALL), devices=1), timeout=180)
     assert proc.returncode == REQUEUE, explain(proc, proc.stdout, proc.stderr)
     assert "preempted before the first step: nothing new to save" in proc.stdout + proc.stderr

@@ -12,6 +12,7 @@ On every rank but RANK this is exactly `python -m job`. On RANK, FAULT is:
     exit-early  exit 3 before joining the cluster (a process that never starts)
     hang-early  block forever before joining the cluster
     term-at-start  SIGTERM itself once start-up is over (state built and restored), before step 1
+    usr2-at-join   USR2 itself (a scheduler's notice) just before joining the cluster
     slow-rows=MS   every batch of rows costs MS milliseconds more on this rank (a slow input host)
     version=P:V report package P at version V (a host with another image)
     flag=F:V    append `F V` to the job's flags (a host started with other flags)
@@ -90,6 +91,17 @@ if me == rank:
             return real_jit_train_step(*a, **k)
 
         steps.jit_train_step = signalled
+    elif kind == "usr2-at-join":
+        from job.train import loop
+
+        real_initialize = loop.initialize
+
+        def noticed(*a, **k):
+            announce()
+            os.kill(os.getpid(), signal.SIGUSR2)
+            return real_initialize(*a, **k)
+
+        loop.initialize = noticed
     elif kind == "slow-rows":
         from job.train import batches
 
