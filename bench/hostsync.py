@@ -14,7 +14,7 @@ service barrier so that no rank's lateness is charged to the next block:
 | named barrier | `multihost.barrier(name)` | `multihost_utils.sync_global_devices(name)` |
 
 `multihost.barrier` waits at the distributed runtime's named barrier
-(`jax._src.distributed.global_state.client.wait_at_barrier`, with a timeout);
+(the coordination client's `wait_at_barrier`, with a timeout; `job.core.internals.coordination_client`);
 where a `job.multihost` has no `barrier`, the benchmark calls that client
 itself. The raw barrier is what user code calls otherwise: a device collective.
 Figures are process 0's, per call.
@@ -58,12 +58,12 @@ def child(argv: list[str]) -> None:
     job.initialize()
     import jax
     import numpy as np
-    from jax._src.distributed import global_state
     from jax.experimental import multihost_utils
 
     from job import multihost
+    from job.core import internals
 
-    client = global_state.client
+    client = internals.coordination_client()
     rank = jax.process_index()
     names = (f"bench-{i}" for i in itertools.count())
     tree = _tree()
