@@ -32,7 +32,6 @@ RUNTIMES = ("auto", "pyxis", "apptainer", "podman")
 GPU_XLA_FLAGS = ("--xla_gpu_enable_latency_hiding_scheduler=true",)
 # Read-only probe of the tasks' interpreter: exit 0 when it has jax's CUDA plugin.
 GPU_PROBE = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('jax_cuda12_plugin') else 3)"
-SKIP_GPU_CHECK = "JOB_SKIP_GPU_CHECK"  # =1: stand-in GPUs; the job's own preflight honours it too
 
 _TIME = re.compile(r"(?:([0-9]+)-)?([0-9]+)(?::([0-9]+))?(?::([0-9]+))?")
 _NAME = re.compile(r"[A-Za-z0-9_.+-]+")  # Slurm account and QOS names: one word (submitit writes `#SBATCH` lines)

@@ -38,7 +38,6 @@ from deploy.runner import Runner, shell_words
 from deploy.slurm.options import (
     GPU_PROBE,
     ROOT,
-    SKIP_GPU_CHECK,
     SlurmConfig,
     check,
     count,
@@ -51,6 +50,7 @@ from deploy.slurm.options import (
 )
 from job.core import internals
 from job.errors import ConfigError, JobError, refuse_dash_values
+from job.runtime.cluster.base import SKIP_GPU_CHECK, skips_gpu_check
 
 log = logging.getLogger("deploy.slurm")
 
@@ -103,7 +103,7 @@ def validate(cfg: SlurmConfig, runner: Runner, environ: Mapping[str, str] = os.e
 
 def check_gpu_python(cfg: SlurmConfig, runner: Runner, environ: Mapping[str, str]) -> None:
     """With GPUs and no IMAGE, the tasks' interpreter must have jax's CUDA plugin, or jax trains on the CPU."""
-    if not cfg.gpus_per_node or cfg.image or environ.get(SKIP_GPU_CHECK) == "1":
+    if not cfg.gpus_per_node or cfg.image or skips_gpu_check(environ):
         return
     python = cfg.task_python
     try:

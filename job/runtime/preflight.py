@@ -30,9 +30,9 @@ from typing import Any
 from etils import epath
 
 from job.core import internals
-from job.core.errors import ConfigError, JobError
+from job.core.errors import JobError
 from job.runs import storage
-from job.runtime.cluster.base import visible_gpus
+from job.runtime.cluster.base import SKIP_GPU_CHECK, skips_gpu_check, visible_gpus
 from job.runtime.cluster.slurm import SlurmJob
 
 log = logging.getLogger("job.runtime.preflight")
@@ -43,7 +43,6 @@ SHARED = "shared"
 # Above this many processes the report groups processes by value instead of a column each.
 COLUMNS_UP_TO = 8
 GPUS = "gpus"
-SKIP_GPU_CHECK = "JOB_SKIP_GPU_CHECK"  # =1: the GPUs are stand-ins (tests, the local Slurm): do not check them
 NO_GPUS = "-"
 GPUS_OK = "as given"
 GPUS_SKIPPED = f"unchecked ({SKIP_GPU_CHECK}=1)"
@@ -117,13 +116,10 @@ def gpus_given(env: Mapping[str, str], jax_visible: str = "all") -> int | None:
 
 def gpu_check(given: int | None, backend: str, found: int, env: Mapping[str, str]) -> str:
     """The "gpus" fact: NO_GPUS, GPUS_OK, GPUS_SKIPPED, or what is wrong (expected, found)."""
-    skip = env.get(SKIP_GPU_CHECK, "")
-    if skip not in ("", "0", "1"):
-        raise ConfigError(SKIP_GPU_CHECK, expected="1 (skip the GPU check) or 0", found=skip,
-                          fix=f"set {SKIP_GPU_CHECK}=1 only where the GPUs are stand-ins, or unset it")
+    skip = skips_gpu_check(env)
     if given is None:
         return NO_GPUS
-    if skip == "1":
+    if skip:
         log.warning("preflight: GPU check skipped (%s=1): this process was given %d GPU(s), jax runs on %d %s "
                     "device(s)", SKIP_GPU_CHECK, given, found, backend)
         return GPUS_SKIPPED

@@ -17,6 +17,7 @@ from deploy.slurm import options as slurm_options
 from deploy.slurm import submit as slurm
 from deploy.slurm import task as slurm_task
 from job.errors import ConfigError
+from job.runtime.cluster.base import SKIP_GPU_CHECK
 from tests.doubles import RecordingRunner
 from tests.golden import check_golden
 
@@ -33,7 +34,7 @@ def normalized(text: str) -> str:
 
 @pytest.fixture(autouse=True)
 def _no_gpu_override(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(slurm_options.SKIP_GPU_CHECK, raising=False)
+    monkeypatch.delenv(SKIP_GPU_CHECK, raising=False)
 
 
 # ---------------------------------------------------------------------------------------------------- checks
@@ -231,7 +232,7 @@ def test_the_default_gpu_interpreter_is_the_cuda_venv_and_a_missing_one_says_how
 def test_the_gpu_check_is_skipped_with_an_image_or_the_override(argv: list[str], monkeypatch: pytest.MonkeyPatch,
                                                                  tmp_path: Path) -> None:
     if not argv:
-        monkeypatch.setenv(slurm_options.SKIP_GPU_CHECK, "1")
+        monkeypatch.setenv(SKIP_GPU_CHECK, "1")
     runner = RecordingRunner(available=("sbatch",), responses={("sbatch",): (0, "7\n")})
     assert slurm.main(["--gpus-per-node=4", "--via=sbatch", f"--log-dir={tmp_path}", *argv], runner=runner) == 0
     assert [call[0] for call in runner.calls] == ["sbatch"]

@@ -149,11 +149,19 @@ def test_the_gpu_check_is_skipped_for_stand_in_gpus_with_one_line(caplog: pytest
     assert caplog.records == []
 
 
-@pytest.mark.parametrize("value", ["yes", "true", "2", " 1"])
-def test_a_skip_value_other_than_0_or_1_is_refused(value: str) -> None:
+@pytest.mark.parametrize("value", ["2", " 1", "maybe"])
+def test_a_skip_value_that_is_no_on_off_word_is_refused(value: str) -> None:
     with pytest.raises(ConfigError) as caught:
         preflight.gpu_check(4, "cpu", 8, {"JOB_SKIP_GPU_CHECK": value})
-    assert str(caught.value).startswith(f"JOB_SKIP_GPU_CHECK: expected 1 (skip the GPU check) or 0, found {value!r}")
+    assert str(caught.value).startswith(
+        f"JOB_SKIP_GPU_CHECK: expected 1 or 0 (or true/false), found {value!r}. Fix: set JOB_SKIP_GPU_CHECK=1 only")
+
+
+@pytest.mark.parametrize(("value", "skips"), [("yes", True), ("true", True), ("ON", True), ("no", False),
+                                              ("false", False), ("", False)])
+def test_the_skip_takes_every_on_off_word_as_the_make_variables_do(value: str, skips: bool) -> None:
+    fact = preflight.gpu_check(4, "cpu", 8, {"JOB_SKIP_GPU_CHECK": value})
+    assert (fact == preflight.GPUS_SKIPPED) is skips
 
 
 def test_a_process_without_its_gpus_fails_preflight_with_a_fix() -> None:

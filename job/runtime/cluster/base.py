@@ -72,6 +72,25 @@ def read_id_list(env: Env, name: str, *, fix: str) -> tuple[int, ...]:
     return ids
 
 
+SKIP_GPU_CHECK = "JOB_SKIP_GPU_CHECK"  # on: the GPUs are stand-ins (tests, the local Slurm): do not check them
+
+
+def read_switch(env: Env, name: str, *, fix: str) -> bool:
+    """An on/off environment variable, read as job.core.values reads every on/off word (unset: off)."""
+    text = env.get(name, "")
+    try:
+        return values.switch(text)
+    except values.BadValue as exc:
+        raise ConfigError(name, expected=exc.expected, found=text, fix=fix) from None
+
+
+def skips_gpu_check(env: Env) -> bool:
+    """JOB_SKIP_GPU_CHECK: the Slurm submission (the tasks' CUDA interpreter) and the job's preflight (jax on
+    the GPUs given) both honour it."""
+    return read_switch(env, SKIP_GPU_CHECK, fix=f"set {SKIP_GPU_CHECK}=1 only where the GPUs are stand-ins, "
+                       "or unset it")
+
+
 def visible_gpus(env: Env) -> tuple[str, ...] | None:
     """The GPUs CUDA_VISIBLE_DEVICES lets this process see, as listed (ids, UUIDs or MIG names).
 
