@@ -75,12 +75,10 @@ def local_count(text: str) -> int:
 
 def _gpu_count(text: str) -> int:
     """--gpus-per-process: 0 (do not split) or a whole number of GPUs."""
-    if text.strip() == "0":
-        return 0
     try:
-        return local_count(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected a whole number 0..{MAX_LOCAL}, found {text!r}") from None
+        return values.whole(text, maximum=MAX_LOCAL)
+    except values.BadValue as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _port(text: str) -> int:

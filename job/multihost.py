@@ -5,6 +5,7 @@ from here, `from job import multihost`; the library itself imports `job.parallel
 """
 
 from job.parallel.multihost import (
+    BARRIER_TIMEOUT,
     DATA_PARALLELISM_AXIS_NAME,
     BarrierTimeout,
     assert_pytrees_match,
@@ -21,6 +22,7 @@ from job.parallel.multihost import (
 
 __all__ = [
     "DATA_PARALLELISM_AXIS_NAME",
+    "BARRIER_TIMEOUT",
     "BarrierTimeout",
     "create_device_mesh",
     "create_replicated_sharding",

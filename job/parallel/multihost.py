@@ -14,6 +14,7 @@ call it, in the same order.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import json
@@ -28,7 +29,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from job.core import internals
-from job.core.errors import JobError
+from job.core.errors import ConfigError, JobError, positive_seconds
 from job.parallel.mesh import hybrid_mesh, spans_slices
 from job.parallel.trees import is_array, path_str
 
@@ -128,8 +129,16 @@ def single_host_jax_and_orbax() -> Iterator[None]:
         yield
 
 
+BARRIER_TIMEOUT = "JOB_BARRIER_TIMEOUT"  # seconds a named barrier waits for every process (default 300)
+
+
 def _barrier_timeout_s() -> float:
-    return float(os.environ.get("JOB_BARRIER_TIMEOUT", "300"))
+    text = os.environ.get(BARRIER_TIMEOUT, "300")
+    try:
+        return positive_seconds(text)
+    except argparse.ArgumentTypeError:
+        raise ConfigError(BARRIER_TIMEOUT, expected="a finite number of seconds > 0", found=text,
+                          fix=f"set {BARRIER_TIMEOUT}=300 (or any number of seconds > 0), or unset it") from None
 
 
 def coordination_client() -> Any:

@@ -837,3 +837,27 @@ def test_coordinator_binds_to_this_machines_network_address() -> None:
 def test_coordinator_bind_address_from_the_environment_wins() -> None:
     env = {"JAX_COORDINATOR_BIND_ADDRESS": "10.0.0.5:999"}
     assert bind_address("127.0.0.1:1234", env, resolve=_resolver({})) == "10.0.0.5:999"
+
+
+def test_a_cloud_tpu_vms_port_override_is_read_as_every_port_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[str | None] = []
+
+    class Metadata:  # stands in for jax's GCE TPU cluster, which asks the metadata server
+        @staticmethod
+        def get_coordinator_address(timeout_secs: int, override_coordinator_port: str | None) -> str:
+            asked.append(override_coordinator_port)
+            return f"10.0.0.2:{override_coordinator_port or 8476}"
+
+    monkeypatch.setattr(CloudTpuVm, "_jax_env", classmethod(lambda cls: Metadata))
+    assert CloudTpuVm.coordinator_address({}) == "10.0.0.2:8476"
+    assert CloudTpuVm.coordinator_address({"JOB_COORDINATOR_PORT": "9999"}) == "10.0.0.2:9999"
+    for bad in ("auto", "0", "99999", " 9999", "\u0669\u0669"):
+        with pytest.raises(ConfigError, match="JOB_COORDINATOR_PORT: expected "):
+            CloudTpuVm.coordinator_address({"JOB_COORDINATOR_PORT": bad})
+    assert asked == [None, "9999"]
+
+
+@pytest.mark.parametrize(("step", "port_of"), [("3", 3), ("extern", 0), ("", 0), ("\u0663", 0)])
+def test_the_slurm_port_follows_a_numbered_step_and_takes_0_for_any_other(step: str, port_of: int) -> None:
+    info = detect({**CPU_4x1, "SLURM_STEP_ID": step})
+    assert info.coordinator_address.endswith(f":{slurm_port(int(CPU_4x1['SLURM_JOB_ID']), port_of)}")

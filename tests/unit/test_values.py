@@ -12,6 +12,8 @@ from deploy.tpu import cli as tpu_cli
 from job import launch
 from job.core import values
 from job.errors import ConfigError
+from job.parallel import multihost
+from job.runtime import gloo_noise
 
 WHOLE = ["0", "1", "4", "007", "1" + "0" * 20]
 NOT_WHOLE = ["", " 4", "4 ", "4\n", "+4", "-1", "1_0", "1e3", "4.0", "\u0664", "4;id", "9" * 31, "four"]
@@ -71,3 +73,37 @@ def test_a_bad_value_says_what_was_expected_and_found() -> None:
     assert (err.value.expected, err.value.found) == ("a TCP port 1..65535", "70000")
     assert str(err.value) == "expected a TCP port 1..65535, found '70000'"
     assert values.whole("65535", minimum=1, maximum=65535) == 65535
+
+
+@pytest.mark.parametrize("text", ["soon", "0", "-1", "inf", "nan", ""])
+def test_a_bad_barrier_timeout_is_one_error_naming_the_variable(text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(multihost.BARRIER_TIMEOUT, text)
+    with pytest.raises(ConfigError) as caught:
+        multihost._barrier_timeout_s()
+    assert str(caught.value) == (f"JOB_BARRIER_TIMEOUT: expected a finite number of seconds > 0, found {text!r}. "
+                                 "Fix: set JOB_BARRIER_TIMEOUT=300 (or any number of seconds > 0), or unset it")
+
+
+def test_the_barrier_timeout_is_300_s_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(multihost.BARRIER_TIMEOUT, raising=False)
+    assert multihost._barrier_timeout_s() == 300
+    monkeypatch.setenv(multihost.BARRIER_TIMEOUT, "2.5")
+    assert multihost._barrier_timeout_s() == 2.5
+
+
+@pytest.mark.parametrize("text", WHOLE + NOT_WHOLE)
+def test_the_launchers_gpu_count_takes_0_and_the_same_whole_numbers(text: str) -> None:
+    if text in WHOLE and int(text) <= launch.MAX_LOCAL:
+        assert launch._gpu_count(text) == int(text)
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match=r"expected a whole number 0\.\.1024, found "):
+            launch._gpu_count(text)
+
+
+@pytest.mark.parametrize("text", ON + NOT_SWITCH)
+def test_keeping_gloos_lines_takes_the_same_on_off_words(text: str) -> None:
+    if text in ON:
+        assert gloo_noise.filter_output({gloo_noise.KEEP: text}) is None  # kept: no filter started
+    else:
+        with pytest.raises(ConfigError, match=r"JOB_GLOO_LOGS: expected 1 or 0 \(or true/false\), found "):
+            gloo_noise.filter_output({gloo_noise.KEEP: text})

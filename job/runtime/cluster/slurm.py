@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from job.core import values
 from job.core.errors import ConfigError
 from job.runtime.cluster.base import (
     CUDA_VISIBLE_DEVICES,
@@ -72,8 +73,7 @@ class SlurmJob(ClusterEnv):
             port = read_port(env, PORT_OVERRIDE, fix="unset it, or give a free port such as 61440")
         else:
             job_id = read_int(env, JOB_ID, fix=_FIX)
-            step = env.get(STEP_ID, "0")
-            port = slurm_port(job_id, int(step) if step.isdigit() else 0)
+            port = slurm_port(job_id, _step(env))
         return f"{host}:{port}"
 
     @classmethod
@@ -150,3 +150,11 @@ class SlurmJob(ClusterEnv):
             return counts[0] if len(set(counts)) == 1 else None
         node = read_int(env, NODEID, fix=_FIX)
         return counts[node] if node < len(counts) else None
+
+
+def _step(env: Env) -> int:
+    """SLURM_STEP_ID as a number; 0 when it is unset or not one (the batch script's own steps)."""
+    try:
+        return values.whole(env.get(STEP_ID, "0"))
+    except values.BadValue:
+        return 0

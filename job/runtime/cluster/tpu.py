@@ -122,5 +122,5 @@ class CloudTpuVm(ClusterEnv):
 
     @classmethod
     def coordinator_address(cls, env: Env) -> str:
-        port = env.get(PORT_OVERRIDE)
+        port = str(read_port(env, PORT_OVERRIDE, fix="unset it or give a free port")) if PORT_OVERRIDE in env else None
         return cls._jax_env().get_coordinator_address(timeout_secs=60, override_coordinator_port=port)
