@@ -88,7 +88,7 @@ def environment(env: Mapping[str, str]) -> dict[str, str]:
 def software() -> dict[str, Any]:
     """What the code runs on: Python, the libraries, the locks."""
     return {"python": platform.python_version(), "executable": sys.executable,
-            "packages": {p: preflight._version(p) for p in PACKAGES},  # as preflight compares them
+            "packages": {p: preflight.version(p) for p in PACKAGES},  # as preflight compares them
             "locks": {name: _sha256(ROOT / name) for name in LOCKS if (ROOT / name).exists()}}
 
 

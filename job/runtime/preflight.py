@@ -67,7 +67,8 @@ def code_hash(root: Path | None = None) -> str:
     return digest.hexdigest()[:12]
 
 
-def _version(package: str) -> str:
+def version(package: str) -> str:
+    """The installed version of `package` ("absent" when it is not installed), as every process reports it."""
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
@@ -152,7 +153,7 @@ def local_facts(config: Mapping[str, Any], run_dir: epath.Path,
         "process": jax.process_index(),
         "host": socket.gethostname(),
         "python": platform.python_version(),
-        **{package: _version(package) for package in PACKAGES},
+        **{package: version(package) for package in PACKAGES},
         "job code": code_hash(),
         "device kind": ",".join(sorted({d.device_kind for d in devices})),
         "local devices": len(devices),

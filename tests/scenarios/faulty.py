@@ -117,8 +117,8 @@ if me == rank:
         sleep_forever()
     elif kind == "version":
         package, version = value.split(":", 1)
-        real_version = preflight._version
-        preflight._version = lambda p: version if p == package else real_version(p)
+        real_version = preflight.version
+        preflight.version = lambda p: version if p == package else real_version(p)
     elif kind == "flag":
         args += value.split(":", 1)
     else:
