@@ -106,7 +106,7 @@ submit-slurm: $(BIN)/.installed ## submit the job: NODES=4 [GPUS_PER_NODE TASKS_
 		--container-runtime $(call quote,CONTAINER_RUNTIME) --via $(call quote,VIA) \
 		--gres=$(call quote,GRES) --exclusive=$(call quote,EXCLUSIVE) --dry-run=$(call quote,DRY_RUN) \
 		$(if $(filter command line,$(origin PYTHON)),--python=$(call quote,PYTHON)) \
-		--sbatch-args=$(call quote,SBATCH_ARGS) $(if $(filter 1,$(WAIT)),--wait) $(SLURM_ARGS)
+		--sbatch-args=$(call quote,SBATCH_ARGS) --wait=$(call quote,WAIT) $(SLURM_ARGS)
 
 # ------------------------------------------------------------------ Cloud TPU pods (deploy/tpu/cli.py)
 # make tpu-pod TPU_NAME=my-pod ZONE=us-central2-b ACCELERATOR=v4-32 ARGS='train --run-dir /mnt/BUCKET/run1'

@@ -301,9 +301,8 @@ def parse(argv: list[str]) -> SlurmConfig:
                  "--cpus-per-task", "--mem", "--constraint", "--account", "--qos", "--image", "--container-runtime",
                  "--python", "--via"):
         parser.add_argument(flag, default="")
-    for flag in ("--gres", "--exclusive", "--dry-run"):  # bare (= 1) or with make's value: 1/0, empty = 0
+    for flag in ("--gres", "--exclusive", "--dry-run", "--wait"):  # bare (= 1) or with make's value: an on/off word
         parser.add_argument(flag, nargs="?", const="1", default="")
-    parser.add_argument("--wait", action="store_true")
     parser.add_argument("--log-dir", default=SlurmConfig.log_dir)
     parser.add_argument("--sbatch-args", type=shell_words, default=(),
                         help="more sbatch options as one shell-style string, each word --flag or --flag=value")
@@ -322,7 +321,7 @@ def parse(argv: list[str]) -> SlurmConfig:
         mem=blank(a.mem), exclusive=switch("EXCLUSIVE", a.exclusive), constraint=blank(a.constraint),
         account=blank(a.account), qos=blank(a.qos), image=blank(a.image),
         container_runtime=a.container_runtime or "auto", sbatch_args=a.sbatch_args, python=blank(a.python),
-        via=a.via or "submitit", wait=a.wait, dry_run=switch("DRY_RUN", a.dry_run), log_dir=a.log_dir,
+        via=a.via or "submitit", wait=switch("WAIT", a.wait), dry_run=switch("DRY_RUN", a.dry_run), log_dir=a.log_dir,
         args=tuple(argv[cut + 1:]) or a.args or SlurmConfig.args,
     )
 
