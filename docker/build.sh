@@ -19,6 +19,16 @@ fail() {
     exit 2
 }
 
+# on NAME VALUE: true for an on word, false for an off word, as job/core/values.py reads them
+# (1/true/yes/on, 0/false/no/off or empty, in any case); anything else is refused
+on() {
+    case ${2,,} in
+        1 | true | yes | on) return 0 ;;
+        "" | 0 | false | no | off) return 1 ;;
+        *) fail "$1: expected 1 or 0 (or true/false), found '$2'. Fix: $1=1, or leave it unset" ;;
+    esac
+}
+
 (($# >= 2)) || fail "expected FLAVOR and IMAGE, found $# argument(s). Fix: docker/build.sh cpu jax-cluster-job:cpu"
 flavor=$1
 image=$2
@@ -37,8 +47,9 @@ engine=$(sh "$root/docker/engine.sh")
 command=("$engine" build --file "$root/docker/Dockerfile" --build-arg "LOCK=$lock"
     --label "jax-cluster-job.flavor=$flavor" --tag "$image" "$@" "$root")
 
+on DRY_RUN "${DRY_RUN:-}" && dry=1 || dry=0
 echo "+ ${command[*]}"
-if [[ ${DRY_RUN:-0} == 1 ]]; then
+if ((dry)); then
     exit 0
 fi
 exec "${command[@]}"

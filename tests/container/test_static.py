@@ -341,3 +341,23 @@ def test_an_unknown_runtime_is_refused_by_the_script_too(tmp_path: Path) -> None
     proc = subprocess.run(["bash", str(SBATCH_SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 2 and "expected CONTAINER_RUNTIME auto, pyxis, apptainer or podman" in proc.stderr
+
+
+@pytest.mark.parametrize("word", ["1", "true", "YES", "on", "maybe", " 1"])
+def test_both_scripts_dry_runs_take_the_on_off_words_the_make_variables_take(tmp_path: Path, word: str) -> None:
+    on = word in ("1", "true", "YES", "on")
+    engine = "podman" if shutil.which("podman") else "docker"
+    if shutil.which(engine) is None:
+        pytest.skip("no podman or docker on PATH")
+    build = subprocess.run(["bash", "docker/build.sh", "cpu", "job:cpu", "--pull=never"], cwd=ROOT,
+                           env={**os.environ, "DRY_RUN": word, "CONTAINER_ENGINE": engine}, capture_output=True,
+                           text=True, timeout=60)
+    sbatch = subprocess.run(["bash", str(SBATCH_SCRIPT), "train"], cwd=tmp_path, capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin", "JOB_DRY_RUN": word}, timeout=60)
+    if on:  # printed, nothing run
+        assert build.returncode == 0 and build.stdout.startswith(f"+ {engine} build "), build.stderr
+        assert sbatch.returncode == 0 and shlex.split(sbatch.stdout)[0] == "srun", sbatch.stderr
+    else:
+        for proc, name in ((build, "DRY_RUN"), (sbatch, "JOB_DRY_RUN")):
+            assert proc.returncode == 2, proc.stderr
+            assert f"{name}: expected 1 or 0 (or true/false), found {word!r}. Fix: {name}=1" in proc.stderr
