@@ -2,6 +2,7 @@
 variables that job.initialize reads.
 
     whole("4", minimum=1)     -> 4        whole(" 4"), whole("+4"), whole("٤"), whole("1e3"): BadValue
+    integer("-3")             -> -3       the config's integer flags (their ranges are the config's checks)
     switch("yes")             -> True     "", 0/1, true/false, yes/no, on/off in any case; else BadValue
 
 A BadValue says what was expected and what was found; each side turns it into its own error
@@ -34,6 +35,14 @@ def whole(text: str, *, minimum: int = 0, maximum: int | None = None, what: str 
     return value
 
 
+def integer(text: str) -> int:
+    """Plain ASCII digits with an optional leading '-' (no '+', space, exponent or underscore), any size."""
+    try:
+        return int(text) if re.fullmatch(r"-?[0-9]+", text) else int("not one")
+    except ValueError:  # not one, or more digits than int() converts
+        raise BadValue("an integer", text) from None
+
+
 def switch(text: str) -> bool:
     """An on/off word: 1, true, yes or on; 0, false, no, off or empty (any case, nothing around it)."""
     value = text.lower()
@@ -44,4 +53,4 @@ def switch(text: str) -> bool:
     raise BadValue("1 or 0 (or true/false)", text)
 
 
-__all__ = ["OFF", "ON", "BadValue", "switch", "whole"]
+__all__ = ["OFF", "ON", "BadValue", "integer", "switch", "whole"]

@@ -225,12 +225,33 @@ def parse(args: list[str], task: Task) -> TrainConfig:
     import tyro
 
     kind = TrainConfig[task.model_config, task.data_config]  # type: ignore[name-defined]
+    registry = _registry()
     parsed = tyro.cli(kind, args=args, default=defaults(task), prog="python -m job train",
-                      description=__doc__.split("\n")[0])
+                      description=__doc__.split("\n")[0], registry=registry)
     if not parsed.preset:
         return parsed
     return tyro.cli(kind, args=args, default=preset(task, parsed.preset), prog="python -m job train",
-                    description=__doc__.split("\n")[0])
+                    description=__doc__.split("\n")[0], registry=registry)
+
+
+def _registry() -> Any:
+    """tyro's rules with one change: an integer flag is read by job.core.values.integer (plain digits, an
+    optional '-'), as the launcher and the make variables read theirs; int() also took '+4', '1_000' and '٤'."""
+    from tyro import constructors
+
+    from job.core.values import integer
+
+    registry = constructors.ConstructorRegistry()
+
+    @registry.primitive_rule
+    def integers(info: constructors.PrimitiveTypeInfo) -> constructors.PrimitiveConstructorSpec | None:
+        if info.type is not int:
+            return None
+        return constructors.PrimitiveConstructorSpec(
+            nargs=1, metavar="INT", instance_from_str=lambda words: integer(words[0]),
+            is_instance=lambda x: isinstance(x, int) and not isinstance(x, bool), str_from_instance=lambda x: [str(x)])
+
+    return registry
 
 
 def preset(task: Task, name: str) -> TrainConfig:

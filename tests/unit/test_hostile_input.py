@@ -36,6 +36,7 @@ from deploy.tpu import cli as tpu
 from deploy.tpu import remote
 from job import __main__ as job_cli
 from job import launch, task
+from job.core import values
 from job.errors import ConfigError
 from job.tasks.lm import data as lm_data
 from job.tasks.lm import model as lm_model
@@ -199,13 +200,17 @@ def test_job_cli_any_out_of_range_steps_is_refused(steps: int, job_launches_noth
 
 @FAST
 @given(text=ARGV_TEXT)
+@example(text="+4")
+@example(text="1_000")
+@example(text="\u0664")
+@example(text=" 4")
 def test_job_cli_any_non_integer_text_for_an_integer_flag_is_a_usage_error(text: str, job_launches_nothing: None,
                                                                            capsys: pytest.CaptureFixture[str]) -> None:
     try:
-        int(text)
-        assume(False)  # an integer (in any spelling int() takes): not this property's business
-    except ValueError:
-        pass
+        values.integer(text)
+        assume(False)  # an integer: not this property's business
+    except values.BadValue:
+        pass  # int() takes some of these ('+4', '1_000', '\u0664', ' 4'): the flag does not
     assert outcome(lambda: job_cli.main(["train", f"--ckpt.every={text}"])) == 2
     assert "--ckpt.every" in capsys.readouterr().err
 

@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from job import sharding as sh  # noqa: E402
 from job.errors import ConfigError  # noqa: E402
-from job.tasks.lm.model import ModelConfig, Transformer, loss_fn, validate  # noqa: E402
+from job.tasks.lm.model import ModelConfig, Transformer, encode_prompt, loss_fn, validate  # noqa: E402
 from job.train.loop import count_params  # noqa: E402
 
 # Compiled once per shape and reused: eager op-by-op dispatch would dominate the runtime.
@@ -227,3 +227,11 @@ def test_validate_rejects_bad_configs(cfg: ModelConfig, rule: str, model_axis: i
 def test_transformer_validates_before_building() -> None:
     with pytest.raises(ConfigError, match="--model.heads"):
         Transformer(ModelConfig(dim=60, heads=8), rngs=nnx.Rngs(0))
+
+
+def test_a_prompt_of_a_small_vocabulary_is_plain_token_ids_and_anything_else_one_error() -> None:
+    assert encode_prompt("1 5  7 2", 32) == [1, 5, 7, 2]
+    assert encode_prompt("hé", 256) == [104, 195, 169]  # byte-level: its UTF-8 bytes
+    for bad in ("1 32", "1 -2", "1 +2", "1 2_0", "1 \u0662", "one"):
+        with pytest.raises(ConfigError, match=r"--prompt: expected space-separated token ids 0\.\.31"):
+            encode_prompt(bad, 32)

@@ -14,6 +14,8 @@ from job.core import values
 from job.errors import ConfigError
 from job.parallel import multihost
 from job.runtime import gloo_noise
+from job.train import config
+from job.train import task as tasks
 
 WHOLE = ["0", "1", "4", "007", "1" + "0" * 20]
 NOT_WHOLE = ["", " 4", "4 ", "4\n", "+4", "-1", "1_0", "1e3", "4.0", "\u0664", "4;id", "9" * 31, "four"]
@@ -107,3 +109,19 @@ def test_keeping_gloos_lines_takes_the_same_on_off_words(text: str) -> None:
     else:
         with pytest.raises(ConfigError, match=r"JOB_GLOO_LOGS: expected 1 or 0 \(or true/false\), found "):
             gloo_noise.filter_output({gloo_noise.KEEP: text})
+
+
+INTEGER = [*WHOLE, "9" * 31, "-1", "-007"]  # any size: a flag's range is the config's own check
+NOT_INTEGER = [text for text in NOT_WHOLE if text not in INTEGER] + ["-", "--1", "- 1", "-+1"]
+
+
+@pytest.mark.parametrize("text", INTEGER + NOT_INTEGER)
+def test_the_configs_integer_flags_take_what_the_launcher_takes_and_a_minus(text: str,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    task = tasks.load("lm")
+    if text in INTEGER:
+        assert config.parse([f"--seed={text}"], task).seed == int(text)
+    else:
+        with pytest.raises(SystemExit) as caught:
+            config.parse([f"--seed={text}"], task)
+        assert caught.value.code == 2 and f"expected an integer, found {text!r}" in capsys.readouterr().err

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from job.core import values
 from job.errors import ConfigError
 from job.sharding import TRAIN_RULES, axes, partitioned
 
@@ -155,8 +156,8 @@ def encode_prompt(text: str, vocab_size: int) -> list[int]:
     if vocab_size >= 256:
         return list(text.encode("utf-8"))
     try:
-        ids = [int(word) for word in text.split()]
-    except ValueError:
+        ids = [values.whole(word) for word in text.split()]
+    except values.BadValue:
         ids = None
     if ids is None or any(not 0 <= i < vocab_size for i in ids):
         raise ConfigError("--prompt", expected=f"space-separated token ids 0..{vocab_size - 1} (a {vocab_size}-token "
