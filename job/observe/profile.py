@@ -14,24 +14,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from job.core import values
 from job.core.errors import ConfigError
 
 log = logging.getLogger("job.train")
 
-_RANGE = re.compile(r"\s*(\d+)\s*:\s*(\d+)\s*")
-
-
 def parse_steps(text: str, total_steps: int) -> tuple[int, int]:
     """"A:B" -> (A, B): steps A..B, both included, 1 <= A <= B <= total_steps."""
-    match = _RANGE.fullmatch(text)
-    first, last = (int(match[1]), int(match[2])) if match else (0, 0)
-    if not match or not 1 <= first <= last <= total_steps:
+    first_text, _, last_text = text.partition(":")
+    try:  # spaces around either number are fine; the numbers are plain digits
+        first, last = values.whole(first_text.strip()), values.whole(last_text.strip())
+    except values.BadValue:
+        first, last = 0, 0
+    if not 1 <= first <= last <= total_steps:
         raise ConfigError(
             "--profile.steps", expected=f"A:B with 1 <= A <= B <= {total_steps} (--steps), both steps included",
             found=text, fix=f"pass --profile.steps {min(10, total_steps)}:{min(15, total_steps)}",

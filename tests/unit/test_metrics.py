@@ -134,7 +134,8 @@ def test_goodput_of_a_requeued_attempt_counts_the_restart_and_the_steps_redone(t
     assert "attempt 2: 30.0 s since the previous one, 2 steps redone (4.0 s)" in describe(split)
 
 
-@pytest.mark.parametrize("text", ["", "5", "a:b", "0:3", "5:3", "3:99", "3:", "-1:2", "1:2:3"])
+@pytest.mark.parametrize("text", ["", "5", "a:b", "0:3", "5:3", "3:99", "3:", "-1:2", "1:2:3",
+                                  "+1:2", "\u0661:\u0662", "1_0:12"])
 def test_bad_profile_steps_get_one_clear_error(text: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_steps(text, 20)
