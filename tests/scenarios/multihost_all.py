@@ -94,14 +94,15 @@ multihost.barrier("together again")
 
 # --- single_host_jax_and_orbax
 import orbax.checkpoint as ocp  # noqa: E402
-from orbax.checkpoint._src.multihost import multihost as orbax_multihost  # noqa: E402
+
+from job.core import internals  # noqa: E402
 
 with multihost.single_host_jax_and_orbax():
     out["inside"] = {
         "process_index": jax.process_index(),
         "process_count": jax.process_count(),
         "devices_are_local": jax.devices() == jax.local_devices(),
-        "orbax_skips_sync": orbax_multihost.should_skip_process_sync(),
+        "orbax_skips_sync": internals.lookup(f"{internals.ORBAX_MULTIHOST}:should_skip_process_sync")(),
     }
     # each host writes a purely local checkpoint of its own, as single-host code would
     folder = os.path.join(os.environ["SCENARIO_OUT"], f"ckpt{rank}")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from job.core import internals
 from tests.launching import ROOT, explain
 from tests.slurm.test_slurm import deploy_argv, task_env
 
@@ -19,7 +20,7 @@ CASES = {
     "submitit-gres": (("--gpus-per-node", "4", "--tasks-per-node", "4", "--gres"),
                       ("#SBATCH --gres=gpu:4", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4",
                        f"srun --unbuffered --output {{logs}}/%j_%t_log.out --kill-on-bad-exit=1 {sys.executable} "
-                       "-u -m submitit.core._submit {logs}")),
+                       f"-u -m {internals.SUBMITIT_TASK_MODULE} {{logs}}")),
     "sbatch-per-task": (("--via", "sbatch", "--gpus-per-node", "4", "--tasks-per-node", "2"),
                         ("sbatch --parsable ", " --nodes=2 ", " --ntasks-per-node=2 ", " --gpus-per-task=2 ",
                          f"JOB_PYTHON={sys.executable}", f"{ROOT}/slurm/train.sbatch train --steps 3",

@@ -781,10 +781,10 @@ def test_initialize_single_starts_nothing() -> None:
     proc = _run_python(
         """
         import jax, job
-        from jax._src import xla_bridge
+        from job.core import internals
         info = job.initialize(env={})
         print(info.kind, info.num_processes, info.coordinator_address)
-        print(jax.distributed.is_initialized(), xla_bridge.backends_are_initialized())
+        print(jax.distributed.is_initialized(), internals.backends_are_initialized())
         """
     )
     assert proc.returncode == 0, proc.stderr

@@ -33,9 +33,10 @@ HARNESS = textwrap.dedent(
     import json, os, sys
 
     import jax
-    from jax._src import distributed, xla_bridge
+    from jax._src import distributed
 
     import job
+    from job.core import internals
 
 
     class Inert:
@@ -64,13 +65,13 @@ HARNESS = textwrap.dedent(
         try:
             info = job.initialize(exit_on_uncaught=False)
             seen = {"kind": info.kind, "ids": info.local_device_ids, "started": jax.distributed.is_initialized(),
-                    "jax": xla_bridge.CUDA_VISIBLE_DEVICES.value}
+                    "jax": internals.cuda_visible_devices()}
         except Exception as exc:
             seen = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
             jax.distributed.shutdown()
         print("SEEN " + json.dumps(seen), flush=True)
-    if xla_bridge.backends_are_initialized():
+    if internals.backends_are_initialized():
         raise SystemExit("the harness started a jax backend")
     """
 )
