@@ -67,14 +67,11 @@ def losses_on_every_topology(tmp_path: Path, *flags: str) -> dict[tuple[int, int
     return runs
 
 
-def test_same_losses_on_every_topology_and_bitwise_reruns(tmp_path: Path) -> None:
-    flags = ("--steps", "6", "--log-every", "1", "--eval-every", "6", *SMALL)
-    runs = losses_on_every_topology(tmp_path, *SMALL)
+def test_same_losses_on_every_topology(tmp_path: Path) -> None:
+    losses_on_every_topology(tmp_path, *SMALL)
     # 4x1 and 2x2 compute bitwise equal values: their fingerprints, made without gathering, agree
+    # (that a run repeated gives bitwise the same is test_resume's rerun into a new dir)
     assert summary(tmp_path / "4x1")["params_sha256"] == summary(tmp_path / "2x2")["params_sha256"]
-    train(2, 2, tmp_path / "2x2-again", *flags)
-    assert train_losses(tmp_path / "2x2-again") == runs[(2, 2)]
-    assert summary(tmp_path / "2x2-again")["params_sha256"] == summary(tmp_path / "2x2")["params_sha256"]
 
 
 def test_tensor_parallel_across_processes_trains_like_one_process(tmp_path: Path) -> None:
@@ -112,16 +109,10 @@ def test_exact_resume_after_sigterm_to_one_nonzero_rank(tmp_path: Path) -> None:
     assert code == REQUEUE, output
     stopped = summary(tmp_path / "preempted")
     assert stopped["completed"] is False and 5 <= stopped["final_step"] < 40, output
-    shutil.copytree(tmp_path / "preempted", tmp_path / "other-topology")
     resumed = train(2, 2, tmp_path / "preempted", *flags)
     assert f"resumed from step {stopped['final_step']}" in resumed.stderr
     assert summary(tmp_path / "preempted")["params_sha256"] == summary(tmp_path / "straight")["params_sha256"]
-    # the same checkpoint resumed on 4 processes x 1 device matches within tolerance
-    train(4, 1, tmp_path / "other-topology", *flags)
-    assert summary(tmp_path / "other-topology")["params_norm"] == pytest.approx(
-        summary(tmp_path / "straight")["params_norm"], rel=1e-4)
-    assert summary(tmp_path / "other-topology")["eval_loss"] == pytest.approx(
-        summary(tmp_path / "straight")["eval_loss"], rel=1e-3, abs=1e-4)
+    # a resume on another topology: test_sharded's fsdp run restored on 4 x 1 and 1 x 4
 
 
 def test_sigusr1_to_one_rank_saves_everywhere_and_exits_with_requeue_code(tmp_path: Path) -> None:
@@ -182,26 +173,23 @@ def test_token_file_trains_from_a_tokenized_text(tmp_path: Path) -> None:
     assert losses[30] < losses[10]
 
 
-def test_an_arrayrecord_file_through_grain_trains_alike_on_two_topologies_and_resumes_bitwise(tmp_path: Path) -> None:
+def test_an_arrayrecord_file_through_grain_trains_alike_on_two_topologies(tmp_path: Path) -> None:
     # 12 records of 256 tokens: 11 train records (88 windows of 32), so 6 steps of 32 rows wrap into a third epoch
     (tmp_path / "text.txt").write_bytes(np.random.default_rng(0).integers(0, 256, 12 * 256, np.uint8).tobytes())
     made = run([sys.executable, "-m", "job", "tokenize", str(tmp_path / "text.txt"), str(tmp_path / "t.arrayrecord"),
                 "--record-tokens", "256"])
     assert made.returncode == 0, made.stderr
     flags = ("--data.source", str(tmp_path / "t.arrayrecord"), "--model.vocab-size", "256", *SMALL)
-    runs = {}
+    runs, said = {}, {}
     for n, devices in [(1, 4), (2, 2)]:  # one process holding every row, and two making theirs
-        train(n, devices, tmp_path / f"{n}x{devices}", *flags, "--steps", "6", "--log-every", "1", "--eval-every", "6")
+        said[(n, devices)] = train(n, devices, tmp_path / f"{n}x{devices}", *flags, "--steps", "6",
+                                   "--log-every", "1", "--eval-every", "6").stderr
         runs[(n, devices)] = train_losses(tmp_path / f"{n}x{devices}")
     assert sorted(runs[(2, 2)]) == [1, 2, 3, 4, 5, 6]
     assert runs[(2, 2)] == pytest.approx(runs[(1, 4)], rel=1e-5)
-    assert "eval split eval: 8 rows in 1 batches" in train(2, 2, tmp_path / "short", *flags, "--steps", "3",
-                                                            "--log-every", "1", "--eval-every", "6").stderr
-    resumed = train(2, 2, tmp_path / "short", *flags, "--steps", "6", "--log-every", "1", "--eval-every", "6")
-    assert "resumed from step 3" in resumed.stderr
-    assert {s: v for s, v in train_losses(tmp_path / "short").items() if s > 3} == {
-        s: v for s, v in runs[(2, 2)].items() if s > 3}  # the epochs' orders come back with the step
-    assert summary(tmp_path / "short")["eval_loss"] == summary(tmp_path / "2x2")["eval_loss"]
+    assert "eval split eval: 8 rows in 1 batches" in said[(2, 2)]
+    # a resumed run reads the same epochs' orders: the rows are a pure function of the step
+    # (tests/unit/test_records.py), and the loop resumes bitwise (test_exact_resume_after_sigterm_to_one_nonzero_rank)
 
 
 def test_a_corrupted_latest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path) -> None:
