@@ -25,11 +25,15 @@ NOTICES = (signal.SIGUSR1, signal.SIGUSR2)
 
 
 class PreemptionGuard:
-    """Install on entry, restore the previous handlers on exit."""
+    """Install on entry, restore the previous handlers on exit; unless the processes agreed to stop: then
+    the process is leaving with REQUEUE_EXIT_CODE, and the guard keeps the signals to its end, so that a
+    later one (srun stopping the tasks still ending once a peer has left with 75) cannot turn that exit
+    into a kill."""
 
     def __init__(self, signals: tuple[signal.Signals, ...] = SIGNALS) -> None:
         self.signals = signals
         self.received: int | None = None
+        self.stopping = False  # should_stop said so: every process is saving and leaving
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> PreemptionGuard:
@@ -46,10 +50,16 @@ class PreemptionGuard:
         self.signals = tuple(dict.fromkeys((*self.signals, *signals)))
 
     def __exit__(self, *exc: object) -> None:
+        if self.stopping:
+            return
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if self.stopping:
+            log.warning("received %s while leaving with %d: the saved exit stands", signal.Signals(signum).name,
+                     REQUEUE_EXIT_CODE)
+            return
         if self.received is None:
             log.warning("received %s: will save and stop at the next step boundary", signal.Signals(signum).name)
         self.received = signum
@@ -61,5 +71,7 @@ class PreemptionGuard:
 
         mine = np.int32(self.received is not None)
         if jax.process_count() == 1:
-            return bool(mine)
-        return bool(np.any(multihost_utils.process_allgather(mine)))
+            self.stopping = bool(mine)
+        else:
+            self.stopping = bool(np.any(multihost_utils.process_allgather(mine)))
+        return self.stopping
