@@ -37,9 +37,11 @@ def whole(text: str, *, minimum: int = 0, maximum: int | None = None, what: str 
 
 def integer(text: str) -> int:
     """Plain ASCII digits with an optional leading '-' (no '+', space, exponent or underscore), any size."""
+    if not re.fullmatch(r"-?[0-9]+", text):
+        raise BadValue("an integer", text)
     try:
-        return int(text) if re.fullmatch(r"-?[0-9]+", text) else int("not one")
-    except ValueError:  # not one, or more digits than int() converts
+        return int(text)
+    except ValueError:  # more digits than int() converts
         raise BadValue("an integer", text) from None
 
 

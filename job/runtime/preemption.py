@@ -58,7 +58,7 @@ class PreemptionGuard:
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if self.stopping:
             log.warning("received %s while leaving with %d: the saved exit stands", signal.Signals(signum).name,
-                     REQUEUE_EXIT_CODE)
+                        REQUEUE_EXIT_CODE)
             return
         if self.received is None:
             log.warning("received %s: will save and stop at the next step boundary", signal.Signals(signum).name)

@@ -95,7 +95,7 @@ class TpuPod(ClusterEnv):
     @classmethod
     def coordinator_address(cls, env: Env) -> str:
         host = _without_port(env.get(MEGASCALE_COORDINATOR) or cls.workers(env)[0])
-        port = read_port(env, PORT_OVERRIDE, fix="unset it or give a free port") if PORT_OVERRIDE in env else DEFAULT_PORT
+        port = _port_override(env) or DEFAULT_PORT
         return f"{host}:{port}"
 
 
@@ -122,5 +122,11 @@ class CloudTpuVm(ClusterEnv):
 
     @classmethod
     def coordinator_address(cls, env: Env) -> str:
-        port = str(read_port(env, PORT_OVERRIDE, fix="unset it or give a free port")) if PORT_OVERRIDE in env else None
-        return cls._jax_env().get_coordinator_address(timeout_secs=60, override_coordinator_port=port)
+        port = _port_override(env)
+        return cls._jax_env().get_coordinator_address(timeout_secs=60,
+                                                      override_coordinator_port=str(port) if port else None)
+
+
+def _port_override(env: Env) -> int | None:
+    """JOB_COORDINATOR_PORT, read as every port is; None when unset."""
+    return read_port(env, PORT_OVERRIDE, fix="unset it or give a free port") if PORT_OVERRIDE in env else None
