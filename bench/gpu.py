@@ -24,9 +24,9 @@ from bench.procs import ROOT, cpu_env, records
 
 HERE = Path(__file__).resolve().parent
 LM_1B = ("--model.vocab-size", "256", "--model.dim", "2048", "--model.heads", "16", "--model.layers", "20",
-         "--model.mlp-dim", "8192", "--model.remat", "--model.dtype", "bfloat16", "--data.global-batch", "8")
+         "--model.mlp-dim", "8192", "--model.remat", "full", "--model.dtype", "bfloat16", "--data.global-batch", "8")
 LM_TOY = ("--model.vocab-size", "64", "--model.dim", "64", "--model.heads", "4", "--model.layers", "2",
-          "--model.mlp-dim", "128", "--model.remat", "--data.global-batch", "4")
+          "--model.mlp-dim", "128", "--model.remat", "full", "--data.global-batch", "4")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -6,6 +6,7 @@ from here, `from job import sharding`; the library itself imports `job.parallel.
 
 from job.parallel.sharding import (
     DATA_AXIS,
+    LAYERS_AXIS,
     LOGICAL_AXES,
     MODEL_AXIS,
     RULES,
@@ -34,6 +35,7 @@ from job.parallel.sharding import (
 
 __all__ = [
     "DATA_AXIS",
+    "LAYERS_AXIS",
     "MODEL_AXIS",
     "LOGICAL_AXES",
     "RULES",

@@ -41,6 +41,9 @@ T = TypeVar("T")
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
 LOGICAL_AXES: tuple[str, ...] = ("embed", "mlp", "heads", "vocab", "in", "out")
+# the leading dimension of a stack of layers made by nnx.vmap and run by nnx.scan (transform_metadata
+# {nnx.PARTITION_NAME: "layers"}, as flax's and MaxText's scanned models name it): every rule keeps it whole
+LAYERS_AXIS = "layers"
 
 _FSDP = {"embed": DATA_AXIS}
 _TENSOR = {"mlp": MODEL_AXIS, "heads": MODEL_AXIS, "vocab": MODEL_AXIS}
@@ -117,12 +120,13 @@ AxisRules = Mapping[str, Mapping[str, str | None]]  # {logical name: {rule: mesh
 def rule_table(rule: str, logical_axes: AxisRules | None = None) -> dict[str, str | None]:
     """{logical axis name: mesh axis or None} of `rule`: the built-in table merged with a task's own
     names (`Task.logical_axes`, e.g. {"experts": {"tensor": "model"}}); a rule a name does not mention
-    keeps that dimension whole."""
+    keeps that dimension whole. Every rule knows LAYERS_AXIS, a scanned stack's layer dimension, and keeps
+    it whole unless the task maps it."""
     if rule not in TRAIN_RULES:
         raise ConfigError("--rule", expected=f"one of {', '.join(TRAIN_RULES)}", found=rule,
                           fix="pass --rule replicated (every array whole on every device), fsdp, tensor "
                           "or fsdp_tensor")
-    table = dict(TRAIN_RULES[rule])
+    table = {**dict(TRAIN_RULES[rule]), LAYERS_AXIS: None}
     for name, by_rule in (logical_axes or {}).items():
         problem = _axis_rule_problem(name, by_rule)
         if problem:
@@ -192,7 +196,7 @@ def placement(state: Any, mesh: Mesh, rule: str = "replicated",
     those annotations and, under every rule but "replicated", each `nnx.Param` without one (other
     variables, such as rng state and optimizer moments without a source annotation, replicate
     silently)."""
-    table = rule_table(rule, logical_axes)
+    table = rule_table(rule, logical_axes)  # the rule's names and a task's own, LAYERS_AXIS among them
     fallbacks: list[str] = []
 
     def place(path: tuple[Any, ...], var: Any) -> Any:
@@ -258,7 +262,7 @@ def shard_model(node: Any, mesh: Mesh, rule: str = "replicated") -> Any:
         placed += 1
     log.debug("shard_model: placed %s variables with rule %s", placed, rule)
     if fallbacks:
-        warnings.warn(fallback_warning(f"shard_model(rule={rule!r})", fallbacks, mesh, dict(RULES[rule])),
+        warnings.warn(fallback_warning(f"shard_model(rule={rule!r})", fallbacks, mesh, rule_table(rule)),
                       UserWarning, stacklevel=2)
     return node
 
@@ -375,7 +379,7 @@ def mesh_context(mesh: Mesh | None) -> Iterator[Mesh | None]:
 
 
 __all__ = [
-    "DATA_AXIS", "LOGICAL_AXES", "MODEL_AXIS", "RULES", "TRAIN_RULES", "AxisRules", "axes", "batch_axes",
+    "DATA_AXIS", "LAYERS_AXIS", "LOGICAL_AXES", "MODEL_AXIS", "RULES", "TRAIN_RULES", "AxisRules", "axes", "batch_axes",
     "batch_size_divisor", "check_batch_divisible", "fallback_warning", "make_mesh", "mesh_context",
     "pad_for_mesh", "partitioned", "placement", "replicate", "resolve_mesh", "rule_table",
     "shard_batch", "shard_model", "shard_sample_init", "sharding_of",

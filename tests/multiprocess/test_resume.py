@@ -49,6 +49,15 @@ def test_a_changed_flag_stops_with_one_error_and_leaves_every_checkpoint_byte_fo
     assert (tmp_path / "config.json").read_text() == config
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["2", "4"]
 
+    # the unrolled layout of the same model is another state (blocks/0/... against the stacked blocks/...):
+    # refused, naming the flag and the leaves, never misread
+    unrolled = train(2, 1, tmp_path, "--steps", "8", "--ckpt.every", "2", "--model.layers", "2", "--model.no-scan",
+                     *FLAGS, expect=BAD_INPUT)
+    out = unrolled.stdout + unrolled.stderr
+    assert "--model.scan saved True, given False" in out and "rerun with the saved flags (--model.scan True)" in out
+    assert "model/blocks/attn/k/kernel/value: saved, not built by this run" in out, out
+    assert digests(tmp_path / "checkpoints") == before
+
     original = train(2, 1, tmp_path, "--steps", "8", "--ckpt.every", "2", "--model.layers", "2", *FLAGS)
     assert "resumed from step 4" in original.stderr
     assert "changed since the saved run (the state is the same): --steps 4 -> 8" in original.stderr

@@ -27,8 +27,9 @@ RULES = {  # rule flags -> {leaf: the shape each process holds of it}; the model
     "tensor": (("--rule", "tensor", "--model-axis", "2"), (32, 16), (32, 32)),  # heads, mlp over model = 2
     "fsdp_tensor": (("--rule", "fsdp_tensor", "--model-axis", "2"), (16, 16), (32, 16)),
 }
-Q = "blocks/0/attn/q/kernel/value"  # ("embed", "heads"), 32 x 32
-DOWN = "blocks/0/mlp/down/kernel/value"  # ("mlp", "embed"), 64 x 32
+# the scanned LM's stacked kernels: a leading "layers" dimension (1 layer here), kept whole by every rule
+Q = "blocks/attn/q/kernel/value"  # ("layers", "embed", "heads"), 1 x 32 x 32
+DOWN = "blocks/mlp/down/kernel/value"  # ("layers", "mlp", "embed"), 1 x 64 x 32
 
 
 def held_train(n: int, devices: int, run_dir: Path, *flags: str) -> str:
@@ -48,7 +49,7 @@ def assert_held(records: list[dict], moment: str, q: tuple[int, int], down: tupl
     rule's shape."""
     for rank, record in enumerate(records):
         shapes = record[moment]["shapes"]
-        for leaf, whole, part in ((Q, [32, 32], q), (DOWN, [64, 32], down)):
+        for leaf, whole, part in ((Q, [1, 32, 32], (1, *q)), (DOWN, [1, 64, 32], (1, *down))):
             found = {path: shape for path, shape in shapes.items() if path.endswith(leaf)}
             assert sorted(found) == ["model/" + leaf, *(f"optimizer/opt_state/1/0/{m}/{leaf}" for m in ("mu", "nu"))]
             assert all(shape == [whole, list(part)] for shape in found.values()), (rank, moment, found)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import warnings
@@ -21,7 +22,14 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from job import sharding as sh  # noqa: E402
 from job.errors import ConfigError  # noqa: E402
-from job.tasks.lm.model import ModelConfig, Transformer, encode_prompt, loss_fn, validate  # noqa: E402
+from job.tasks.lm.model import (  # noqa: E402
+    ModelConfig,
+    Transformer,
+    encode_prompt,
+    loss_fn,
+    remat_name,
+    validate,
+)
 from job.train.loop import count_params  # noqa: E402
 
 # Compiled once per shape and reused: eager op-by-op dispatch would dominate the runtime.
@@ -111,9 +119,8 @@ def test_loss_of_perfect_prediction_is_near_zero() -> None:
     """Head weights that copy the input token make "repeat the token" predicted perfectly."""
     m = Transformer(ModelConfig(), rngs=nnx.Rngs(1))
     # Blocks add nothing and positions are zero, so the final norm sees the one-hot token embedding.
-    for block in m.blocks:
-        block.attn.out.kernel[...] = jnp.zeros_like(block.attn.out.kernel[...])
-        block.mlp.down.kernel[...] = jnp.zeros_like(block.mlp.down.kernel[...])
+    m.blocks.attn.out.kernel[...] = jnp.zeros_like(m.blocks.attn.out.kernel[...])  # every layer of the stack
+    m.blocks.mlp.down.kernel[...] = jnp.zeros_like(m.blocks.mlp.down.kernel[...])
     m.embed.embedding[...] = jnp.eye(32, 64)
     m.pos[...] = jnp.zeros_like(m.pos[...])
     m.head.kernel[...] = 10.0 * jnp.eye(64, 32)
@@ -134,24 +141,26 @@ def test_zero_mask_gives_zero_loss_and_gradient(model: Transformer) -> None:
 
 def test_every_param_is_annotated_with_its_rank(model: Transformer) -> None:
     params = nnx.to_flat_state(nnx.state(model, nnx.Param))
-    assert len(params) == 20
+    assert len(params) == 12  # embed, pos, the 8 of the stacked blocks, the final norm, head
     for path, var in params:
         meta = var.get_metadata()
         names = meta.get("out_sharding")
         assert names is not None and len(names) == var.ndim, path
-        assert set(names) <= set(sh.LOGICAL_AXES) | {None}, path
+        assert set(names) <= set(sh.LOGICAL_AXES) | {sh.LAYERS_AXIS, None}, path
         assert meta["eager_sharding"] is False, path
+        # the stacked blocks lead with the layers axis, the rest never has it
+        assert (names[0] == sh.LAYERS_AXIS and var.shape[0] == 2) == (path[0] == "blocks"), path
 
 
-EXPECTED = {
-    "replicated": {"embed/embedding": P(), "blocks/0/mlp/up/kernel": P(), "head/kernel": P()},
+EXPECTED = {  # the stacked blocks' leading "layers" dimension stays whole under every rule
+    "replicated": {"embed/embedding": P(), "blocks/mlp/up/kernel": P(), "head/kernel": P()},
     "fsdp": {"embed/embedding": P(None, "data"), "pos": P(None, "data"),
-             "blocks/0/attn/q/kernel": P("data"), "blocks/0/attn/out/kernel": P(None, "data"),
-             "blocks/0/mlp/down/kernel": P(None, "data"), "norm/scale": P("data"),
-             "head/kernel": P("data")},
-    "tensor": {"embed/embedding": P("model"), "pos": P(), "blocks/1/attn/k/kernel": P(None, "model"),
-               "blocks/1/attn/out/kernel": P("model"), "blocks/1/mlp/up/kernel": P(None, "model"),
-               "blocks/1/mlp/down/kernel": P("model"), "norm/scale": P(), "head/kernel": P(None, "model")},
+             "blocks/attn/q/kernel": P(None, "data"), "blocks/attn/out/kernel": P(None, None, "data"),
+             "blocks/mlp/down/kernel": P(None, None, "data"), "blocks/attn_norm/scale": P(None, "data"),
+             "norm/scale": P("data"), "head/kernel": P("data")},
+    "tensor": {"embed/embedding": P("model"), "pos": P(), "blocks/attn/k/kernel": P(None, None, "model"),
+               "blocks/attn/out/kernel": P(None, "model"), "blocks/mlp/up/kernel": P(None, None, "model"),
+               "blocks/mlp/down/kernel": P(None, "model"), "norm/scale": P(), "head/kernel": P(None, "model")},
 }
 
 
@@ -184,7 +193,68 @@ def test_training_step_on_tensor_sharded_model_reduces_loss(mesh42: Mesh) -> Non
     assert 3.0 < losses[0] < 5.0, losses  # about ln(32) = 3.47 plus the spread of random logits
     assert losses[-1] < 0.5 * losses[0], losses
     assert int(opt.step[...]) == 20
-    assert sh.sharding_of(m)["blocks/0/mlp/up/kernel"].spec == P(None, "model")  # still sharded
+    assert sh.sharding_of(m)["blocks/mlp/up/kernel"].spec == P(None, None, "model")  # still sharded
+
+
+# --- scanned and unrolled blocks, remat policies -----------------------------------------------
+
+def unrolled_like(scanned: Transformer) -> Transformer:
+    """The --model.no-scan model holding the same parameters: layer i of every stacked array."""
+    m = Transformer(dataclasses.replace(scanned.cfg, scan=False), rngs=nnx.Rngs(9))
+    stacked = dict(nnx.to_flat_state(nnx.state(scanned.blocks)))
+    for i, block in enumerate(m.blocks):
+        for path, var in nnx.to_flat_state(nnx.state(block)):
+            var[...] = stacked[path][...][i]
+    for name in ("embed", "norm", "head"):
+        nnx.update(getattr(m, name), nnx.state(getattr(scanned, name)))
+    m.pos[...] = scanned.pos[...]
+    return m
+
+
+def test_scanned_blocks_compute_what_the_unrolled_blocks_do() -> None:
+    scanned = Transformer(ModelConfig(layers=3), rngs=nnx.Rngs(0))
+    unrolled = unrolled_like(scanned)
+    assert count_params(unrolled) == count_params(scanned)
+    x = tokens((2, 17), seed=3)
+    np.testing.assert_allclose(forward(unrolled, x), forward(scanned, x), atol=2e-6)
+    grads = {}
+    for name, m in (("scanned", scanned), ("unrolled", unrolled)):
+        g, _ = nnx.jit(nnx.grad(loss_fn, has_aux=True))(m, x, jnp.ones((2, 17)))
+        grads[name] = g
+    for layer in range(3):
+        np.testing.assert_allclose(grads["unrolled"].blocks[layer].mlp.up.kernel[...],
+                                   grads["scanned"].blocks.mlp.up.kernel[...][layer], atol=2e-6)
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_every_remat_policy_gives_the_same_loss_and_gradient(scan: bool) -> None:
+    x, mask = tokens((2, 17), seed=4), jnp.ones((2, 17))
+    results = {}
+    for remat in ("none", "full", "dots", "dots_all"):
+        m = Transformer(ModelConfig(scan=scan, remat=remat), rngs=nnx.Rngs(0))
+        (loss, _), grads = nnx.jit(nnx.value_and_grad(loss_fn, has_aux=True))(m, x, mask)
+        results[remat] = (float(loss), jax.tree.leaves(grads))
+    for remat, (loss, grads) in results.items():
+        assert loss == pytest.approx(results["none"][0], rel=1e-6), remat
+        for a, b in zip(grads, results["none"][1], strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-6, err_msg=remat)
+
+
+def test_full_remat_keeps_less_for_the_backward_pass_than_none() -> None:
+    """What the compiled gradient holds at once: XLA's own temporary-buffer figure for 8 scanned layers."""
+    x, mask = tokens((8, 33), seed=5), jnp.ones((8, 33))
+    temp = {}
+    for remat in ("none", "full"):
+        m = Transformer(ModelConfig(layers=8, remat=remat), rngs=nnx.Rngs(0))
+        graphdef, state = nnx.split(m)
+        step = jax.jit(lambda s, graphdef=graphdef: jax.grad(lambda s: loss_fn(nnx.merge(graphdef, s), x, mask)[0])(s))
+        temp[remat] = step.lower(state).compile().memory_analysis().temp_size_in_bytes
+    assert temp["full"] < 0.6 * temp["none"], temp
+
+
+def test_remat_reads_the_on_off_values_of_configs_saved_before_it_took_a_policy_name() -> None:
+    assert remat_name(True) == "full" and remat_name(False) == "none" and remat_name("dots") == "dots"
+    validate(ModelConfig(remat=True), rule="replicated", model_axis=1)  # type: ignore[arg-type]
 
 
 # --- validate ------------------------------------------------------------------------------
@@ -214,6 +284,8 @@ def test_validate_accepts_good_configs(cfg: ModelConfig, rule: str, model_axis: 
     (ModelConfig(vocab_size=257), "tensor", 2, ["--model.vocab-size", "found 257", "--model.vocab-size 258"]),
     (ModelConfig(), "zero3", 1, ["--rule", "'zero3'"]),
     (ModelConfig(), "tensor", 0, ["--model-axis", "found 0"]),
+    (ModelConfig(remat="some"), "replicated", 1, ["--model.remat", "'some'", "none, full, dots, dots_all"]),
+    (ModelConfig(scan="yes"), "replicated", 1, ["--model.scan", "'yes'", "--model.no-scan"]),
 ])
 def test_validate_rejects_bad_configs(cfg: ModelConfig, rule: str, model_axis: int, expected: list[str]) -> None:
     with pytest.raises(ConfigError) as e:

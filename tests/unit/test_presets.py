@@ -13,7 +13,7 @@ def test_a_preset_sets_the_model_and_data_and_flags_beside_it_win() -> None:
     lm = task.load("lm")
     cfg = config.parse(["--preset", "1b", "--model.layers", "2", "--steps", "3"], lm)
     assert (cfg.preset, cfg.model.dim, cfg.model.layers, cfg.model.remat, cfg.data.global_batch, cfg.steps) == (
-        "1b", 2048, 2, True, 4, 3)
+        "1b", 2048, 2, "full", 4, 3)
     assert config.parse(["--model.layers", "2", "--preset", "gpt2-small"], lm).model.layers == 2  # in any order
     assert config.parse([], lm) == config.parse(["--preset", "tiny"], lm).__class__(
         **{**config.parse(["--preset", "tiny"], lm).__dict__, "preset": ""})

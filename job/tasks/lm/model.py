@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -24,9 +25,16 @@ from flax import nnx
 
 from job.core import values
 from job.errors import ConfigError
-from job.sharding import TRAIN_RULES, axes, partitioned
+from job.sharding import LAYERS_AXIS, TRAIN_RULES, axes, partitioned
 
 DTYPES = ("float32", "bfloat16")
+# --model.remat: what a block keeps for the backward pass (jax.checkpoint_policies); the rest is recomputed
+REMAT_POLICIES = {
+    "none": None,  # no remat: every activation is kept
+    "full": jax.checkpoint_policies.nothing_saveable,  # only the block's input: least memory, most recompute
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # the projections' outputs (x @ W)
+    "dots_all": jax.checkpoint_policies.checkpoint_dots,  # every matmul's output, attention's too
+}
 MAX_SIZE = 2**31 - 1  # any model size above this is a typo (and overflows int32 shapes)
 
 
@@ -41,7 +49,8 @@ class ModelConfig:
     layers: int = 2  # transformer blocks
     mlp_dim: int = 256  # MLP hidden width ("mlp")
     dtype: str = "float32"  # activation/compute dtype ("float32" or "bfloat16"); params stay float32
-    remat: bool = False  # recompute each block's activations in the backward pass instead of keeping them
+    remat: str = "none"  # what each block keeps for the backward pass: none (all), full, dots, dots_all
+    scan: bool = True  # stack the blocks on a "layers" axis and run them with nnx.scan (one block compiled)
 
 
 def _linear(cfg: ModelConfig, n_in: int, n_out: int, names: tuple[str, str], rngs: nnx.Rngs) -> nnx.Linear:
@@ -105,7 +114,12 @@ class Block(nnx.Module):
 
 
 class Transformer(nnx.Module):
-    """Decoder-only LM: int32 tokens [B, T] -> float32 logits [B, T, vocab_size], T <= seq_len."""
+    """Decoder-only LM: int32 tokens [B, T] -> float32 logits [B, T, vocab_size], T <= seq_len.
+
+    With `cfg.scan` (the default) the blocks are one stack: every block parameter has a leading
+    `layers` dimension (logical axis "layers", kept whole by every rule), made by `nnx.vmap` and run
+    by `nnx.scan`, so one block is compiled whatever the depth and the backward pass keeps, per
+    layer, only what the remat policy saves. `--model.no-scan` keeps the blocks in a list, unrolled."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs) -> None:
         validate(cfg, rule="replicated", model_axis=1)  # the checks that need no mesh
@@ -115,7 +129,10 @@ class Transformer(nnx.Module):
                                param_dtype=jnp.float32, embedding_init=init,
                                embedding_metadata=axes("vocab", "embed"), rngs=rngs)
         self.pos = nnx.Param(partitioned(init, (None, "embed"))(rngs.params(), (cfg.seq_len, cfg.dim)))
-        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.layers)])
+        if cfg.scan:
+            self.blocks = _stacked_blocks(cfg, rngs)
+        else:
+            self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.layers)])
         self.norm = _norm(cfg, rngs)
         self.head = _linear(cfg, cfg.dim, cfg.vocab_size, ("embed", "vocab"), rngs)
 
@@ -125,15 +142,55 @@ class Transformer(nnx.Module):
             raise ConfigError("sequence length", expected=f"at most seq_len={self.cfg.seq_len}",
                               found=t, fix="shorten the batch or raise --model.seq-len")
         x = self.embed(tokens) + self.pos[:t].astype(self.cfg.dtype)
-        for block in self.blocks:
-            x = _remat_call(block, x) if self.cfg.remat else block(x)
+        block_fn = _block_call(self.cfg.remat)
+        if self.cfg.scan:
+            x = _scan_blocks(block_fn, x, self.blocks)
+        else:
+            for block in self.blocks:
+                x = block_fn(block, x)
         return self.head(self.norm(x)).astype(jnp.float32)
 
 
-@nnx.remat
-def _remat_call(block: Block, x: jax.Array) -> jax.Array:
-    """A block whose activations are recomputed for the gradient: memory of one block's, not all of them."""
+def _stacked_blocks(cfg: ModelConfig, rngs: nnx.Rngs) -> Block:
+    """cfg.layers blocks as one Block whose every variable has a leading `layers` dimension."""
+
+    @nnx.split_rngs(splits=cfg.layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: LAYERS_AXIS})
+    def make(rngs: nnx.Rngs) -> Block:
+        return Block(cfg, rngs=rngs)
+
+    return make(rngs)
+
+
+def _scan_blocks(block_fn: Callable[[Block, jax.Array], jax.Array], x: jax.Array, blocks: Block) -> jax.Array:
+    """x through the stacked blocks, one scan iteration per layer."""
+
+    @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry, transform_metadata={nnx.PARTITION_NAME: LAYERS_AXIS})
+    def body(x: jax.Array, block: Block) -> jax.Array:
+        return block_fn(block, x)
+
+    return body(x, blocks)
+
+
+def _call(block: Block, x: jax.Array) -> jax.Array:
     return block(x)
+
+
+def _block_call(remat: str | bool) -> Callable[[Block, jax.Array], jax.Array]:
+    """How one block runs: as it is, or under nnx.remat with the named policy (what it keeps for the
+    gradient; the rest is recomputed in the backward pass)."""
+    name = remat_name(remat)
+    if name == "none":
+        return _call
+    return nnx.remat(_call, policy=REMAT_POLICIES[name])
+
+
+def remat_name(remat: str | bool) -> str:
+    """--model.remat as a policy name; True and False (configs saved when it was an on/off flag) read as
+    "full" and "none"."""
+    if isinstance(remat, bool):
+        return "full" if remat else "none"
+    return remat
 
 
 def loss_fn(model: Transformer, tokens: jax.Array, mask: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -232,6 +289,12 @@ def validate(cfg: ModelConfig, *, rule: str, model_axis: int) -> None:
         raise ConfigError("--model.heads", expected=f"a divisor of --model.dim={cfg.dim}", found=cfg.heads,
                           fix=f"use --model.heads {_or(_nearest(_divisors(cfg.dim), cfg.heads))}, "
                           f"or a --model.dim that is a multiple of {cfg.heads}")
+    if not isinstance(cfg.scan, bool):
+        raise ConfigError("--model.scan", expected="True or False", found=cfg.scan, fix="pass --model.scan or "
+                          "--model.no-scan")
+    if not isinstance(cfg.remat, (str, bool)) or remat_name(cfg.remat) not in REMAT_POLICIES:
+        raise ConfigError("--model.remat", expected=f"one of {', '.join(REMAT_POLICIES)}", found=cfg.remat,
+                          fix="pass --model.remat full (least memory) or dots (keeps the projections' outputs)")
     if cfg.dtype not in DTYPES:
         raise ConfigError("--model.dtype", expected=f"one of {DTYPES}", found=cfg.dtype,
                           fix="pass --model.dtype float32 (or bfloat16 on GPU/TPU)")
@@ -259,4 +322,4 @@ def validate(cfg: ModelConfig, *, rule: str, model_axis: int) -> None:
                               found=value, fix=f"{axis_fix}, or {_flag(field)} {up}")
 
 
-__all__ = ["DTYPES", "ModelConfig", "Transformer", "decode", "encode_prompt", "loss_fn", "sample", "validate"]
+__all__ = ["DTYPES", "REMAT_POLICIES", "ModelConfig", "Transformer", "decode", "encode_prompt", "loss_fn", "remat_name", "sample", "validate"]

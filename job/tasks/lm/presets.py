@@ -29,13 +29,14 @@ def gpt2_small() -> tuple[ModelConfig, DataConfig]:
 
 
 def lm_1b() -> tuple[ModelConfig, DataConfig]:
-    """The ~1B LM of the largest-model benchmark (bench/scale.py): 1.01B parameters, remat per block,
-    trained under fsdp; its float32 state (parameters and both Adam moments) is 12 GB, a quarter of
-    it on each of 4 processes.
+    """The ~1B LM of the largest-model benchmark (bench/scale.py): 1.01B parameters, its 20 blocks
+    scanned with full remat (each keeps only its input for the backward pass), trained under fsdp;
+    its float32 state (parameters and both Adam moments) is 12 GB, a quarter of it on each of 4
+    processes.
 
         python -m job.launch -n 4 -- python -m job train --preset 1b --rule fsdp --steps 2
     """
-    return (ModelConfig(vocab_size=256, dim=2048, heads=16, layers=20, mlp_dim=8192, remat=True),
+    return (ModelConfig(vocab_size=256, dim=2048, heads=16, layers=20, mlp_dim=8192, remat="full"),
             DataConfig(global_batch=4))
 
 
