@@ -21,7 +21,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 from orbax.checkpoint.type_handlers import (
     ArrayHandler,
     create_type_handler_registry,
@@ -31,9 +33,9 @@ from orbax.checkpoint.type_handlers import (
 
 from job.core import internals
 from job.core.errors import ConfigError, JobError
-from job.parallel.multihost import barrier, coordination_client
+from job.parallel.multihost import barrier, coordination_client, only_specific_processes
 from job.parallel.trees import leaf_specs
-from job.runs import storage
+from job.runs import headroom, storage
 from job.runtime import priority
 from job.train.config import CheckpointConfig
 
@@ -72,12 +74,18 @@ class Checkpointer:
     while the next steps do. That thread, and the write on tensorstore's threads, run at a low CPU
     priority (nice WRITER_NICE): on a busy host they fill the gaps the step leaves instead of slowing
     it (bench.ckpt), and get the CPU whenever the loop waits.
+
+    The copy is made only when it fits (job.runs.headroom, asked at every save and agreed by every
+    process); otherwise the save is written from the live state on the loop's thread, as without
+    `background`. `room` reads what is free (tests replace it).
     """
 
     def __init__(self, directory: str | os.PathLike[str], cfg: CheckpointConfig) -> None:
         path = storage.run_path(directory)
         self.directory = path if storage.is_remote(path) else path.absolute()
         self.background = cfg.background
+        self.room: Callable[[list[jax.Device]], headroom.Room] = headroom.room
+        self._copying: bool | None = None  # whether the last background save copied the state (logged on change)
         processes = jax.process_count()
         self.options = ocp.CheckpointManagerOptions(
             max_to_keep=cfg.keep,
@@ -127,7 +135,7 @@ class Checkpointer:
         barrier(f"checkpoint save {step}")
         self.wait()  # orbax waits for the previous save anyway; a failure there is reported as that step's
         self._writing = step
-        if not self.background:
+        if not self.background or not self._copy_fits(step, state):
             try:
                 self._start(step, state)
             except Exception as exc:
@@ -137,6 +145,18 @@ class Checkpointer:
         self._starting = threading.Thread(target=self._start_in_background, args=(step, snapshot(state)),
                                           name=f"checkpoint-save-{step}", daemon=True)
         self._starting.start()
+
+    def _copy_fits(self, step: int, state: Any) -> bool:
+        """Collective: whether every process has room for the on-device copy now; said on a change."""
+        needed = headroom.copy_bytes(state)
+        fit = headroom.fits(needed, self.room(list(needed)))
+        mine = fit.row()
+        rows = mine[None] if jax.process_count() == 1 else np.asarray(multihost_utils.process_allgather(mine))
+        copying = bool(np.all(rows[:, 0] == 1))
+        if copying != self._copying:
+            _say(headroom.saved_way(step, copying, rows))
+            self._copying = copying
+        return copying
 
     def _start(self, step: int, state: Any) -> None:
         """orbax's save: barriers, tree metadata, copies to host; returns while it writes (async)."""
@@ -292,6 +312,11 @@ def _first_line(exc: BaseException) -> str:
     """"Type: the first 200 characters of its message's first line" (orbax's messages run long)."""
     lines = str(exc).splitlines()
     return f"{type(exc).__name__}: {lines[0][:200] if lines else ''}"
+
+
+@only_specific_processes()
+def _say(message: str) -> None:
+    log.info("%s", message)
 
 
 @jax.jit

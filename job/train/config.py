@@ -54,7 +54,7 @@ class CheckpointConfig:
     every: int = 50  # save every N steps (and always at the end and on preemption)
     keep: int = 3  # how many of the newest checkpoints to keep
     async_save: bool = True  # write in the background while training continues
-    background: bool = True  # copy the state on its devices and save it from a thread (2x device memory meanwhile)
+    background: bool = True  # copy the state on its devices (2x device memory) when that fits; save from a thread
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,226 @@
+"""Whether a background save's on-device copy of the state fits beside it; asked again at every save.
+
+A background save (`--ckpt.background`, job.runs.checkpoint) first copies the state on its
+devices, so that the next step may donate it: while the save runs the state takes twice its
+device memory. Before each such save this compares the bytes of that copy with what is free:
+
+- a device whose backend reports its memory (GPU, TPU: `memory_stats()`): bytes_limit -
+  bytes_in_use of that device, against the bytes the copy puts on it;
+- a device that does not (CPU: its arrays live in host memory): what the host has available
+  (MemAvailable, within the memory limit of this process's cgroup), against this process's
+  copy times the processes of the run on this host, which all copy at the same moment.
+
+The copy is taken when it fits in HEADROOM of what is free everywhere, or when nothing says
+what is free. The numbers are read between two steps; the functions here take them as
+arguments, so the rule is tested without devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from job.runtime.cluster.local import LocalLauncher
+from job.runtime.cluster.slurm import SlurmJob
+
+# The copy must fit in 90% of what is free: the other 10% is slack for the allocator's
+# fragmentation and what else allocates beside the save (the host's other users, the write's
+# buffers). Free memory is read between two steps: a step whose own temporaries need more than
+# that beside the copy is not covered (`--ckpt.no-background` is). A copy that does not fit is
+# not made: the save is written from the live state on the loop's thread instead.
+HEADROOM = 0.9
+MEMINFO = Path("/proc/meminfo")
+PROC_CGROUP = Path("/proc/self/cgroup")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+_UNLIMITED = 1 << 62  # cgroup v1 writes "no limit" as a number near 2**63
+
+
+@dataclasses.dataclass(frozen=True)
+class Room:
+    """What is free for the copy on this process."""
+
+    devices: Mapping[Any, int | None]  # device -> bytes free on it; None: its backend does not say (CPU)
+    host: int | None  # bytes the host has available for the devices that do not say; None: unknown
+    processes_on_host: int  # processes of the run on this host, each copying its state at the same moment
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    """One process's answer, and the numbers behind it (the tightest place, for the log line)."""
+
+    fits: bool
+    needed: int  # bytes the copy needs there (per device; on the host: for all its processes)
+    free: int | None  # bytes free there; None: unknown (the copy is taken)
+    processes_on_host: int = 0  # 0: `needed` is per device; N: the host's share for its N processes
+
+    def where(self) -> str:
+        """'per device', or 'on the host for its N processes'."""
+        if not self.processes_on_host:
+            return "per device"
+        count = self.processes_on_host
+        return f"on the host for its {count} process{'es' if count > 1 else ''}"
+
+    def row(self) -> np.ndarray:
+        """(fits, needed, free or -1, processes_on_host), what the processes gather: float32, which travels
+        as it is without jax's x64."""
+        free = -1 if self.free is None else self.free
+        return np.array([self.fits, self.needed, free, self.processes_on_host], np.float32)
+
+
+def copy_bytes(tree: Any) -> dict[Any, int]:
+    """device -> bytes the on-device copy of every jax.Array leaf puts on it (this process's shards)."""
+    needed: dict[Any, int] = {}
+    for leaf in jax.tree.leaves(tree):
+        if isinstance(leaf, jax.Array):
+            for shard in leaf.addressable_shards:
+                needed[shard.device] = needed.get(shard.device, 0) + shard.data.nbytes
+    return needed
+
+
+def device_free(device: Any) -> int | None:
+    """bytes_limit - bytes_in_use from the device's `memory_stats()`; None where the backend does not say."""
+    try:
+        stats = device.memory_stats()
+    except Exception:  # noqa: BLE001 - a backend without the call: unknown, as on CPU
+        return None
+    if not stats or "bytes_limit" not in stats or "bytes_in_use" not in stats:
+        return None
+    return max(0, int(stats["bytes_limit"]) - int(stats["bytes_in_use"]))
+
+
+def mem_available(meminfo: str) -> int | None:
+    """MemAvailable of a /proc/meminfo text, in bytes; None when it is not there."""
+    for line in meminfo.splitlines():
+        name, _, value = line.partition(":")
+        if name == "MemAvailable":
+            number, _, unit = value.strip().partition(" ")
+            if number.isdigit():
+                return int(number) * (1024 if unit.strip() == "kB" else 1)
+    return None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _stat(text: str | None, name: str) -> int:
+    """A field of a cgroup memory.stat text (0 when absent)."""
+    for line in (text or "").splitlines():
+        key, _, value = line.partition(" ")
+        if key == name and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def cgroup_room(proc_cgroup: Path = PROC_CGROUP, root: Path = CGROUP_ROOT) -> int | None:
+    """What this process's cgroup memory limit still allows (limit - usage + reclaimable cache), the
+    tightest over its parents; None when no limit is set or none can be read (cgroup v2, or v1's memory)."""
+    rooms = []
+    for line in (_read(proc_cgroup) or "").splitlines():
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        controllers, path = fields[1], fields[2].lstrip("/")
+        if controllers == "":  # v2: memory.max in the group's folder and in each parent's
+            folder = root / path
+            while folder.is_relative_to(root):
+                limit = (_read(folder / "memory.max") or "max").strip()
+                usage = (_read(folder / "memory.current") or "").strip()
+                if limit.isdigit() and usage.isdigit():
+                    cache = _stat(_read(folder / "memory.stat"), "inactive_file")
+                    rooms.append(int(limit) - int(usage) + cache)
+                folder = folder.parent
+        elif "memory" in controllers.split(","):  # v1: memory.stat holds the tightest limit of the hierarchy
+            folder = root / "memory" / path
+            folder = folder if folder.is_dir() else root / "memory"  # a namespaced mount shows its own group
+            stat = _read(folder / "memory.stat")
+            limit = _stat(stat, "hierarchical_memory_limit")
+            usage = (_read(folder / "memory.usage_in_bytes") or "").strip()
+            if 0 < limit < _UNLIMITED and usage.isdigit():
+                rooms.append(limit - int(usage) + _stat(stat, "total_inactive_file"))
+    return max(0, min(rooms)) if rooms else None
+
+
+def host_available() -> int | None:
+    """Bytes the host can give this process's group: MemAvailable, capped by its cgroup's limit; None
+    when /proc/meminfo does not read."""
+    text = _read(MEMINFO)
+    available = mem_available(text) if text is not None else None
+    if available is None:
+        return None
+    limited = cgroup_room()
+    return available if limited is None else min(available, limited)
+
+
+def processes_on_host(env: Mapping[str, str], process_count: int) -> int:
+    """How many of the run's processes share this host (each copying its state at the same moment).
+
+    Our launcher starts all of its processes on one machine; Slurm says how many tasks each node
+    runs. Where nothing says (another scheduler), every process of the run is assumed to be here:
+    a save that needs no copy is slower, a copy that does not fit kills the run.
+    """
+    if process_count == 1:
+        return 1
+    if LocalLauncher.is_present(env):
+        return LocalLauncher.num_processes(env)
+    if SlurmJob.is_present(env):
+        return SlurmJob._tasks_on_this_node(env) or process_count  # the one reading of the tasks per node
+    return process_count
+
+
+def room(devices: Iterable[Any]) -> Room:
+    """What is free now on these devices (and, for those that do not say, on the host)."""
+    free = {device: device_free(device) for device in devices}
+    host = host_available() if any(value is None for value in free.values()) else None
+    return Room(free, host, processes_on_host(os.environ, jax.process_count()))
+
+
+def fits(needed: Mapping[Any, int], room: Room, headroom: float = HEADROOM) -> Fit:
+    """Whether a copy needing `needed` bytes per device fits in `headroom` of `room`; with the numbers of
+    the tightest place (a device that says, or the host for the devices that do not)."""
+    places = [Fit(True, size, room.devices[device]) for device, size in needed.items()
+              if room.devices.get(device) is not None]
+    on_host = sum(size for device, size in needed.items() if room.devices.get(device) is None)
+    if on_host:
+        places.append(Fit(True, on_host * room.processes_on_host, room.host, room.processes_on_host))
+    known = [place for place in places if place.free is not None]
+    if not known:  # nothing says what is free: the copy is taken, as before this check
+        return max(places, key=lambda place: place.needed, default=Fit(True, 0, None))
+    tightest = max(known, key=lambda place: place.needed / max(place.free or 0, 1))
+    return dataclasses.replace(tightest, fits=tightest.needed <= headroom * (tightest.free or 0))
+
+
+def size(count: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024:
+            return f"{count:.0f} B" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} TiB"
+
+
+def saved_way(step: int, copying: bool, rows: np.ndarray) -> str:
+    """The log line of a change of way, from every process's `Fit.row()`: the tightest process's numbers
+    (of those without room, when the copy is not made)."""
+    known = [i for i in range(len(rows)) if rows[i, 2] >= 0 and (copying or rows[i, 0] != 1)]
+    if not known:
+        return (f"checkpoint save {step}: copied on the devices and saved from a thread, the loop goes on "
+                "(free memory is not reported here)")
+    worst = max(known, key=lambda i: rows[i, 1] / max(rows[i, 2], 1))
+    fit = Fit(bool(rows[worst, 0]), int(rows[worst, 1]), int(rows[worst, 2]), int(rows[worst, 3]))
+    who = f"process {worst}: " if len(rows) > 1 else ""
+    if copying:
+        return (f"checkpoint save {step}: copied on the devices and saved from a thread, the loop goes on "
+                f"({who}the copy needs {size(fit.needed)} {fit.where()}, {size(fit.free or 0)} free)")
+    return (f"checkpoint save {step}: written from the live state on the loop's thread ({who}the on-device "
+            f"copy needs {size(fit.needed)} {fit.where()}, more than {round(HEADROOM * 100)}% of the "
+            f"{size(fit.free or 0)} free); the loop waits for it")
