@@ -8,7 +8,9 @@
 
 Every part is measured, none is a remainder: `other_s` is what no part
 covered, so the parts' sum against `total_s` shows how complete the split is.
-The first training step's time, minus one ordinary step, is `compile_s`.
+`compile_s` is the loop's compile part (the steps compiled ahead, and the wait
+for the other processes to have compiled theirs) plus the first training step's
+time minus one ordinary step.
 
 Across requeues of one run directory, process 0 appends to RUN_DIR/goodput.jsonl:
 an "attempt" line when a run starts, a "progress" line whenever it logs a step,

@@ -130,6 +130,7 @@ def single_host_jax_and_orbax() -> Iterator[None]:
 
 
 BARRIER_TIMEOUT = "JOB_BARRIER_TIMEOUT"  # seconds a named barrier waits for every process (default 300)
+_BARRIER_FIX = "read those processes' logs: they died, hung, or took another path"
 
 
 def _barrier_timeout_s() -> float:
@@ -148,12 +149,13 @@ def coordination_client() -> Any:
     return internals.coordination_client()
 
 
-def barrier(name: str, timeout_s: float | None = None) -> None:
+def barrier(name: str, timeout_s: float | None = None, *, fix: str | None = None) -> None:
     """Wait until every process reaches the barrier `name`. Collective.
 
     Raises BarrierTimeout naming the processes that did not arrive within
     `timeout_s` (default JOB_BARRIER_TIMEOUT, 300 s): a dead or hung peer
     becomes an error here instead of a silent hang in the next collective.
+    `fix` replaces the message's general advice (read the missing processes' logs).
     """
     if jax.process_count() == 1:
         return
@@ -172,7 +174,7 @@ def barrier(name: str, timeout_s: float | None = None) -> None:
         raise BarrierTimeout(
             f"barrier {name!r}: expected all {jax.process_count()} processes within {timeout_s:g} s, "
             f"found process(es) {', '.join(missing) or 'unknown'} missing (this is process "
-            f"{jax.process_index()}). Fix: read those processes' logs: they died, hung, or took another path"
+            f"{jax.process_index()}). Fix: {fix or _BARRIER_FIX}"
         ) from None
 
 

@@ -43,8 +43,8 @@ FRESH_START = "checkpoints.before-fresh-start-"  # where --no-resume moves the o
 NOT_COMPARED = frozenset({"run_dir", "resume"})
 # Fields that leave the state's structure and shapes as they are: free to change on resume (the run
 # says which did), and never named as the cause of a state that differs.
-FREE = ("steps", "log_every", "eval_every", "eval_full", "watchdog_s", "straggler_ratio", "compile_cache", "seed",
-        "ckpt.", "wandb.", "profile.", "data.eval_batches",
+FREE = ("steps", "log_every", "eval_every", "eval_full", "watchdog_s", "straggler_ratio", "compile_cache",
+        "compile_timeout_s", "seed", "ckpt.", "wandb.", "profile.", "data.eval_batches",
         "optim.lr", "optim.warmup_steps", "optim.min_lr_ratio", "optim.schedule", "optim.decay_fraction")
 SHOWN_LEAVES = 3  # at most this many differing state leaves are named in the error
 

@@ -2,46 +2,58 @@
 
     python -m job train                              # ~/.cache/job/jax (or $XDG_CACHE_HOME/job/jax)
     python -m job train --compile-cache /shared/jax  # a folder every node shares is fine too
+    python -m job train --run-dir gs://B/run1        # gs://B/.cache/job/jax: one folder every TPU worker reads
     JOB_COMPILE_CACHE=none python -m job train       # off
 
 Which folder, first match wins: `--compile-cache`, $JOB_COMPILE_CACHE,
-$JAX_COMPILATION_CACHE_DIR (jax's own variable), then the per-user cache
-folder. The default is under the user's cache folder, not /tmp: it survives a
-reboot and the end of a Slurm job, and other users' files cannot be in the
-way. jax writes entries atomically, so concurrent processes and nodes may
-share it. It must be set before the first compilation (`enable` is called
-right after `job.initialize`). Every compiled program is cached, not only those
-taking over jax's default 1 s, unless the JAX_PERSISTENT_CACHE_* variables say
-otherwise.
+$JAX_COMPILATION_CACHE_DIR (jax's own variable), then, for a gs:// run
+directory, the folder `.cache/job/jax` of its bucket (jax reads and writes a
+gs:// cache through etils.epath, as the run directory is written), else the
+per-user cache folder. The default is under the user's cache folder, not /tmp:
+it survives a reboot and the end of a Slurm job, and other users' files cannot
+be in the way. jax writes entries atomically, and only from process 0, so
+concurrent processes and nodes may share it. It must be set before the first
+compilation (`enable` is called right after `job.initialize`). Every compiled
+program is cached, not only those taking over jax's default 1 s, unless the
+JAX_PERSISTENT_CACHE_* variables say otherwise.
+
+Each process counts its own hits and misses (`CacheEvents`); `record` puts every
+process's counts into the run's summary.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+from job.runs.storage import bucket_of, is_remote
 
 log = logging.getLogger("job.train")
 
 OFF = "none"
+BUCKET_FOLDER = ".cache/job/jax"  # the default cache of a gs:// run directory, in its bucket
 
 
-def resolve(setting: str, env: Mapping[str, str]) -> str | None:
+def resolve(setting: str, env: Mapping[str, str], run_dir: str = "") -> str | None:
     """The cache folder to use, or None when the cache is off."""
     for value in (setting, env.get("JOB_COMPILE_CACHE", ""), env.get("JAX_COMPILATION_CACHE_DIR", "")):
         if value:
             return None if value.strip().lower() == OFF else os.path.expanduser(value)
+    if is_remote(run_dir):
+        return f"gs://{bucket_of(run_dir)}/{BUCKET_FOLDER}"
     base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return str(Path(base) / "job" / "jax")
 
 
-def enable(setting: str = "", env: Mapping[str, str] | None = None) -> str | None:
+def enable(setting: str = "", env: Mapping[str, str] | None = None, run_dir: str = "") -> str | None:
     """Point jax at the cache folder (or switch the cache off); returns the folder or None."""
     import jax
 
     env = os.environ if env is None else env
-    folder = resolve(setting, env)
+    folder = resolve(setting, env, run_dir)
     if folder is None:
         jax.config.update("jax_enable_compilation_cache", False)
         return None
@@ -67,19 +79,26 @@ def enable(setting: str = "", env: Mapping[str, str] | None = None) -> str | Non
 
 
 class CacheEvents:
-    """Counts jax's persistent-cache hits and misses while it is entered (jax.monitoring events)."""
+    """Counts this process's persistent-cache lookups and hits while it is entered (jax.monitoring events).
 
-    HIT, MISS = "/jax/compilation_cache/cache_hits", "/jax/compilation_cache/cache_misses"
+    A miss is a lookup without a hit: jax's own miss event comes with a cache write, which only
+    process 0 makes, so it would count no miss on any other process."""
+
+    LOOKUP, HIT = "/jax/compilation_cache/compile_requests_use_cache", "/jax/compilation_cache/cache_hits"
 
     def __init__(self) -> None:
+        self.lookups = 0
         self.hits = 0
-        self.misses = 0
+
+    @property
+    def misses(self) -> int:
+        return self.lookups - self.hits
 
     def _on_event(self, event: str, **_: object) -> None:
-        if event == self.HIT:
+        if event == self.LOOKUP:
+            self.lookups += 1
+        elif event == self.HIT:
             self.hits += 1
-        elif event == self.MISS:
-            self.misses += 1
 
     def __enter__(self) -> CacheEvents:
         import jax
@@ -91,3 +110,13 @@ class CacheEvents:
         import jax
 
         jax.monitoring.unregister_event_listener(self._on_event)
+
+
+def record(folder: str | None, counts: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """The summary's `compile_cache` entry from every process's (hits, misses, seconds compiling ahead),
+    by process index: process 0's `hits` and `misses` at the top (as before), every process's under
+    `by_process`."""
+    hits, misses, seconds = ([row[i] for row in counts] for i in range(3))
+    return {"dir": folder, "hits": int(hits[0]) if counts else 0, "misses": int(misses[0]) if counts else 0,
+            "by_process": {"hits": [int(h) for h in hits], "misses": [int(m) for m in misses],
+                           "compile_s": [round(float(s), 3) for s in seconds]}}

@@ -99,8 +99,12 @@ class TrainConfig(Generic[M, D]):
     # name a host whose own time per step (input wait, dispatch) is over this x the median (job/observe/stragglers.py)
     straggler_ratio: float = 1.2
     # jax's persistent compilation cache: a folder, "none" (off), or "" = $JOB_COMPILE_CACHE, else
-    # $JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/job/jax (~/.cache/job/jax); see job/runtime/compile_cache.py
+    # $JAX_COMPILATION_CACHE_DIR, else for a gs:// run_dir gs://BUCKET/.cache/job/jax, else
+    # $XDG_CACHE_HOME/job/jax (~/.cache/job/jax); see job/runtime/compile_cache.py
     compile_cache: str = ""
+    # the steps are compiled before the first step, then every process waits at the barrier "compiled" this
+    # many seconds for the slowest one (a host that missed the cache compiles while the others wait)
+    compile_timeout_s: float = 1800.0
     optim: OptimConfig = OptimConfig()
     ckpt: CheckpointConfig = CheckpointConfig()
     ema: EmaConfig = EmaConfig()
@@ -150,6 +154,8 @@ def validate(cfg: TrainConfig, task: Task) -> None:
         (0 <= cfg.seed <= MAX_SEED, "--seed", f"an integer 0..{MAX_SEED}", cfg.seed, "pass --seed 0"),
         (_finite(cfg.watchdog_s) and cfg.watchdog_s >= 0, "--watchdog-s", "a finite number of seconds >= 0",
          cfg.watchdog_s, "pass --watchdog-s 600, or 0 to turn the watchdog off"),
+        (_finite(cfg.compile_timeout_s) and cfg.compile_timeout_s > 0, "--compile-timeout-s",
+         "a finite number of seconds > 0", cfg.compile_timeout_s, "pass --compile-timeout-s 1800"),
         (_finite(cfg.straggler_ratio) and cfg.straggler_ratio >= 1, "--straggler-ratio", "a finite ratio >= 1",
          cfg.straggler_ratio, "pass --straggler-ratio 1.2"),
         (bool(run_dir) and run_dir.isprintable(), "--run-dir", "a non-empty path without control characters",

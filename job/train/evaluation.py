@@ -105,6 +105,13 @@ class Evaluator:
         return global_batch(self._source, self._whole if piece.whole else self._sharded, split=split,
                             step=piece.step, size=piece.rows, offset=piece.offset)
 
+    def compile(self, state: Any) -> None:
+        """Compile the eval step for `state` and every batch shape of the plan now, ahead of the first
+        evaluation, whose calls then find it compiled. Reads the rows of one batch per shape and split."""
+        for split, planned in self.plan.items():
+            for piece in {(p.rows, p.whole): p for p in planned}.values():
+                self._step.lower(state, self.batch(split, piece)).compile()
+
     def run(self, state: Any, should_stop: Callable[[], bool] = lambda: False) -> dict[str, dict[str, float]] | None:
         """{split: metrics} of `state`; None when `should_stop` (the collective preemption check after
         each batch) says a signal came."""

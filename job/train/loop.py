@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 from etils import epath
 from flax import nnx
 
@@ -77,8 +78,9 @@ class Training:
     """One run of the loop, in the phases a reader finds by name:
 
     build (mesh, data, the planned state, the jitted steps) -> restore (the newest checkpoint, else a
-    fresh state created as its shards) -> step (one optimizer step, then logging, evaluate and save
-    as due) -> finish (the last save, the summary). `run` strings them together."""
+    fresh state created as its shards) -> compile (the steps, ahead; then every process meets) -> step
+    (one optimizer step, then logging, evaluate and save as due) -> finish (the last save, the summary).
+    `run` strings them together."""
 
     def __init__(self, cfg: TrainConfig, task: Task, argv: list[str] | None, timer: Goodput,
                  info: ClusterInfo, guard: PreemptionGuard) -> None:
@@ -86,9 +88,17 @@ class Training:
         self.metrics: dict[str, Any] = {}  # the last train step's
         self.evaluated: dict[str, dict[str, float]] = {}  # the last evaluation's, by split
         self.last_saved = 0
+        self.compile_s = 0.0  # this process's own time compiling the steps ahead (the barrier's wait excluded)
 
     def run(self) -> int:
-        """build, restore, then step to cfg.steps (or a preemption), then finish: the exit code."""
+        """build, restore, compile, then step to cfg.steps (or a preemption), then finish: the exit code."""
+        from job.runtime.compile_cache import CacheEvents
+
+        with CacheEvents() as self.cache_events:  # this process's hits and misses, every program of the run
+            return self.phases()
+
+    def phases(self) -> int:
+        """`run`'s phases in order, counted by `self.cache_events`."""
         from job.parallel.multihost import only_specific_processes
 
         built = self.build()
@@ -99,7 +109,8 @@ class Training:
             self.checkpoints.close()
             return 0
         self.open_records(built, start)
-        if self.guard.should_stop():  # a signal during start-up (build, restore): no step since the last save
+        self.compile(built, state, start)
+        if self.guard.should_stop():  # a signal during start-up (build, restore, compile): no step since the last save
             self.report.message("preempted before the first step: nothing new to save; exiting with %d (requeue)",
                                 REQUEUE_EXIT_CODE)
             self.report.flush()
@@ -117,7 +128,7 @@ class Training:
         from job.train.steps import jit_train_step
 
         cfg, task, info = self.cfg, self.task, self.info
-        self.cache_dir = compile_cache.enable(cfg.compile_cache)  # before the first compilation
+        self.cache_dir = compile_cache.enable(cfg.compile_cache, run_dir=cfg.run_dir)  # before the first compilation
         log.info("process %d of %d (%s) on %s", info.process_id, info.num_processes, info.kind,
                  os.environ.get("SLURMD_NODENAME") or socket.gethostname())
         run_dir = storage.run_path(cfg.run_dir)  # a local folder or gs://BUCKET/FOLDER (etils.epath)
@@ -187,10 +198,30 @@ class Training:
         self.began = time.perf_counter()
         self.timer.started()
 
+    def compile(self, built: Built, state: Any, start: int) -> None:
+        """Compile the train step (for `state` and the batch of step `start`) and the eval step now, then wait
+        at the barrier "compiled" for every process: the first step's call finds its program compiled, and a
+        process that loaded its programs from the cache waits here for one that compiles, not in the first
+        collective (whose CPU transport, gloo, gives up after 30 s)."""
+        from job.parallel import sharding
+        from job.parallel.multihost import barrier
+        from job.train.batches import global_batch
+
+        cfg = self.cfg
+        with self.timer.part("compile"), sharding.mesh_context(built.mesh):  # as the steps are called
+            began = time.perf_counter()
+            batch = global_batch(built.source, built.batch_sharding, split="train", step=start,
+                                 size=cfg.data.global_batch)
+            built.train_step.lower(state, batch).compile()
+            built.evaluator.compile(state)
+            self.compile_s = time.perf_counter() - began
+            barrier("compiled", cfg.compile_timeout_s, fix=(
+                f"read those processes' logs: still compiling after --compile-timeout-s {cfg.compile_timeout_s:g}"
+                " (pass a larger one), or they died or hung"))
+
     def train(self, built: Built, start: int, state: Any) -> tuple[int, Any]:
         """Steps start..cfg.steps-1, each followed by what is due; (exit code, the state at the end)."""
         from job.parallel import sharding
-        from job.runtime import compile_cache
         from job.train.batches import Prefetch, global_batch
 
         cfg, timer = self.cfg, self.timer
@@ -200,7 +231,6 @@ class Training:
                                 size=cfg.data.global_batch)
 
         with contextlib.ExitStack() as stack, sharding.mesh_context(built.mesh):
-            self.cache_events = stack.enter_context(compile_cache.CacheEvents())
             stack.callback(self.profiler.stop)
             # however the loop ends (an error, too), the records so far are written; a full disk there is
             # a warning, not an error over the one that ended the loop (a failed save's CheckpointError)
@@ -280,9 +310,11 @@ class Training:
     def finish(self, built: Built, state: Any, code: int) -> None:
         """The saves written, the goodput split, and summary.json."""
         import optax
+        from jax.experimental import multihost_utils
 
         from job.parallel.fingerprint import fingerprint
         from job.parallel.multihost import only_specific_processes
+        from job.runtime import compile_cache
         from job.train.evaluation import summary_fields
 
         cfg, task, timer = self.cfg, self.task, self.timer
@@ -290,8 +322,9 @@ class Training:
             self.checkpoints.wait()
             self.checkpoints.close()
         timer.seconds["profile"] = self.profiler.seconds
-        split = {**timer.finish(), "compile_cache": {"dir": self.cache_dir, "hits": self.cache_events.hits,
-                                                     "misses": self.cache_events.misses}}
+        mine = np.array([self.cache_events.hits, self.cache_events.misses, self.compile_s], np.float32)
+        counts = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 3)  # one small all-gather
+        split = {**timer.finish(), "compile_cache": compile_cache.record(self.cache_dir, counts.tolist())}
         only_specific_processes()(timer.progress)(built.run_dir, self.last_saved, "end")
         self.report.message("%s", describe(split))
         final = jax.device_get(self.metrics)

@@ -134,3 +134,17 @@ def test_an_unreadable_checkpoint_in_the_bucket_is_moved_aside(gcs: Emulator) ->
     moved = [n for n in objects(gcs, "run1/checkpoints/") if ".unreadable-" in n and "/d/" in n]
     assert sorted(n.split("/", 3)[3] for n in moved) == sorted(n.split("/", 3)[3] for n in arrays)
     assert committed(gcs) == [4, 8, 12]  # step 8 trained and saved again
+
+
+def test_a_gs_run_dir_without_a_cache_folder_caches_compiled_programs_in_its_bucket(gcs: Emulator) -> None:
+    # no folder given (the tests' own JAX_COMPILATION_CACHE_DIR emptied): every worker reads gs://BUCKET/.cache/job/jax
+    flags = ("--task", "tests.user_tasks.deep:TASK", "--model.layers", "2", "--steps", "2", "--eval-every", "2")
+    for name in ("run1", "run2"):
+        proc = run(launcher_argv(2, [*JOB, "--run-dir", f"gs://{BUCKET}/{name}", *flags], devices=1), timeout=300,
+                   **gcs.env, JAX_COMPILATION_CACHE_DIR="")
+        assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
+    first, second = (json.loads(gcs.read(f"{name}/summary.json"))["goodput"]["compile_cache"]
+                     for name in ("run1", "run2"))
+    assert first["dir"] == second["dir"] == f"gs://{BUCKET}/.cache/job/jax"
+    assert first["misses"] > 0 and len(objects(gcs, ".cache/job/jax/")) >= first["misses"], first
+    assert second["misses"] == 0 and second["hits"] >= first["misses"], second  # process 0 loads every program

@@ -128,18 +128,68 @@ def test_metrics_profiles_goodput_and_a_resume_that_redoes_steps(tmp_path: Path)
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
 
 
-@pytest.mark.slow  # three 2-process runs
-def test_a_second_run_of_the_same_config_compiles_nothing(tmp_path: Path) -> None:
+DEEP = ("--task", "tests.user_tasks.deep:TASK", "--model.layers", "8", "--steps", "2", "--log-every", "1",
+        "--eval-every", "2")
+SLOWER_S = 35  # process 1's extra compile time in the second run: over gloo's 30 s
+
+
+def compilations(output: str, rank: int, program: str) -> int:
+    """How many times `program` was lowered for compilation on `rank`: jax logs each one with JAX_LOG_COMPILES
+    (counted in the job's log format; jax's own handler prints the same line as "...pxla:LINE: Compiling")."""
+    return sum(f"pxla: Compiling jit({program}) with global shapes" in line
+               for line in output.splitlines() if line.startswith(f"[rank {rank}]"))
+
+
+@pytest.mark.slow  # two 2-process runs, the second 35 s longer on purpose
+def test_a_rerun_with_a_warm_cache_waits_for_the_process_that_compiles_and_records_every_process(
+        tmp_path: Path) -> None:
+    """A user's unrolled deep model (tests/user_tasks/deep.py) trained twice on 2 processes x 2 devices with one
+    --compile-cache folder, into two run dirs. jax writes cache entries from process 0 only, and on CPU process
+    1's cache key differs from process 0's: in the second run process 0 loads its programs while process 1
+    compiles them again. Process 1 is made SLOWER_S (35) seconds slower to compile there (DEEP_TRACE_DELAY_S:
+    it sleeps when the loss is first traced), a skew a deep enough model gives on its own at more test time (96
+    layers on 2 busy cores: process 1 reached the barrier 73 s after process 0, its state's init and steps
+    compiled while process 0 loaded them). Without compiling ahead and meeting at the barrier "compiled",
+    process 0 waited for process 1 in its first collective, and gloo ended the run after 30 s (exit 1)."""
     cache = tmp_path / "cache"
-    flags = ("--steps", "2", "--log-every", "1", "--eval-every", "2", *SMALL)
-    train(tmp_path / "cold", *flags, cache=cache)
-    cold = summary(tmp_path / "cold")["goodput"]["compile_cache"]
-    assert cold["hits"] == 0 and cold["misses"] > 0 and len(list(cache.iterdir())) >= cold["misses"]
-    train(tmp_path / "warm", *flags, cache=cache)
-    warm = summary(tmp_path / "warm")["goodput"]["compile_cache"]
-    assert warm["hits"] >= cold["misses"] and warm["misses"] == 0
-    train(tmp_path / "off", *flags, cache=Path("none"))
-    assert summary(tmp_path / "off")["goodput"]["compile_cache"] == {"dir": None, "hits": 0, "misses": 0}
+    cold_run = train(tmp_path / "cold", *DEEP, cache=cache, JAX_LOG_COMPILES="1")
+    warm_run = train(tmp_path / "warm", *DEEP, cache=cache, JAX_LOG_COMPILES="1", DEEP_TRACE_DELAY_S=str(SLOWER_S))
+    cold, warm = (summary(tmp_path / name)["goodput"]["compile_cache"] for name in ("cold", "warm"))
+    for record in (cold, warm):
+        assert record["dir"] == str(cache)
+        counts = record["by_process"]
+        assert len(counts["hits"]) == len(counts["misses"]) == len(counts["compile_s"]) == 2, record
+        assert (record["hits"], record["misses"]) == (counts["hits"][0], counts["misses"][0])  # process 0's, as before
+        assert all(h + m > 0 for h, m in zip(counts["hits"], counts["misses"])), record  # each looked in the cache
+
+    # process 0 compiles in the first run and loads every one of those programs in the second
+    assert cold["by_process"]["hits"][0] == 0 and cold["by_process"]["misses"][0] > 0, cold
+    assert len(list(cache.iterdir())) >= cold["by_process"]["misses"][0]
+    assert warm["by_process"]["misses"][0] == 0 and warm["by_process"]["hits"][0] >= cold["by_process"]["misses"][0]
+    # to its first step, process 0 spends less in the second run; process 1 spent its delay compiling, and
+    # process 0 waited for it at the barrier, not in a collective
+    assert warm["by_process"]["compile_s"][0] < cold["by_process"]["compile_s"][0], (cold, warm)
+    assert warm["by_process"]["compile_s"][1] >= SLOWER_S, warm
+    assert summary(tmp_path / "warm")["goodput"]["compile_s"] >= SLOWER_S - warm["by_process"]["compile_s"][0]
+
+    # compiled once each, ahead: the steps' calls found their programs compiled
+    for proc in (cold_run, warm_run):
+        output = proc.stdout + proc.stderr
+        for rank in (0, 1):
+            assert compilations(output, rank, "train_step_fn") == 1, explain(proc, proc.stdout, proc.stderr)
+            assert compilations(output, rank, "eval_step_fn") == 1, explain(proc, proc.stdout, proc.stderr)
+
+
+@pytest.mark.slow  # one 2-process run that stops at its barrier
+def test_a_process_still_compiling_past_the_compile_timeout_is_named_with_the_fix(tmp_path: Path) -> None:
+    proc = run(launcher_argv(2, [*JOB, "--run-dir", str(tmp_path / "run"), "--compile-cache", str(tmp_path / "cache"),
+                                 *DEEP, "--compile-timeout-s", "2"], devices=2), timeout=300, DEEP_TRACE_DELAY_S="20")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, explain(proc, proc.stdout, proc.stderr)
+    assert ("BarrierTimeout: barrier 'compiled': expected all 2 processes within 2 s, found process(es) 1 missing "
+            "(this is process 0). Fix: read those processes' logs: still compiling after --compile-timeout-s 2 "
+            "(pass a larger one), or they died or hung") in output, output
+    assert "step 1/" not in output
 
 
 @pytest.mark.slow  # two 2-process runs

@@ -55,6 +55,7 @@ def at_step(n: int, action) -> None:
                 action()
             return real(*a, **k)
 
+        step.lower = real.lower  # the loop compiles the step ahead of its first call
         return step
 
     steps.jit_train_step = jit

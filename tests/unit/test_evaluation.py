@@ -133,3 +133,25 @@ def test_a_signal_during_evaluation_gives_none() -> None:
                           batches=1, full=True, weight=None)
     with sharding.mesh_context(mesh):
         assert evaluator.run(state, should_stop=lambda: True) is None
+
+
+def test_an_evaluation_compiled_ahead_compiles_nothing_when_it_runs(caplog: pytest.LogCaptureFixture) -> None:
+    import jax
+
+    mesh = sharding.make_mesh(model_axis=2)
+    model = nnx.Linear(6, 3, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split({"model": model})
+    evaluator = Evaluator(jit_eval_step(loss, graphdef), Table(), mesh, splits=("test", "eval"), global_batch=16,
+                          batches=2, full=True, weight=None)
+    assert {(p.rows, p.whole) for p in evaluator.plan["test"]} == {(16, False), (4, False), (1, True)}
+
+    def compiled() -> list[str]:  # the programs jax lowered for compilation (logged with jax_log_compiles)
+        return [r.getMessage().split(" with ")[0] for r in caplog.records if r.getMessage().startswith("Compiling ")]
+
+    with jax.log_compiles(True), caplog.at_level("WARNING"), sharding.mesh_context(mesh):
+        evaluator.compile(state)
+        ahead = compiled()
+        results = evaluator.run(state)
+    assert ahead == ["Compiling jit(eval_step_fn)"] * 3  # the three batch shapes of "test"; "eval" has one of them
+    assert compiled() == ahead  # the calls found every shape compiled
+    assert set(results) == {"test", "eval"}

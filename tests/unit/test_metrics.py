@@ -163,6 +163,37 @@ def test_the_compile_cache_folder_is_chosen_by_flag_then_environment_then_defaul
     assert compile_cache.resolve(setting, env) == expected
 
 
+@pytest.mark.parametrize(("setting", "env", "run_dir", "expected"), [
+    ("", {}, "gs://bucket/runs/one", "gs://bucket/.cache/job/jax"),  # every worker of a slice reads one folder
+    ("", {"XDG_CACHE_HOME": "/x"}, "runs/one", "/x/job/jax"),  # a local run dir: the user's cache folder
+    ("", {"JOB_COMPILE_CACHE": "/c"}, "gs://bucket/run", "/c"),  # what the user gave wins
+    ("", {"JAX_COMPILATION_CACHE_DIR": "gs://other/jax"}, "gs://bucket/run", "gs://other/jax"),
+    ("/flag", {}, "gs://bucket/run", "/flag"),
+    ("none", {}, "gs://bucket/run", None),
+])
+def test_a_gs_run_dir_without_a_cache_folder_caches_in_its_bucket(
+        setting: str, env: dict[str, str], run_dir: str, expected: str | None) -> None:
+    assert compile_cache.resolve(setting, env, run_dir) == expected
+
+
+def test_the_summary_holds_every_process_cache_counts_and_process_0s_at_the_top() -> None:
+    assert compile_cache.record("/c", [[19, 0, 1.6789], [0, 19, 40.86]]) == {
+        "dir": "/c", "hits": 19, "misses": 0,
+        "by_process": {"hits": [19, 0], "misses": [0, 19], "compile_s": [1.679, 40.86]}}
+    assert compile_cache.record(None, [[0, 0, 2.0]]) == {
+        "dir": None, "hits": 0, "misses": 0, "by_process": {"hits": [0], "misses": [0], "compile_s": [2.0]}}
+
+
+def test_a_cache_lookup_without_a_hit_is_a_miss_on_every_process() -> None:
+    import jax
+
+    with compile_cache.CacheEvents() as events:
+        for event in (events.LOOKUP, events.HIT, events.LOOKUP, events.LOOKUP, "/jax/other"):
+            jax.monitoring.record_event(event)
+    jax.monitoring.record_event(events.LOOKUP)  # after the exit: not counted
+    assert (events.lookups, events.hits, events.misses) == (3, 1, 2)
+
+
 def test_a_bad_profile_range_stops_the_command_line_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
     from job.__main__ import main
 
