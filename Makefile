@@ -28,7 +28,7 @@ SLURM_ENV := /var/tmp/jax-job-slurm/env.sh
 # ARGS given on the command line reach the job as shell-style words (never run); otherwise deploy.slurm.submit's default
 SLURM_ARGS = $(if $(filter command line,$(origin ARGS)),--args=$(call quote,ARGS))
 
-.PHONY: help venv run-local test-local test-unit test-smoke bench rerun plot lock clean slurm-up slurm-down submit-slurm
+.PHONY: help venv run-local test-local test-unit test-smoke bench rerun plot runs lock clean slurm-up slurm-down submit-slurm
 
 help: ## list every target
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -69,8 +69,10 @@ FORCE:
 venv: $(VENV_FOR_$(FLAVOR)) ## create .venv from the lock file (the other targets do this themselves); PYTHON=python3.12 (any 3.11+ interpreter) makes it again with that one; FLAVOR=cuda: .venv-cuda for GPU jobs
 	@[ -n "$(VENV_FOR_$(FLAVOR))" ] || { echo "make venv: expected FLAVOR=cpu or FLAVOR=cuda, found FLAVOR="$(call quote,FLAVOR)". Fix: make venv FLAVOR=cuda (or no FLAVOR)" >&2; exit 2; }
 
-run-local: $(BIN)/.installed ## the example job on NPROC (4) local CPU processes x DEVICES (2); ARGS=... passes arguments
-	JAX_PLATFORMS=cpu $(BIN)/python -m job.launch -n $(NPROC) --devices-per-process $(DEVICES) -- $(BIN)/python -m job $(ARGS)
+run-local: $(BIN)/.installed ## the example job on NPROC (4) local CPU processes x DEVICES (2); ARGS=... passes arguments; SWEEP='optim.lr=1e-3,3e-3 seed=0,1' (or a sweep file): every run checked, then run one after another, completed ones skipped (DRY_RUN=1 lists them)
+	JAX_PLATFORMS=cpu $(if $(value SWEEP),$(BIN)/python -m deploy.local_sweep --sweep=$(call quote,SWEEP) -n $(NPROC) \
+		--devices-per-process $(DEVICES) --dry-run=$(call quote,DRY_RUN) --,$(BIN)/python -m job.launch -n $(NPROC) \
+		--devices-per-process $(DEVICES) -- $(BIN)/python -m job) $(ARGS)
 
 test-local: $(BIN)/.installed ## the whole test suite: unit, multi-process, Slurm, TPU-simulator and container tiers
 	$(BIN)/python -m pytest $(TEST_WORKERS) $(PYTEST_ARGS)
@@ -87,8 +89,11 @@ bench: $(BIN)/.installed ## benchmarks vs hand-written JAX (~10-15 min on 2 core
 rerun: $(BIN)/.installed ## replay RUN_DIR's recorded command (provenance.json) into NEW (default RUN_DIR-rerun-TIME); says first how the code differs
 	$(BIN)/python -m job rerun $(call quote,RUN_DIR) $(if $(NEW),$(call quote,NEW))
 
-plot: $(BIN)/.installed ## loss, eval loss, learning rate and throughput of a run as a PNG: make plot RUN_DIR=runs/local
+plot: $(BIN)/.installed ## loss, eval loss, learning rate and throughput of a run as a PNG: make plot RUN_DIR=runs/local; RUN_DIR=SWEEP_DIR: every run's eval loss on one figure
 	$(BIN)/python -m job plot $(call quote,RUN_DIR)
+
+runs: $(BIN)/.installed ## one table of a sweep's runs (values, state, step, losses, throughput, goodput), the best by BY (eval_loss) marked: make runs SWEEP_DIR=runs/sweep1 [BY=eval_accuracy MAX=1]
+	$(BIN)/python -m job runs $(call quote,SWEEP_DIR) $(if $(BY),--by=$(call quote,BY)) $(if $(filter 1,$(MAX)),--max)
 
 slurm-up: ## start a real Slurm cluster on this machine (NODES=4 slurmd, slurmctld, munge; root)
 	bash slurm/local-cluster.sh up $(NODES)
@@ -96,7 +101,7 @@ slurm-up: ## start a real Slurm cluster on this machine (NODES=4 slurmd, slurmct
 slurm-down: ## stop the local Slurm cluster and remove its folder
 	bash slurm/local-cluster.sh down
 
-submit-slurm: $(BIN)/.installed ## submit the job: NODES=4 [GPUS_PER_NODE TASKS_PER_NODE GPU_TYPE GRES=1 CPUS_PER_TASK MEM EXCLUSIVE=1 CONSTRAINT PARTITION TIME ACCOUNT QOS IMAGE CONTAINER_RUNTIME PYTHON SBATCH_ARGS VIA=sbatch WAIT=1 DRY_RUN=1 ARGS=...]
+submit-slurm: $(BIN)/.installed ## submit the job: NODES=4 [GPUS_PER_NODE TASKS_PER_NODE GPU_TYPE GRES=1 CPUS_PER_TASK MEM EXCLUSIVE=1 CONSTRAINT PARTITION TIME ACCOUNT QOS IMAGE CONTAINER_RUNTIME PYTHON SBATCH_ARGS VIA=sbatch WAIT=1 DRY_RUN=1 ARGS=...]; SWEEP='optim.lr=1e-3,3e-3 seed=0,1' (or a sweep file) [SWEEP_PARALLEL=N]: one job array of the runs, each checked first, completed ones skipped
 	@if [ -f $(SLURM_ENV) ]; then . $(SLURM_ENV); fi; \
 	$(BIN)/python -m deploy.slurm --nodes $(call quote,NODES) --partition $(call quote,PARTITION) \
 		--time $(call quote,TIME) --gpus-per-node $(call quote,GPUS_PER_NODE) \
@@ -106,7 +111,8 @@ submit-slurm: $(BIN)/.installed ## submit the job: NODES=4 [GPUS_PER_NODE TASKS_
 		--container-runtime $(call quote,CONTAINER_RUNTIME) --via $(call quote,VIA) \
 		--gres=$(call quote,GRES) --exclusive=$(call quote,EXCLUSIVE) --dry-run=$(call quote,DRY_RUN) \
 		$(if $(filter command line,$(origin PYTHON)),--python=$(call quote,PYTHON)) \
-		--sbatch-args=$(call quote,SBATCH_ARGS) --wait=$(call quote,WAIT) $(SLURM_ARGS)
+		--sbatch-args=$(call quote,SBATCH_ARGS) --wait=$(call quote,WAIT) \
+		--sweep=$(call quote,SWEEP) --sweep-parallel=$(call quote,SWEEP_PARALLEL) $(SLURM_ARGS)
 
 # ------------------------------------------------------------------ Cloud TPU pods (deploy/tpu/cli.py)
 # make tpu-pod TPU_NAME=my-pod ZONE=us-central2-b ACCELERATOR=v4-32 ARGS='train --run-dir /mnt/BUCKET/run1'
@@ -126,7 +132,8 @@ TPU_FLAGS = --name=$(call quote,TPU_NAME) --zone=$(call quote,ZONE) \
 	--accelerator=$(call quote,ACCELERATOR) --runtime=$(call quote,RUNTIME) \
 	--project=$(call quote,PROJECT) --spot=$(call quote,SPOT) --queued=$(call quote,QUEUED) \
 	--image=$(call quote,IMAGE) --retries=$(call quote,RETRIES) --dry-run=$(call quote,DRY_RUN) \
-	--local-dir=$(call quote,TPU_LOCAL_DIR) --bucket=$(call quote,BUCKET) --args=$(call quote,ARGS)
+	--local-dir=$(call quote,TPU_LOCAL_DIR) --bucket=$(call quote,BUCKET) --args=$(call quote,ARGS) \
+	--sweep=$(call quote,SWEEP)
 # Capacity, network and multislice (docs/tpu.md "Capacity, network and several slices")
 RESERVED ?= 0
 INTERNAL_IP ?= 0
@@ -144,7 +151,7 @@ TPU_CLI = $(BIN)/python -m deploy.tpu
 
 .PHONY: tpu-pod tpu-create tpu-run tpu-logs tpu-stop tpu-delete tpu-status
 
-tpu-pod: $(BIN)/.installed ## Cloud TPU: create/reuse TPU_NAME (ZONE, ACCELERATOR, SPOT=1), run ARGS detached on all workers (BUCKET=gs://b/run), follow worker 0 (re-attaches; attaches to a running job), resume after preemption (RETRIES)
+tpu-pod: $(BIN)/.installed ## Cloud TPU: create/reuse TPU_NAME (ZONE, ACCELERATOR, SPOT=1), run ARGS detached on all workers (BUCKET=gs://b/run), follow worker 0 (re-attaches; attaches to a running job), resume after preemption (RETRIES); SWEEP='optim.lr=1e-3,3e-3 seed=0,1' (or a sweep file): its runs one after another on the slice, each checked first, completed ones skipped
 	$(TPU_CLI) pod $(TPU_FLAGS)
 
 tpu-create: $(BIN)/.installed ## Cloud TPU: create the slice (or reuse a READY one) and wait until READY; RESERVED=1 INTERNAL_IP=1 NETWORK SUBNETWORK SERVICE_ACCOUNT TAGS=a,b; QUEUED=1 SLICES=N; stock-outs retried until CREATE_DEADLINE (2h)

@@ -4,6 +4,10 @@
     python -m job demo                                        # cluster smoke test of the library
     python -m job tokenize INPUT.txt OUTPUT.npy               # text -> byte-level token file (the lm task's)
     python -m job plot RUN_DIR                                # loss, lr, throughput -> RUN_DIR/metrics.png
+    python -m job plot SWEEP_DIR                              # every run's eval loss -> SWEEP_DIR/eval_loss.png
+    python -m job sweep SPEC [--devices N] -- ARGS...         # check every run of a sweep, list its run dirs and flags
+    python -m job runs SWEEP_DIR [--by eval_loss] [--max]     # one table of a sweep's runs, the best marked
+    python -m job sweep-run SWEEP_DIR [INDEX]                 # run INDEX of SWEEP_DIR/sweep.json (a Slurm array element)
     python -m job check-run-dir gs://BUCKET/run1              # can this host write there? exit 0, or why and 2
     python -m job rerun RUN_DIR [NEW_RUN_DIR]                 # replay RUN_DIR's recorded command into a new run dir
     python -m job eval --run-dir RUN_DIR [--step N]           # evaluate a checkpoint (any topology): RUN_DIR/eval-N.json
@@ -12,8 +16,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
+from job.core.errors import ConfigError
 from job.train import entry
 
 USAGE = __doc__.strip().split("\n", 1)[1]
@@ -40,6 +46,23 @@ def main(argv: list[str] | None = None) -> int:
         from job.observe import plot
 
         return entry.command(plot.main, rest)
+    if command == "runs":
+        from job.observe import runs_table
+
+        return entry.command(runs_table.main, rest)
+    if command == "sweep":
+        from job.train.sweep_check import sweep_command
+
+        return entry.command(sweep_command, rest)
+    if command == "sweep-run":
+        from job.runs.sweep import element_flags
+
+        try:
+            flags = element_flags(rest, os.environ)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return main(list(flags))
     if command == "demo" and not rest:
         from job.runtime.demo import DemoConfig, run
 

@@ -86,6 +86,8 @@ class SlurmConfig:
     log_dir: str = "runs/slurm-logs"  # per-task logs (and submitit's files)
     signal_delay_s: int = 120  # USR2 this long before the time limit: save and requeue
     args: tuple[str, ...] = ("train", "--run-dir", "runs/slurm")  # what `python -m job` runs
+    sweep: str | None = None  # SWEEP: grid words or a sweep file; one job array of its runs (deploy/slurm/array.py)
+    sweep_parallel: int | None = None  # SWEEP_PARALLEL: the array's %N, elements running at once; None: no limit
 
     @property
     def ntasks_per_node(self) -> int:

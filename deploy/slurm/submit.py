@@ -216,19 +216,29 @@ class Submission:
     logs: str  # where every task's files are (glob)
 
 
-def submit(cfg: SlurmConfig, runner: Runner) -> Submission:
+def make_log_dir(cfg: SlurmConfig) -> None:
+    """The folder of the jobs' logs, or one ConfigError saying it cannot be made."""
     try:
         Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError("--log-dir", expected="a folder this user can create and write", found=cfg.log_dir,
                           fix=f"pass another --log-dir ({exc.strerror})") from exc
+
+
+def run_sbatch(cfg: SlurmConfig, argv: list[str], runner: Runner) -> str:
+    """Submit `argv` (an sbatch command line) with the tasks' environment; the job id sbatch prints."""
+    extra = task_environment(cfg, os.environ)
+    try:
+        out = runner.run(argv, capture=True, env={**os.environ, **extra} if extra else None).stdout
+    except subprocess.CalledProcessError as exc:
+        raise slurm_refused("sbatch", f"{exc.stderr or ''}\n{exc.output or ''}", exc.returncode) from None
+    return out.strip().split(";")[0]
+
+
+def submit(cfg: SlurmConfig, runner: Runner) -> Submission:
+    make_log_dir(cfg)
     if cfg.via == "sbatch" or cfg.image:
-        extra = task_environment(cfg, os.environ)
-        try:
-            out = runner.run(sbatch_argv(cfg), capture=True, env={**os.environ, **extra} if extra else None).stdout
-        except subprocess.CalledProcessError as exc:
-            raise slurm_refused("sbatch", f"{exc.stderr or ''}\n{exc.output or ''}", exc.returncode) from None
-        job_id = out.strip().split(";")[0]
+        job_id = run_sbatch(cfg, sbatch_argv(cfg), runner)
         return Submission(job_id, Path(cfg.log_dir) / f"{job_id}-0.log", f"{cfg.log_dir}/{job_id}-*")
     import submitit
     from submitit.core.utils import FailedJobError
@@ -303,6 +313,8 @@ def parse(argv: list[str]) -> SlurmConfig:
         parser.add_argument(flag, default="")
     for flag in ("--gres", "--exclusive", "--dry-run", "--wait"):  # bare (= 1) or with make's value: an on/off word
         parser.add_argument(flag, nargs="?", const="1", default="")
+    parser.add_argument("--sweep", default="", help="grid words or a sweep file: one job array of the sweep's runs")
+    parser.add_argument("--sweep-parallel", default="", help="the job array's %%N limit: elements running at once")
     parser.add_argument("--log-dir", default=SlurmConfig.log_dir)
     parser.add_argument("--sbatch-args", type=shell_words, default=(),
                         help="more sbatch options as one shell-style string, each word --flag or --flag=value")
@@ -322,7 +334,8 @@ def parse(argv: list[str]) -> SlurmConfig:
         account=blank(a.account), qos=blank(a.qos), image=blank(a.image),
         container_runtime=a.container_runtime or "auto", sbatch_args=a.sbatch_args, python=blank(a.python),
         via=a.via or "submitit", wait=switch("WAIT", a.wait), dry_run=switch("DRY_RUN", a.dry_run), log_dir=a.log_dir,
-        args=tuple(argv[cut + 1:]) or a.args or SlurmConfig.args,
+        args=tuple(argv[cut + 1:]) or a.args or SlurmConfig.args, sweep=blank(a.sweep.strip()),
+        sweep_parallel=count("SWEEP_PARALLEL", a.sweep_parallel, 1) if a.sweep_parallel else None,
     )
 
 
@@ -332,6 +345,13 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> int:
     try:
         cfg = parse(sys.argv[1:] if argv is None else argv)
         validate(cfg, runner)
+        if cfg.sweep is not None:
+            raise ConfigError("SWEEP", expected="python -m deploy.slurm (deploy/slurm/array.py) to submit a sweep",
+                              found=cfg.sweep, fix="run make submit-slurm SWEEP=... or python -m deploy.slurm")
+        if cfg.sweep_parallel is not None:
+            raise ConfigError("SWEEP_PARALLEL", expected="SWEEP with it (the job array's limit)",
+                              found=f"SWEEP_PARALLEL={cfg.sweep_parallel} without SWEEP",
+                              fix="add SWEEP='optim.lr=1e-3,3e-3', or leave SWEEP_PARALLEL unset")
         if cfg.dry_run:
             print(dry_run(cfg, runner), end="")
             print("# DRY_RUN=1: nothing submitted", file=sys.stderr)

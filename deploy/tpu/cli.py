@@ -106,6 +106,34 @@ def pod(cfg: TpuConfig, runner: Runner) -> int:
                     status.describe(), code, retry, cfg.retries)
 
 
+def sweep_pod(cfg: TpuConfig, runner: Runner) -> int:
+    """SWEEP: every run checked here first, then each run not yet completed as `pod` runs one job, in turn, on
+    the same slice, each in its own run dir (resumed from its checkpoints); the first failure stops the sweep."""
+    from deploy import sweeps
+
+    assert cfg.sweep is not None
+    try:
+        todo = sweeps.prepare(cfg.sweep, cfg.job_args, save=not cfg.dry_run)
+    except ConfigError as exc:
+        raise ConfigError(exc.what, expected=exc.expected, found=exc.found, fix=f"{exc.fix}; nothing was run"
+                          ) from None
+    log.info("sweep %s: %s", todo.sweep.folder, todo.summary())
+    if cfg.dry_run:
+        print(sweeps.listing(todo.sweep))
+    for number, run in enumerate(todo.runs, 1):
+        log.info("sweep run %d of %d: %s -> %s", number, len(todo.runs), run.name, run.run_dir)
+        code = pod(dataclasses.replace(cfg, job_args=run.flags, sweep=None), runner)
+        if code != 0:
+            rest = [r.name for r in todo.runs[number:]]
+            log.error("sweep run %s ended with exit code %d: the sweep stops here%s; `make tpu-pod SWEEP=...` again "
+                      "skips the completed runs and resumes the rest", run.name, code,
+                      f" (not started: {', '.join(rest)})" if rest else "")
+            return code
+    if todo.runs:
+        log.info("sweep %s: all %d run(s) completed", todo.sweep.folder, len(todo.runs))
+    return 0
+
+
 def _as_found(cfg: TpuConfig, runner: Runner) -> TpuConfig:
     """cfg with the existing slice's accelerator type (so every worker counts even without ACCELERATOR)."""
     found = Slice(cfg, runner).status().accelerator
@@ -185,8 +213,11 @@ def dispatch(command: str, cfg: TpuConfig, runner: Runner) -> int:
     """Check everything that needs no network, then run one command; its exit status."""
     if command in ("pod", "run"):
         validate_job(cfg)
+    if cfg.sweep is not None and command != "pod":
+        raise ConfigError("SWEEP", expected="make tpu-pod with it (a sweep's runs one after another on the slice)",
+                          found=f"make tpu-{command} SWEEP={cfg.sweep}", fix="make tpu-pod SWEEP=..., or leave SWEEP unset")
     require_gcloud(runner)
-    return HANDLERS[command](cfg, runner)
+    return (sweep_pod if cfg.sweep is not None else HANDLERS[command])(cfg, runner)
 
 
 # ---------------------------------------------------------------------- command line
@@ -223,6 +254,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="DRY_RUN=1: print gcloud commands that change something")
     p.add_argument("--bucket", default="", help="BUCKET: gs://BUCKET/PATH, the run dir (--run-dir) of the job")
     p.add_argument("--args", type=shell_words, default=None, help="ARGS of `python -m job`, one shell-style string")
+    p.add_argument("--sweep", default="", help="SWEEP (pod): grid words or a sweep file: its runs in turn")
     p.add_argument("--remote-dir", default="jax-cluster-job", help="folder under each worker's home")
     p.add_argument("--local-dir", default="runs/tpu", help="local folder for logs (LOCAL_DIR/NAME)")
     p.add_argument("--source-dir", default=".", help="the checkout to ship (default: .)")
@@ -261,7 +293,7 @@ def parse_args(argv: Sequence[str]) -> tuple[str, TpuConfig]:
         name=args.name, zone=args.zone, accelerator=args.accelerator, runtime=args.runtime or None,
         project=args.project or None, spot=args.spot, queued=args.queued, image=args.image or None,
         job_args=with_bucket(args.args if args.args is not None else tail, args.bucket or None),
-        retries=args.retries, dry_run=args.dry_run,
+        retries=args.retries, dry_run=args.dry_run, sweep=args.sweep.strip() or None,
         remote_dir=args.remote_dir, local_dir=args.local_dir, source_dir=args.source_dir, ship=tuple(args.ship),
         setup=args.setup, poll_s=args.poll_seconds, ready_timeout_s=args.ready_timeout,
         stop_grace_s=args.stop_grace, reserved=args.reserved, internal_ip=args.internal_ip,

@@ -68,6 +68,7 @@ class TpuConfig:
     stop_grace_s: int = 60  # tpu-stop: seconds between SIGTERM (the job saves) and SIGKILL
     reserved: bool = False  # use the project's reserved capacity (--reserved); exclusive with spot
     internal_ip: bool = False  # workers without external IPs: create with --internal-ips, ssh/scp --internal-ip
+    sweep: str | None = None  # SWEEP (pod): grid words or a sweep file; its runs one after another on the slice
     network: str | None = None  # VPC network of the workers; None = the project's default
     subnetwork: str | None = None  # subnetwork of the workers; None = the network's one in the region
     service_account: str | None = None  # the workers' service account (an email); None = the default one

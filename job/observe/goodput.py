@@ -98,7 +98,7 @@ class Goodput:
     def resume(self, run_dir: Path | Any, start_step: int) -> None:
         """Read earlier attempts' lines from RUN_DIR/goodput.jsonl; append this attempt's start."""
         path = run_dir / RECORD
-        lines = _read(path)
+        lines = read_records(path)
         attempts = [r for r in lines if r.get("event") == "attempt"]
         last = lines[-1] if lines else None
         previous: dict[str, Any] = {"attempt": len(attempts) + 1}
@@ -140,7 +140,8 @@ class Goodput:
             self._record = None
 
 
-def _read(path: Path | Any) -> list[dict[str, Any]]:
+def read_records(path: Path | Any) -> list[dict[str, Any]]:
+    """The records of a goodput.jsonl (a torn line skipped); [] when there is none."""
     if not path.exists():
         return []
     records = []

@@ -2,20 +2,27 @@
 
     python -m job plot runs/example                 # writes runs/example/metrics.png
     make plot RUN_DIR=runs/example
+    python -m job plot runs/sweep1                  # a sweep: every run's eval loss, runs/sweep1/eval_loss.png
 
-Reads RUN_DIR/metrics.jsonl (job/observe/metrics.py writes it). Needs matplotlib: the
-`plot` extra (`pip install 'jax-cluster-job[plot]'`).
+Reads RUN_DIR/metrics.jsonl (job/observe/metrics.py writes it). Given a folder of
+runs instead (a sweep folder, or any folder whose subfolders hold a config.json:
+job/observe/status.py's `find_runs`), it draws each run's eval loss on one
+figure, labelled by the run's values. Needs matplotlib: the `plot` extra
+(`pip install 'jax-cluster-job[plot]'`).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from job.core.errors import ConfigError
+
+SWEEP_PLOT = "eval_loss.png"  # a folder of runs' figure, in that folder
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -35,7 +42,7 @@ def series(records: list[dict[str, Any]], split: str, name: str) -> tuple[list[i
     return steps, [points[s] for s in steps]
 
 
-def render(records: list[dict[str, Any]], out: Path, title: str) -> None:
+def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
@@ -44,6 +51,11 @@ def render(records: list[dict[str, Any]], out: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def render(records: list[dict[str, Any]], out: Path, title: str) -> None:
+    plt = _pyplot()
     rate = next((k for r in records for k in r if k.endswith("_per_s")), None)
     fig, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
     loss, lr, speed = axes
@@ -65,19 +77,82 @@ def render(records: list[dict[str, Any]], out: Path, title: str) -> None:
     plt.close(fig)
 
 
+def eval_curves(folder: str) -> list[tuple[str, list[int], list[float]]]:
+    """(label, steps, eval losses) of every run in `folder` that has evaluated, labelled by its values."""
+    from job.observe.status import find_runs
+    from job.runs import storage
+    from job.runs.sweep import short_names
+
+    found = find_runs(folder)
+    short = short_names(list(dict.fromkeys(name for _, _, values in found for name, _ in values)))
+    curves = []
+    for name, run_dir, values in found:
+        source = storage.run_path(run_dir) / "metrics.jsonl"
+        steps, losses = series(read_metrics(source) if source.exists() else [], "eval", "loss")
+        if steps:
+            curves.append((" ".join(f"{short[n]}={v}" for n, v in values) or name, steps, losses))
+    return curves
+
+
+def render_runs(curves: list[tuple[str, list[int], list[float]]], title: str) -> bytes:
+    """One figure, one eval loss curve per run: the PNG's bytes."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for label, steps, losses in curves:
+        ax.plot(steps, losses, "o-", markersize=3, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("eval loss")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", ncol=1 if len(curves) <= 12 else 2)
+    ax.set_title(title)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def _holds_runs(folder: str) -> bool:
+    from job.observe.status import find_runs
+
+    return bool(find_runs(folder))
+
+
+def _plot_runs(folder: str, out: Path | None) -> int:
+    """`python -m job plot SWEEP_DIR`: every run's eval loss on one figure (SWEEP_DIR/eval_loss.png)."""
+    from job.runs import storage
+
+    curves = eval_curves(folder)
+    if not curves:
+        raise ConfigError("SWEEP_DIR", expected="a folder of runs of which at least one has evaluated",
+                          found=folder, fix="plot it again once a run has logged an eval loss")
+    target = out if out is not None else storage.run_path(folder) / SWEEP_PLOT
+    target.write_bytes(render_runs(curves, f"{folder}: eval loss of {len(curves)} run(s)"))
+    print(target)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m job plot", description=__doc__.split("\n")[0])
-    parser.add_argument("run_dir", type=Path, help="a run directory holding metrics.jsonl")
-    parser.add_argument("--out", type=Path, default=None, help="the PNG to write (default RUN_DIR/metrics.png)")
+    parser.add_argument("run_dir", help="a run directory holding metrics.jsonl, or a folder of runs (a sweep)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the PNG to write (default RUN_DIR/metrics.png, or SWEEP_DIR/eval_loss.png)")
     args = parser.parse_args(argv)
-    source = args.run_dir / "metrics.jsonl"
+    run_dir = Path(args.run_dir)
+    source = run_dir / "metrics.jsonl"
+    if not source.is_file() and _holds_runs(args.run_dir):
+        try:
+            return _plot_runs(args.run_dir, args.out)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     records = read_metrics(source) if source.is_file() else []
-    out = args.out or args.run_dir / "metrics.png"
+    out = args.out or run_dir / "metrics.png"
     try:
         if not any(r.get("split") == "train" for r in records):
             raise ConfigError("RUN_DIR", expected="a run directory whose metrics.jsonl has train records",
-                              found=str(args.run_dir), fix="pass the --run-dir of a run that logged a step")
-        render(records, out, str(args.run_dir))
+                              found=str(run_dir), fix="pass the --run-dir of a run that logged a step")
+        render(records, out, str(run_dir))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

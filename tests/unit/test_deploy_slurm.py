@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import submitit.slurm.slurm as submitit_slurm
 
+from deploy import sweeps
 from deploy.runner import Runner
 from deploy.slurm import options as slurm_options
 from deploy.slurm import submit as slurm
@@ -559,3 +560,108 @@ def test_the_submitit_task_drops_submitits_own_handlers_so_a_signal_acts_as_unde
                           text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert proc.returncode == -sig, (proc.returncode, proc.stdout, proc.stderr)  # its default action, as in sbatch
     assert "submitit's handler" not in proc.stdout and "went on" not in proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------------- sweeps: one job array
+def _half_done_sweep(folder: Path) -> sweeps.Todo:
+    """A 4-run sweep whose runs 0 and 2 are pending (1 and 3 completed)."""
+    from job.runs.sweep import plan
+
+    sweep = plan("seed=0,1,2,3", ["train", "--steps", "40", "--run-dir", str(folder)])
+    return sweeps.Todo(sweep, (0, 2))
+
+
+@pytest.mark.parametrize(("indices", "parallel", "expected"), [
+    ((0, 1, 2, 3), 2, "0-3%2"), ((1, 3), 2, "1,3%2"), ((0, 1, 2, 5, 6), None, "0-2,5-6"), ((4,), 1, "4%1")])
+def test_the_array_spec_names_the_pending_runs_and_the_limit(indices: tuple, parallel: int | None,
+                                                              expected: str) -> None:
+    from deploy.slurm.array import array_spec
+
+    assert array_spec(indices, parallel) == expected
+
+
+def test_golden_sweep_array_sbatch_argv_and_srun_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from deploy.slurm import array
+
+    monkeypatch.chdir(ROOT)
+    cfg = dataclasses.replace(CPU, via="sbatch", log_dir="runs/slurm-logs", sweep="seed=0,1,2,3", sweep_parallel=2)
+    todo = _half_done_sweep(Path("/shared/runs/sweep1"))
+    argv = array.array_sbatch_argv(cfg, todo)
+    assert argv[-3:] == [str(slurm.SBATCH_SCRIPT), "sweep-run", "/shared/runs/sweep1"]
+    assert "--array=0,2%2" in argv and "--requeue" in argv
+    text = "\n".join(argv) + f"\n\n{slurm.srun_line(array.element_config(cfg, todo), Runner(), ENVIRON)}\n"
+    check_golden(GOLDEN / "sweep_array_sbatch_cpu.argv", normalized(text))
+
+
+def test_golden_sweep_array_submitit_script(monkeypatch: pytest.MonkeyPatch) -> None:
+    from deploy.slurm import array
+
+    cfg = dataclasses.replace(CPU, sweep="seed=0,1,2,3", sweep_parallel=2)
+    text = array.dry_run(cfg, _half_done_sweep(Path("/shared/runs/sweep1")), Runner())
+    assert "#SBATCH --array=0-1%2" in text and "#SBATCH --requeue" in text and 'requeue_if_preempted "$?"' in text
+    check_golden(GOLDEN / "sweep_array_submitit_cpu.sbatch", normalized(text))
+
+
+def test_a_sweep_checks_every_run_and_submits_nothing_on_a_bad_value(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    runner = RecordingRunner(available=("sbatch",))
+    argv = ["--nodes", "2", "--via", "sbatch", "--sweep", "optim.lr=1e-3,-1", "--log-dir", str(tmp_path / "logs"),
+            "--", "train", "--run-dir", str(tmp_path / "sweep")]
+    from deploy.slurm.array import main
+
+    assert main(argv, runner) == 2
+    err = capsys.readouterr().err
+    assert "error: sweep run 'lr=-1': --optim.lr" in err and "nothing was submitted" in err
+    assert not any(call[0] == "sbatch" for call in runner.calls)
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_a_sweep_submits_one_array_of_the_pending_runs_and_nothing_when_all_completed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    folder = tmp_path / "sweep"
+    done = folder / "seed=1"
+    done.mkdir(parents=True)
+    (done / "config.json").write_text(json.dumps({"steps": 4}))
+    (done / "summary.json").write_text(json.dumps({"completed": True, "final_step": 4}))
+    from deploy.slurm.array import main
+
+    runner = RecordingRunner(available=("sbatch",), responses={("sbatch",): (0, "77\n")})
+    argv = ["--nodes", "2", "--via", "sbatch", "--sweep", "seed=0,1,2", "--sweep-parallel", "2",
+            "--log-dir", str(tmp_path / "logs"), "--", "train", "--steps", "4", "--run-dir", str(folder)]
+    assert main(argv, runner) == 0
+    out = capsys.readouterr().out
+    assert "1 of 3 already complete, skipped: seed=1; 2 to submit" in out
+    assert "submitted Slurm job array 77: 2 run(s), 2 at once" in out and f"77_2: {folder}/seed=2" in out
+    (sbatch,) = [call for call in runner.calls if call[0] == "sbatch"]
+    assert "--array=0,2%2" in sbatch and sbatch[-2:] == ["sweep-run", str(folder)]
+    assert [r["name"] for r in json.loads((folder / "sweep.json").read_text())["runs"]] == ["seed=0", "seed=1",
+                                                                                            "seed=2"]
+    for name in ("seed=0", "seed=2"):
+        (folder / name).mkdir(exist_ok=True)
+        (folder / name / "config.json").write_text(json.dumps({"steps": 4}))
+        (folder / name / "summary.json").write_text(json.dumps({"completed": True, "final_step": 4}))
+    runner.calls.clear()
+    assert main(argv, runner) == 0
+    assert "nothing new to submit: 3 of 3 complete" in capsys.readouterr().out
+    assert not any(call[0] == "sbatch" for call in runner.calls)
+
+
+def test_sweep_parallel_without_a_sweep_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    runner = RecordingRunner(available=("sbatch",))
+    assert slurm.main(["--nodes", "2", "--sweep-parallel", "2", "--dry-run"], runner) == 2
+    assert "SWEEP_PARALLEL: expected SWEEP with it" in capsys.readouterr().err
+
+
+def test_an_array_element_reads_its_run_from_the_saved_plan(tmp_path: Path) -> None:
+    from job.runs.sweep import element_flags, plan, save_plan
+
+    sweep = plan("seed=0,1", ["train", "--run-dir", str(tmp_path / "sweep")])
+    save_plan(sweep)
+    assert element_flags([str(tmp_path / "sweep")], {"SLURM_ARRAY_TASK_ID": "1"}) == sweep.runs[1].flags
+    assert element_flags([str(tmp_path / "sweep"), "0"], {}) == sweep.runs[0].flags
+    with pytest.raises(ConfigError, match=r"SLURM_ARRAY_TASK_ID: expected a run's index, 0..1, found '2'"):
+        element_flags([str(tmp_path / "sweep")], {"SLURM_ARRAY_TASK_ID": "2"})
+    with pytest.raises(ConfigError, match="sweep.json"):
+        element_flags([str(tmp_path / "nothing")], {"SLURM_ARRAY_TASK_ID": "0"})

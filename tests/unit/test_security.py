@@ -392,7 +392,8 @@ def test_make_submit_slurm_passes_each_value_on_as_one_word(partition: str, qos:
     assert [flags[f] for f in ("--partition", "--qos", "--account", "--image", "--mem", "--constraint")] == [
         partition, qos, account, image, mem, constraint]
     assert received[end:] == [f"--gres={gres}", "--exclusive=", "--dry-run=0", f"--python={python}",
-                              f"--sbatch-args={sbatch_args}", "--wait=", f"--args={shlex.join(words)}"]
+                              f"--sbatch-args={sbatch_args}", "--wait=", "--sweep=", "--sweep-parallel=",
+                              f"--args={shlex.join(words)}"]
     assert shlex.split(received[-1].removeprefix("--args=")) == words
 
 

@@ -1,0 +1,59 @@
+"""What every backend does with a sweep before it starts anything: check every run, save the plan, skip
+the completed runs.
+
+    todo = sweeps.prepare("optim.lr=1e-3,3e-3 seed=0,1", ["train", "--run-dir", "runs/sweep1"], devices=8)
+    todo.runs        # the runs not yet completed, in the sweep's order
+    todo.indices     # their places in the sweep (the Slurm array's indices)
+    todo.summary()   # '1 of 4 already complete, skipped: lr=1e-3,seed=0'
+
+Every run is checked (`job.train.sweep_check`) before anything is written: one bad value is one
+ConfigError naming the run and the value. Then `SWEEP_DIR/sweep.json` is written (each Slurm array
+element and `python -m job runs` read it), and the runs already completed (`job.observe.status`)
+are left out: running a sweep again resumes the unfinished runs from their own checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from job.observe.status import State, state_of
+from job.runs.sweep import Run, Sweep, listing, save_plan
+from job.train import sweep_check
+
+
+@dataclasses.dataclass(frozen=True)
+class Todo:
+    sweep: Sweep
+    indices: tuple[int, ...]  # the places in sweep.runs of the runs not yet completed
+
+    @property
+    def runs(self) -> tuple[Run, ...]:
+        return tuple(self.sweep.runs[i] for i in self.indices)
+
+    def summary(self, verb: str = "run") -> str:
+        """'nothing to run: 4 of 4 complete', '1 of 4 already complete, skipped: NAME', or '4 run(s) to run'."""
+        total, left = len(self.sweep.runs), len(self.indices)
+        done = [run.name for i, run in enumerate(self.sweep.runs) if i not in self.indices]
+        if not left:
+            return f"nothing {'new ' if verb == 'submit' else ''}to {verb}: {total} of {total} complete"
+        if done:
+            return f"{len(done)} of {total} already complete, skipped: {', '.join(done)}; {left} to {verb}"
+        return f"{left} run(s) to {verb}"
+
+
+def check(spec: str, args: Sequence[str], devices: int | None = None) -> Sweep:
+    """Every run of the sweep checked (a ConfigError naming the first bad run); nothing written."""
+    return sweep_check.prepare(spec, list(args), devices)
+
+
+def prepare(spec: str, args: Sequence[str], devices: int | None = None, *, save: bool = True) -> Todo:
+    """Check every run, write SWEEP_DIR/sweep.json (unless `save` is false), and find the runs to start."""
+    sweep = check(spec, args, devices)
+    if save:
+        save_plan(sweep)
+    left = tuple(i for i, run in enumerate(sweep.runs) if state_of(run.run_dir).state is not State.COMPLETED)
+    return Todo(sweep, left)
+
+
+__all__ = ["Todo", "check", "listing", "prepare"]

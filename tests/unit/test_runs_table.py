@@ -1,0 +1,264 @@
+"""Where each run of a sweep stands, told from its files (job/observe/status.py), the table of a sweep
+(`python -m job runs`) and the plot of a sweep folder. The run dirs are written by the loop's own writers
+(config.json, provenance.json, the goodput timer's records, the Reporter's metrics and summary), so a
+change to what a run writes shows here."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from etils import epath
+
+from job.observe import plot, runs_table
+from job.observe.goodput import Goodput
+from job.observe.report import Reporter
+from job.observe.status import State, find_runs, pending, state_of
+from job.runs import provenance, sweep
+from job.train import config, loop
+from job.train import task as tasks
+
+T0 = 1_700_000_000.0  # the runs' wall clock starts here
+
+
+class Clock:
+    """The clock the goodput timer and provenance read, moved by hand."""
+
+    def __init__(self, t: float = T0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    now = Clock()
+    real = provenance.attempt
+
+    def at_the_clock(*args: Any, **kwargs: Any) -> tuple[dict[str, Any], str]:
+        entry, diff = real(*args, **kwargs)
+        entry["time"] = datetime.datetime.fromtimestamp(now.t, datetime.timezone.utc).isoformat(timespec="seconds")
+        return entry, diff
+
+    monkeypatch.setattr(provenance, "attempt", at_the_clock)
+    monkeypatch.setattr(provenance, "code_state", lambda: ({}, ""))  # no git calls: not what is tested here
+    return now
+
+
+def cfg_of(run_dir: Path, **changes: Any) -> config.TrainConfig:
+    base = config.defaults(tasks.load("lm"))
+    optim = {k.removeprefix("optim_"): v for k, v in changes.items() if k.startswith("optim_")}
+    plain = {k: v for k, v in changes.items() if not k.startswith("optim_")}
+    return config.TrainConfig(**{**vars(base), "run_dir": str(run_dir), "log_every": 10, "eval_every": 20,
+                                 "steps": 40, "optim": config.OptimConfig(**optim), **plain})
+
+
+def restore(run_dir: Path, cfg: config.TrainConfig) -> None:
+    """What the loop's restore phase writes (config.json, a provenance attempt), before any record."""
+    path = epath.Path(run_dir)
+    loop._save_config(path, cfg)
+    provenance.record(path, ["train", "--run-dir", str(run_dir)], {"kind": "single", "processes": 1})
+
+
+def attempt(run_dir: Path, cfg: config.TrainConfig, clock: Clock, *, start: int, reach: int, ends: str | None,
+            loss: float = 1.0) -> None:
+    """One attempt as the loop writes it: restore's files, goodput's attempt line, a train record and a
+    goodput progress line every log_every steps, an eval every eval_every, and, when it `ends`
+    ("completed" or "preempted"), goodput's end line and summary.json ("killed at its end": not the summary)."""
+    path = epath.Path(run_dir)
+    timer = Goodput(clock=clock, wall=clock)
+    clock.t += 5.0  # start-up
+    restore(run_dir, cfg)
+    timer.resume(path, start)
+    lm = tasks.load("lm")
+    report = Reporter(path, start_step=start, total_steps=cfg.steps, items_per_step=64 * 32, unit=lm.unit,
+                      shown=lm.shown)
+    timer.started()
+    for step in range(start + 1, reach + 1):
+        with timer.step():
+            clock.t += 10.0 if step == start + 1 else 0.5  # the first step compiles
+        if step % cfg.log_every == 0:
+            report.train(step, {"loss": loss + 1.0 / step, "accuracy": 0.5}, 1e-3)
+            timer.progress(path, step)
+        if step % cfg.eval_every == 0:
+            report.eval(step, {"loss": loss + 2.0 / step})
+    if ends is None:
+        report.flush()
+        timer.flush()
+        return
+    timer.progress(path, reach, "end")
+    if ends == "killed at its end":  # between the end record and summary.json
+        report.flush()
+        return
+    report.close({"final_step": reach, "completed": ends == "completed", "task": "lm",
+                  "train_loss": loss + 1.0 / reach, "goodput": timer.finish()})
+
+
+def test_a_completed_run_reads_completed_with_its_losses_throughput_and_goodput(tmp_path: Path, clock: Clock) -> None:
+    attempt(tmp_path, cfg_of(tmp_path), clock, start=0, reach=40, ends="completed")
+    status = state_of(tmp_path, now=clock.t + 86400)
+    assert (status.state, status.step, status.total, status.attempts) == (State.COMPLETED, 40, 40, 1)
+    assert status.describe() == "completed"
+    assert status.metric("train_loss") == pytest.approx(1.025) and status.metric("eval_loss") == pytest.approx(1.05)
+    assert status.metric("train_accuracy") == 0.5 and status.metric("test_loss") is None
+    assert status.latest["train"]["tok_per_s"] > 0
+    # the first step: one ordinary step, the rest compilation (Goodput.finish)
+    assert status.goodput == pytest.approx(40 * 0.5 / (5 + 10 + 39 * 0.5), abs=1e-4)
+
+
+def test_a_preempted_run_reads_preempted_at_its_saved_step(tmp_path: Path, clock: Clock) -> None:
+    attempt(tmp_path, cfg_of(tmp_path), clock, start=0, reach=20, ends="preempted")
+    status = state_of(tmp_path, now=clock.t + 86400)
+    assert (status.state, status.step, status.describe()) == (State.PREEMPTED, 20, "preempted at step 20")
+
+
+def test_a_run_that_writes_is_running_and_one_quiet_for_an_hour_has_stopped(tmp_path: Path, clock: Clock) -> None:
+    attempt(tmp_path, cfg_of(tmp_path), clock, start=0, reach=30, ends=None)
+    running = state_of(tmp_path, now=clock.t + 60)
+    assert (running.state, running.step, running.describe()) == (State.RUNNING, 30, "running")
+    # so far: its steps at their mean step time over the time since the attempt began, as Goodput.finish counts
+    assert running.goodput == pytest.approx(30 * 0.5 / (5 + 10 + 29 * 0.5), abs=1e-4)
+    stopped = state_of(tmp_path, now=clock.t + 7200)
+    assert (stopped.state, stopped.describe()) == (State.STOPPED, "stopped at step 30 (quiet 2.0 h)")
+    assert state_of(tmp_path, now=clock.t + 7200, stale_s=3 * 3600).state is State.RUNNING
+
+
+def test_a_requeued_run_running_again_counts_its_attempts(tmp_path: Path, clock: Clock) -> None:
+    cfg = cfg_of(tmp_path)
+    attempt(tmp_path, cfg, clock, start=0, reach=20, ends="preempted")
+    clock.t += 120  # in the queue
+    attempt(tmp_path, cfg, clock, start=20, reach=30, ends=None)
+    status = state_of(tmp_path, now=clock.t + 1)
+    assert (status.state, status.step, status.attempts, status.describe()) == (
+        State.RUNNING, 30, 2, "running (attempt 2)")
+
+
+def test_an_attempt_ended_without_its_own_summary_has_stopped_whatever_the_one_before_said(tmp_path: Path,
+                                                                                          clock: Clock) -> None:
+    cfg = cfg_of(tmp_path)
+    attempt(tmp_path, cfg, clock, start=0, reach=20, ends="preempted")
+    attempt(tmp_path, cfg, clock, start=20, reach=40, ends="killed at its end")
+    status = state_of(tmp_path, now=clock.t + 86400)
+    assert (status.state, status.step, status.attempts) == (State.STOPPED, 40, 2)
+
+
+def test_a_run_in_its_start_up_is_running_from_its_provenance_and_an_old_one_stopped(tmp_path: Path,
+                                                                                      clock: Clock) -> None:
+    restore(tmp_path, cfg_of(tmp_path))  # config.json and provenance.json: building, restoring, compiling
+    assert state_of(tmp_path, now=clock.t + 30).state is State.RUNNING
+    assert state_of(tmp_path, now=clock.t + 4000).describe() == "stopped at step 0 (quiet 1.1 h)"
+
+
+def test_a_completed_run_submitted_again_stays_completed_and_one_given_more_steps_is_not(tmp_path: Path,
+                                                                                        clock: Clock) -> None:
+    cfg = cfg_of(tmp_path)
+    attempt(tmp_path, cfg, clock, start=0, reach=40, ends="completed")
+    clock.t += 600
+    restore(tmp_path, cfg)  # the loop records the attempt, finds step 40 >= --steps and exits 0
+    assert state_of(tmp_path, now=clock.t + 5).state is State.COMPLETED
+    clock.t += 600
+    restore(tmp_path, cfg_of(tmp_path, steps=80))  # --steps raised: a new attempt starting from step 40
+    status = state_of(tmp_path, now=clock.t + 5)
+    assert (status.state, status.step, status.total, status.attempts) == (State.RUNNING, 40, 80, 3)
+
+
+def test_nothing_written_is_not_started_and_pending_lists_every_run_not_completed(tmp_path: Path,
+                                                                                   clock: Clock) -> None:
+    assert state_of(tmp_path / "nothing").state is State.NOT_STARTED
+    made = sweep.plan("seed=0,1,2", ["train", "--run-dir", str(tmp_path)])
+    attempt(Path(made.runs[0].run_dir), cfg_of(made.runs[0].run_dir), clock, start=0, reach=40, ends="completed")
+    attempt(Path(made.runs[1].run_dir), cfg_of(made.runs[1].run_dir), clock, start=0, reach=20, ends="preempted")
+    assert [r.name for r in pending(made, now=clock.t)] == ["seed=1", "seed=2"]
+
+
+def _sweep(tmp_path: Path, clock: Clock) -> sweep.Sweep:
+    """A 2 x 2 sweep: one run completed, one preempted, one running, one not started."""
+    made = sweep.plan("optim.lr=1e-3,3e-3 seed=0,1", ["train", "--steps", "40", "--run-dir", str(tmp_path)])
+    sweep.save_plan(made)
+    for run, reach, ends, loss in zip(made.runs[:3], (40, 20, 30), ("completed", "preempted", None), (0.5, 0.2, 0.9),
+                                      strict=True):
+        values = dict(run.values)
+        cfg = cfg_of(run.run_dir, seed=int(values["seed"]), optim_lr=float(values["optim.lr"]))
+        attempt(Path(run.run_dir), cfg, clock, start=0, reach=reach, ends=ends, loss=loss)
+    return made
+
+
+def test_the_table_shows_each_runs_values_state_step_losses_and_marks_the_best(tmp_path: Path, clock: Clock) -> None:
+    _sweep(tmp_path, clock)
+    text = runs_table.render(str(tmp_path), runs_table.rows(str(tmp_path), now=clock.t + 10))
+    lines = [line.split() for line in text.splitlines()]
+    assert text.splitlines()[0] == (f"{tmp_path}: 4 run(s): 1 completed, 1 running, 1 preempted, 1 not started; "
+                                    "best by eval_loss (lower is better): lr=1e-3,seed=1 (0.3)")
+    assert lines[1] == ["run", "lr", "seed", "state", "step", "train", "loss", "eval", "loss", "tok/s", "goodput"]
+    assert lines[2][:7] == ["lr=1e-3,seed=0", "1e-3", "0", "completed", "40/40", "0.525", "0.55"]
+    assert lines[3][0] == "*" and lines[3][1:8] == ["lr=1e-3,seed=1", "1e-3", "1", "preempted", "at", "step", "20"]
+    assert lines[3][8:11] == ["20/40", "0.25", "0.3"]
+    assert lines[4][:5] == ["lr=3e-3,seed=0", "3e-3", "0", "running", "30/40"]
+    assert lines[5] == ["lr=3e-3,seed=1", "3e-3", "1", "not", "started", "-", "-", "-", "-", "-"]
+    assert lines[2][-1].endswith("%") and lines[2][-2].replace(",", "").isdigit()
+
+
+def test_the_best_follows_the_metric_and_the_direction_asked_for(tmp_path: Path, clock: Clock) -> None:
+    _sweep(tmp_path, clock)
+    table = runs_table.rows(str(tmp_path), now=clock.t + 10)
+    assert runs_table.best(table, "eval_loss").name == "lr=1e-3,seed=1"
+    assert runs_table.best(table, "eval_loss", higher=True).name == "lr=3e-3,seed=0"
+    assert runs_table.best(table, "train_loss").name == "lr=1e-3,seed=1"
+    assert runs_table.best(table, "train_accuracy", higher=True).name == "lr=1e-3,seed=0"  # a tie: the first
+    assert runs_table.best(table, "test_loss") is None
+    assert "best by test_loss: none yet (no run has recorded it)" in runs_table.render(str(tmp_path), table,
+                                                                                        "test_loss")
+
+
+def test_a_folder_of_runs_not_launched_as_a_sweep_shows_the_flags_that_differ(tmp_path: Path, clock: Clock) -> None:
+    for name, seed, lr in (("a", 0, 1e-3), ("b", 1, 1e-3), ("c", 1, 3e-3)):
+        attempt(tmp_path / name, cfg_of(tmp_path / name, seed=seed, optim_lr=lr), clock, start=0, reach=40,
+                ends="completed")
+    (tmp_path / "notes").mkdir()  # no config.json: not a run
+    found = find_runs(str(tmp_path))
+    assert found == [("a", f"{tmp_path}/a", (("optim.lr", "0.001"), ("seed", "0"))),
+                     ("b", f"{tmp_path}/b", (("optim.lr", "0.001"), ("seed", "1"))),
+                     ("c", f"{tmp_path}/c", (("optim.lr", "0.003"), ("seed", "1")))]
+    text = runs_table.render(str(tmp_path), runs_table.rows(str(tmp_path), now=clock.t))
+    assert text.splitlines()[1].split()[:4] == ["run", "lr", "seed", "state"]
+
+
+def test_python_m_job_runs_prints_the_table_and_an_empty_folder_is_exit_2(tmp_path: Path, clock: Clock,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from job.__main__ import main
+
+    _sweep(tmp_path / "sweep", clock)
+    assert main(["runs", str(tmp_path / "sweep"), "--by", "train_loss", "--max"]) == 0
+    out = capsys.readouterr().out
+    assert "best by train_loss (higher is better): lr=3e-3,seed=0" in out and len(out.splitlines()) == 6
+    assert main(["runs", str(tmp_path / "sweep"), "--by", "train_loss"]) == 0
+    assert "best by train_loss (lower is better)" in capsys.readouterr().out  # without --max or --min: lower
+    (tmp_path / "empty").mkdir()
+    assert main(["runs", str(tmp_path / "empty")]) == 2
+    assert capsys.readouterr().err.startswith("error: SWEEP_DIR: expected a sweep folder (with sweep.json) or a "
+                                              "folder of run folders")
+
+
+def test_plot_of_a_sweep_folder_draws_every_runs_eval_loss_on_one_png(tmp_path: Path, clock: Clock,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    _sweep(tmp_path, clock)
+    curves = plot.eval_curves(str(tmp_path))
+    assert [(label, steps) for label, steps, _ in curves] == [
+        ("lr=1e-3 seed=0", [20, 40]), ("lr=1e-3 seed=1", [20]), ("lr=3e-3 seed=0", [20])]
+    assert plot.main([str(tmp_path)]) == 0
+    png = tmp_path / plot.SWEEP_PLOT
+    assert capsys.readouterr().out.strip() == str(png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert not (tmp_path / "metrics.png").exists()
+
+
+def test_plot_of_one_run_still_draws_its_own_metrics(tmp_path: Path, clock: Clock) -> None:
+    attempt(tmp_path, cfg_of(tmp_path), clock, start=0, reach=40, ends="completed")
+    assert plot.main([str(tmp_path)]) == 0
+    assert (tmp_path / "metrics.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (tmp_path / plot.SWEEP_PLOT).exists()
+    assert json.loads((tmp_path / "summary.json").read_text())["completed"] is True
