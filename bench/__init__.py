@@ -17,9 +17,10 @@
 | fingerprint | the summary's parameter fingerprint (reduced where each shard lives) vs gathering every leaf to every process and hashing |
 | records | an .arrayrecord token file read through grain: grain's multi-process workers vs the loop's prefetch thread (input stall, rows per second and per CPU second) |
 | scale | peak memory per process of the LM replicated vs fsdp (state created as its shards), vs --accum-steps and --model.remat, and the ~1B LM under fsdp |
+| depth | time to the first step at 2, 8 and 32 layers and peak memory by --model.remat policy, the LM's blocks scanned vs unrolled |
 
 Every figure is a ratio against a baseline measured in the same run, the
 median of interleaved repetitions (`bench.timing`).
 """
 
-BENCHMARKS = ("step", "scaling", "hostsync", "ckpt", "pipeline", "mfu", "growth", "compile_cache", "fingerprint", "scale", "records")
+BENCHMARKS = ("step", "scaling", "hostsync", "ckpt", "pipeline", "mfu", "growth", "compile_cache", "fingerprint", "scale", "records", "depth")
