@@ -20,12 +20,14 @@ import os
 import sys
 
 from job.core.errors import ConfigError
+from job.runtime.preemption import hear_notices_early
 from job.train import entry
 
 USAGE = __doc__.strip().split("\n", 1)[1]
 
 
 def main(argv: list[str] | None = None) -> int:
+    hear_notices_early()  # a scheduler's notice during start-up stops the run with 75, not by its default action
     args = sys.argv[1:] if argv is None else argv
     command, rest = (args[0], args[1:]) if args else ("train", [])
     if command == "train" or command.startswith("--"):

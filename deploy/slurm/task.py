@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 
-from job.runtime.preemption import REQUEUE_EXIT_CODE, SIGNALS
+from job.runtime.preemption import REQUEUE_EXIT_CODE, SIGNALS, hear_notices_early
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,8 @@ class JobTask:
 
     submitit's own handlers are dropped first: its requeue on USR2 (rank 0 alone, `scontrol requeue`)
     would be a second way to requeue, and it ignores SIGTERM. Until the loop's guard takes the
-    preemption signals, they act as they do under slurm/train.sbatch.
+    preemption signals, they act as they do under slurm/train.sbatch: SIGTERM ends the task, a notice
+    (USR1, USR2) is remembered (job.runtime.preemption.EarlyNotice).
     """
 
     def __call__(self, args: list[str]) -> int:
@@ -31,6 +32,7 @@ class JobTask:
 
         for sig in SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
+        hear_notices_early()
         code = main(list(args))
         if code == REQUEUE_EXIT_CODE:
             log.warning("saved after a preemption signal: leaving with %d for the batch script to requeue", code)

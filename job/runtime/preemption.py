@@ -10,6 +10,7 @@ treat that code as "requeue me".
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from types import FrameType
 
@@ -22,6 +23,33 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 # a scheduler's notice (Slurm's --signal=USR2@SECONDS, scancel --signal=USR2): heard from before the processes
 # join, where SIGTERM keeps its default until they have (the launcher's stop ends a process waiting to join)
 NOTICES = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+class EarlyNotice:
+    """The notices' handler from a process's first line until the loop's guard takes them: it remembers the
+    signal, and the guard that replaces it inherits it (the run then stops before its first step, 75).
+
+    Without it a notice during start-up (imports, joining) would end the task by the signal's default
+    action, exit 128 + 12, which no batch script requeues; Slurm sends a requeued job's tasks a notice
+    again at their start where it had not reached every task the first time."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+    def __call__(self, signum: int, _frame: FrameType | None) -> None:
+        if self.received is None:  # os.write: no lock a signal could interrupt
+            os.write(2, f"received {signal.Signals(signum).name} during start-up: the run stops with "
+                        f"{REQUEUE_EXIT_CODE} once it can\n".encode())
+        self.received = signum
+
+
+def hear_notices_early() -> None:
+    """Take the notices (USR1, USR2) with an EarlyNotice: the first thing `python -m job` and a Slurm task do.
+    One already there is kept, with what it heard."""
+    notice = EarlyNotice()
+    for sig in NOTICES:
+        if not isinstance(signal.getsignal(sig), EarlyNotice):
+            signal.signal(sig, notice)
 
 
 class PreemptionGuard:
@@ -38,7 +66,9 @@ class PreemptionGuard:
 
     def __enter__(self) -> PreemptionGuard:
         for sig in self.signals:
-            self._previous[sig] = signal.signal(sig, self._on_signal)
+            self._previous[sig] = previous = signal.signal(sig, self._on_signal)
+            if isinstance(previous, EarlyNotice) and previous.received is not None:
+                self.received, previous.received = previous.received, None  # a notice during start-up, taken once
         return self
 
     def take(self, *signals: signal.Signals) -> None:

@@ -36,3 +36,26 @@ def test_the_guard_holds_the_signals_to_the_end_only_once_the_processes_agreed_t
     assert proc.stdout.strip() == said
     if case == "preempted":
         assert "received SIGTERM while leaving with 75: the saved exit stands" in proc.stderr
+
+
+# A notice before the loop's guard exists (imports, joining): remembered, then the guard stops the run.
+EARLY = """
+import os, signal
+from job.runtime.preemption import PreemptionGuard, hear_notices_early
+hear_notices_early()
+os.kill(os.getpid(), signal.SIGUSR2)
+hear_notices_early()  # a second call (a Slurm task, then python -m job's main) keeps what the first heard
+with PreemptionGuard() as guard:
+    print("stop", guard.should_stop(), flush=True)
+with PreemptionGuard() as later:
+    print("later", later.received, flush=True)
+"""
+
+
+def test_a_notice_during_start_up_is_kept_for_the_guard_instead_of_ending_the_process() -> None:
+    proc = subprocess.run([sys.executable, "-c", EARLY], capture_output=True, text=True, timeout=120,
+                          env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["stop", "True", "later", "None"]  # taken once
+    assert "received SIGUSR2 during start-up: the run stops with 75 once it can" in proc.stderr
+    assert proc.stderr.count("received SIGUSR2") == 1
