@@ -10,7 +10,7 @@ task and a memory-mapped token file), interleaved in the same run:
 - per-row (before): rows drawn one by one, `np.random.default_rng([seed,
   split, step, row])` per row (the sources' code before vectorising, kept
   here as the baseline), built then stepped in the loop's thread;
-- vectorised: the sources' `rows` (one `job.train.batches.row_bits` hash for the
+- vectorised: the sources' `rows` (one `job.random.row_bits` hash for the
   block), built then stepped in the loop's thread;
 - prefetch rows: host rows made by `job.train.batches.Prefetch` on a thread 2
   steps ahead, the transfer (`job.train.batches.to_global`, i.e.
@@ -198,7 +198,7 @@ def section(results: list[dict], global_batch: int, seq_len: int) -> Section:
                    "input work happened to run faster).")
     s.notes.append("Before: one `np.random.default_rng` per row (tens of µs each). After: one splitmix64 hash "
                    "of (seed, split, step, row, position) over the process's whole block of rows "
-                   "(`job.train.batches.row_bits`), made 2 steps ahead with their transfer (one call for all fields) on "
+                   "(`job.random.row_bits`), made 2 steps ahead with their transfer (one call for all fields) on "
                    f"`job.train.batches.Prefetch`'s thread (`{LOOP}`, what `job.train.loop.run` does). On CPU devices the "
                    "step computes on the same (here 2, shared) cores, so input work overlapped on a thread still "
                    "takes some of the step's time: the thread runs at nice 10 to fill the step's gaps instead. "

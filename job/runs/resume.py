@@ -45,7 +45,8 @@ NOT_COMPARED = frozenset({"run_dir", "resume"})
 # says which did), and never named as the cause of a state that differs.
 FREE = ("steps", "log_every", "eval_every", "eval_full", "watchdog_s", "straggler_ratio", "compile_cache",
         "compile_timeout_s", "seed", "ckpt.", "wandb.", "profile.", "data.eval_batches",
-        "optim.lr", "optim.warmup_steps", "optim.min_lr_ratio", "optim.schedule", "optim.decay_fraction")
+        "optim.lr", "optim.warmup_steps", "optim.min_lr_ratio", "optim.schedule", "optim.decay_fraction",
+        "optim.decay_steps")
 SHOWN_LEAVES = 3  # at most this many differing state leaves are named in the error
 
 

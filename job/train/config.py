@@ -43,6 +43,8 @@ class OptimConfig:
     warmup_steps: int = 20  # linear warmup from 0
     min_lr_ratio: float = 0.1  # cosine, linear and the stable schedule's decay end at lr * min_lr_ratio
     decay_fraction: float = 0.2  # warmup-stable-decay: the last fraction of the steps decays
+    # the steps the schedule spans (0 = --steps): keep it when a resume raises --steps, and the decay stays put
+    decay_steps: int = 0
     weight_decay: float = 0.01  # decoupled weight decay (adamw, lion, adafactor)
     clip_norm: float = 1.0  # global gradient norm clip (0 = no clipping)
     b1: float = 0.9  # Adam's and Lion's beta1; SGD's momentum
@@ -86,7 +88,7 @@ class TrainConfig(Generic[M, D]):
     seed: int = 0  # parameter initialisation seed
     log_every: int = 10  # log and write metrics every N steps
     eval_every: int = 50  # evaluate on held-out data every N steps (and at the end)
-    # a finite eval split (its source gives its size) is evaluated in one full pass, every row once;
+    # a finite eval split (its source's split_size) is evaluated in one full pass, every row once;
     # --no-eval-full: its first --data.eval-batches batches (job/train/evaluation.py)
     eval_full: bool = True
     # how the state is split over the ("data", "model") mesh: replicated, fsdp (over "data"), tensor (over
@@ -175,6 +177,8 @@ def validate(cfg: TrainConfig, task: Task) -> None:
          "pass --optim.schedule cosine"),
         (_finite(o.decay_fraction) and 0 < o.decay_fraction <= 1, "--optim.decay-fraction", "a fraction 0 < f <= 1",
          o.decay_fraction, "pass --optim.decay-fraction 0.2"),
+        (0 <= o.decay_steps <= MAX_STEPS, "--optim.decay-steps", f"an integer 0..{MAX_STEPS} (0: --steps)",
+         o.decay_steps, "pass --optim.decay-steps 0 (the schedule spans --steps), or the steps it should span"),
         (_finite(o.clip_norm) and o.clip_norm >= 0, "--optim.clip-norm", "a finite gradient norm >= 0 (0: no clipping)",
          o.clip_norm, "pass --optim.clip-norm 1.0, or 0 for no clipping"),
         (0 <= cfg.ema.decay < 1, "--ema.decay", "a decay 0 <= d < 1 (0: no average)", cfg.ema.decay,

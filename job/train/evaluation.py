@@ -4,9 +4,11 @@
                           batches=cfg.data.eval_batches, full=cfg.eval_full, weight=task.weight)
     results = evaluator.run(state)            # {split: {metric: value}}, or None when a signal came
 
-A split is finite when its source says how many rows it has (`source.size(split)` returns an int).
-A full pass over it reads each of its rows once, as `rows(split, 0, start, stop)` with row numbers
-of the whole split, in global batches. The last, partial batch is cut in two so that no row is
+A split is finite when its source says how many rows it has (`source.split_size(split)` returns an
+int; the old name `size(split)` is still read, with a FutureWarning, when it is a method taking the
+split, and any other `size`, such as an image side, is the source's own). A full pass over it reads
+each of its rows once, as `rows(split, 0, start, stop)` with row numbers of the whole split, in
+global batches. The last, partial batch is cut in two so that no row is
 padded or seen twice: the rows that divide over the data-parallel devices are sharded like a train
 batch, and the remainder (fewer rows than data shards) is held whole by every device. Those are
 two more shapes, each compiled once. A split without a size (synthetic or random windows) is
@@ -20,12 +22,17 @@ a full pass, the mean over every item of the split.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import numbers
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from job.core.errors import ConfigError
 
 RESERVED_SPLITS = ("train", "hosts")  # metric records the loop writes under these names
+# a source's rows of a finite split: a name of the protocol's own (`size` is often an image side)
+SPLIT_SIZE = "split_size"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,15 +46,50 @@ class Piece:
 
 
 def size_of(source: Any, split: str) -> int | None:
-    """The rows of a finite split (the source's `size(split)`), None for a split without an end."""
-    size = getattr(source, "size", None)
-    if size is None:
-        return None
-    rows = size(split)
-    if rows is not None and (not isinstance(rows, int) or rows < 1):
+    """The rows of a finite split (the source's `split_size(split)`), None for a split without an end or a
+    source without the method. A source's `size` is its own unless it is a method taking the split: the
+    name this protocol had before, still read, with a FutureWarning."""
+    kind = type(source).__name__
+    method, name = getattr(source, SPLIT_SIZE, None), SPLIT_SIZE
+    if method is None:
+        method, name = _old_size(source), "size"
+        if method is None:
+            return None
+    if not _takes_a_split(method):
+        raise ConfigError(f"{kind}.{SPLIT_SIZE}", expected="a method split_size(split) -> rows or None",
+                          found=repr(method), fix=f"define def {SPLIT_SIZE}(self, split) on {kind}, returning the "
+                          "split's row count, or None for a split without an end")
+    rows = method(split)
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, numbers.Integral) or rows < 1):
         raise ConfigError(f"the size of eval split {split!r}", expected="a number of rows >= 1, or None (no end)",
-                          found=rows, fix=f"return the split's row count from {type(source).__name__}.size")
-    return rows
+                          found=rows, fix=f"return the split's row count from {kind}.{name}"
+                          + (f", or define {SPLIT_SIZE}(split) if {kind}.size means something else"
+                             if name == "size" else ""))
+    return None if rows is None else int(rows)
+
+
+def _takes_a_split(method: Any) -> bool:
+    """True for a callable that takes one positional argument (the split)."""
+    if not callable(method):
+        return False
+    try:
+        inspect.signature(method).bind("eval")
+    except (TypeError, ValueError):  # another signature, or none that Python can read
+        return False
+    return True
+
+
+def _old_size(source: Any) -> Callable[[str], Any] | None:
+    """`source.size` when it is the split-size method under its old name (with a FutureWarning); None
+    for anything else a source calls `size` (an image side, a shape, a method without the split)."""
+    size = getattr(source, "size", None)
+    if not _takes_a_split(size):
+        return None
+    kind = type(source).__name__
+    warnings.warn(f"{kind}.size(split) as the rows of a finite split is deprecated: rename it "
+                  f"{kind}.{SPLIT_SIZE}(split); a source's `size` is then its own (an image side, ...)",
+                  FutureWarning, stacklevel=3)
+    return size
 
 
 def pieces(size: int | None, *, batch: int, divisor: int, batches: int, full: bool) -> list[Piece]:
@@ -146,4 +188,4 @@ def summary_fields(splits: Sequence[str], results: Mapping[str, Mapping[str, flo
     return out
 
 
-__all__ = ["Evaluator", "Piece", "check_splits", "pieces", "size_of", "summary_fields"]
+__all__ = ["SPLIT_SIZE", "Evaluator", "Piece", "check_splits", "pieces", "size_of", "summary_fields"]

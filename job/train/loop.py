@@ -32,8 +32,9 @@ from job.runtime.cluster import ClusterInfo
 from job.runtime.distributed import initialize
 from job.runtime.preemption import NOTICES, REQUEUE_EXIT_CODE, PreemptionGuard
 from job.runtime.watchdog import Watchdog
-from job.train import config
+from job.train import config, optimizers
 from job.train.config import TrainConfig, to_dict, to_json
+from job.train.steps import leaked_tracer_note
 from job.train.task import Task
 
 log = logging.getLogger("job.train")
@@ -185,8 +186,10 @@ class Training:
         if start:
             report.message("resumed from step %d (%s)", start, run_dir / "checkpoints")
         if start and self.changed:
-            report.message("changed since the saved run (the state is the same): %s", ", ".join(
-                f"{resume.flag(name)} {old!r} -> {new!r}" for name, old, new in self.changed))
+            lr_note = optimizers.schedule_change(task, cfg, self.changed, start)  # None: the same schedule
+            report.message("changed since the saved run (the state is the same): %s%s", ", ".join(
+                f"{resume.flag(name)} {old!r} -> {new!r}" for name, old, new in self.changed),
+                f"; {lr_note}" if lr_note else "")
         if self.moved is not None:
             report.message("--no-resume: starting afresh; the earlier checkpoints are kept in %s", self.moved)
         report.message("%s", built.checked.line())
@@ -208,7 +211,7 @@ class Training:
         from job.train.batches import global_batch
 
         cfg = self.cfg
-        with self.timer.part("compile"), sharding.mesh_context(built.mesh):  # as the steps are called
+        with self.timer.part("compile"), sharding.mesh_context(built.mesh), leaked_tracer_note():  # as steps are called
             began = time.perf_counter()
             batch = global_batch(built.source, built.batch_sharding, split="train", step=start,
                                  size=cfg.data.global_batch)
@@ -230,7 +233,7 @@ class Training:
             return global_batch(built.source, built.batch_sharding, split="train", step=step,
                                 size=cfg.data.global_batch)
 
-        with contextlib.ExitStack() as stack, sharding.mesh_context(built.mesh):
+        with contextlib.ExitStack() as stack, sharding.mesh_context(built.mesh), leaked_tracer_note():
             stack.callback(self.profiler.stop)
             # however the loop ends (an error, too), the records so far are written; a full disk there is
             # a warning, not an error over the one that ended the loop (a failed save's CheckpointError)
@@ -368,7 +371,7 @@ def _planned(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh) -> tuple[Any
     from job.train.steps import jit_eval_step
 
     source = task.source(cfg.data, cfg.model)
-    tx, schedule = _optimizer(task, cfg)
+    tx, schedule = optimizers.for_task(task, cfg)
     planned = state_plan.plan(task, cfg, mesh, tx)
     evaluator = Evaluator(jit_eval_step(task.loss, planned.eval_graphdef, task.weight), source, mesh,
                           splits=task.eval_splits, global_batch=cfg.data.global_batch,
@@ -403,13 +406,6 @@ def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None) -
             f"{k} {v:.6g}" for k, v in metrics.items()))
     only_specific_processes()(log.info)("wrote %s", run_dir / f"eval-{chosen}.json")
     return 0
-
-
-def _optimizer(task: Task, cfg: TrainConfig) -> tuple[Any, Any]:
-    """(transformation, schedule): the task's own, else --optim.*."""
-    from job.train.steps import make_optimizer
-
-    return task.optimizer(cfg, cfg.steps) if task.optimizer else make_optimizer(cfg.optim, cfg.steps)
 
 
 def _write_json(path: epath.Path, record: dict) -> None:

@@ -6,18 +6,26 @@
 Every schedule warms up linearly from 0 to `--optim.lr` over `--optim.warmup-steps`, then:
 cosine decays to lr x min_lr_ratio at the last step; linear does the same in a straight line;
 constant stays at lr; warmup-stable-decay stays at lr and decays linearly to lr x min_lr_ratio over
-the last `--optim.decay-fraction` of the steps. A task with its own idea of training gives
-`Task(optimizer=...)`: `(TrainConfig, steps) -> (transformation, schedule)`, which sees the task's
-own model and data config (job/train/task.py).
+the last `--optim.decay-fraction` of the steps. The schedule spans `--optim.decay-steps` steps,
+else `--steps`: a resume that raises `--steps` stretches it (the run says so, with the learning rate
+before and after: `schedule_change`), unless `--optim.decay-steps` keeps the saved run's horizon.
+A task with its own idea of training gives `Task(optimizer=...)`: `(TrainConfig, steps) ->
+(transformation, schedule)`, which sees the task's own model and data config (job/train/task.py)
+and the same horizon as `steps`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import optax
 
-from job.train.config import OPTIMIZER_NAMES, OptimConfig
+from job.train.config import OPTIMIZER_NAMES, OptimConfig, TrainConfig, from_dict, to_dict
+from job.train.task import Task
+
+PROBES = 8  # schedule_change compares the two schedules at about this many steps past the resumed one
 
 
 def _adamw(o: OptimConfig, lr: optax.Schedule) -> optax.GradientTransformation:
@@ -75,4 +83,59 @@ def make_optimizer(o: OptimConfig, steps: int) -> tuple[optax.GradientTransforma
     return (optax.chain(optax.clip_by_global_norm(o.clip_norm), tx) if o.clip_norm > 0 else tx), schedule
 
 
-__all__ = ["OPTIMIZERS", "make_optimizer", "make_schedule"]
+def horizon(cfg: TrainConfig) -> int:
+    """The steps the learning-rate schedule spans: --optim.decay-steps, else --steps."""
+    return cfg.optim.decay_steps or cfg.steps
+
+
+def for_task(task: Task, cfg: TrainConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """(transformation, schedule) of a run: the task's own, else --optim.*, over `horizon(cfg)` steps."""
+    steps = horizon(cfg)
+    return task.optimizer(cfg, steps) if task.optimizer else make_optimizer(cfg.optim, steps)
+
+
+def schedule_change(task: Task, cfg: TrainConfig, changes: Sequence[tuple[str, Any, Any]], step: int) -> str | None:
+    """What resuming from `step` with `changes` ((dotted field, saved value, given value), as
+    job.runs.resume.check lists them) does to the learning rate: None when the schedule is the same,
+    else a sentence with the rate of both schedules at the first step where they differ (from the
+    resumed one on, numbered as the progress line numbers them) and, when the horizon moved, the flag
+    that keeps it."""
+    saved = saved_config(cfg, changes, task)
+    before, after = for_task(task, saved)[1], for_task(task, cfg)[1]
+    end = max(cfg.steps, saved.steps, horizon(cfg), horizon(saved))
+    first = max(step - 1, 0)  # the schedule's index of the resumed step (step N runs at schedule(N - 1))
+    probes = sorted({*range(first, end, max(1, (end - first) // PROBES)), end - 1})
+    for i in probes:
+        old, new = float(before(i)), float(after(i))
+        if not math.isclose(old, new, rel_tol=1e-6, abs_tol=1e-12):
+            break
+    else:
+        return None
+    line = (f"the learning-rate schedule changes: at step {i + 1} the saved run's gives lr {old:.3e}, "
+            f"this run's {new:.3e}")
+    if horizon(saved) != horizon(cfg):
+        line += (f" (it spans --optim.decay-steps, else --steps: {horizon(saved)} -> {horizon(cfg)}; pass "
+                 f"--optim.decay-steps {horizon(saved)} to keep the saved one)")
+    return line
+
+
+def saved_config(cfg: TrainConfig, changes: Sequence[tuple[str, Any, Any]], task: Task) -> TrainConfig:
+    """The saved run's config: `cfg` with every changed field's saved value. A field the saved run
+    lacked (saved value None) takes its default; one this code lacks is left out."""
+    values = to_dict(cfg)
+    for name, old, _ in changes:
+        *path, last = name.split(".")
+        node: Any = values
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or last not in node:
+            continue
+        if old is None:
+            del node[last]
+        else:
+            node[last] = old
+    return from_dict(values, task)
+
+
+__all__ = ["OPTIMIZERS", "PROBES", "for_task", "horizon", "make_optimizer", "make_schedule", "saved_config",
+           "schedule_change"]

@@ -8,13 +8,15 @@ traversal per call: `nnx.merge` runs once, while tracing).
     tx, schedule = make_optimizer(cfg.optim, cfg.steps)
     graphdef, state = nnx.split({"model": model, "optimizer": nnx.Optimizer(model, tx, wrt=nnx.Param)})
     train_step = jit_train_step(task.loss, graphdef, state)
-    state, metrics = train_step(state, batch)
+    with leaked_tracer_note():                 # a model that leaks tracers is told the likely cause
+        state, metrics = train_step(state, batch)
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -24,6 +26,24 @@ from flax import nnx
 from job.train.optimizers import make_optimizer
 
 Loss = Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]
+# jax's UnexpectedTracerError names the leaked value but not why a model leaks one (seen with a block held
+# by a closure, as one public tutorial writes its blocks: the first step's call fails, not its compilation)
+LEAKED_TRACER_NOTE = (
+    "Likely cause: the task's model keeps an nnx module or variable outside its state, created inside __call__ "
+    "or held only by a closure (a function that captures a layer) rather than as an attribute; the state is built "
+    "under jax transformations, so that layer's arrays are tracers that escaped them. Fix: create every sub-layer "
+    "in __init__ as an attribute (self.block = nnx.Linear(...), or a list of them) and call it from __call__.")
+
+
+@contextlib.contextmanager
+def leaked_tracer_note() -> Iterator[None]:
+    """A jax.errors.UnexpectedTracerError raised inside (tracing, compiling or calling a step) leaves with
+    LEAKED_TRACER_NOTE added: its likely cause in a task's model, and the fix."""
+    try:
+        yield
+    except jax.errors.UnexpectedTracerError as exc:
+        exc.add_note(LEAKED_TRACER_NOTE)
+        raise
 
 
 def train_step_fn(loss: Loss, graphdef: nnx.GraphDef, state: nnx.State, batch: Mapping[str, jax.Array],
@@ -136,4 +156,5 @@ def jit_eval_step(loss: Loss, graphdef: nnx.GraphDef, weight: str | None = None)
     return jax.jit(functools.partial(eval_step_fn, loss, graphdef, weight=weight))
 
 
-__all__ = ["eval_step_fn", "jit_eval_step", "jit_train_step", "make_optimizer", "micro_batches", "train_step_fn"]
+__all__ = ["LEAKED_TRACER_NOTE", "eval_step_fn", "jit_eval_step", "jit_train_step", "leaked_tracer_note",
+           "make_optimizer", "micro_batches", "train_step_fn"]

@@ -21,7 +21,7 @@ uninterrupted one would.
 
 Evaluation covers every split in `eval_splits` (default: "eval"), each reported
 under its own name (`eval_loss`, `test_loss`, ...). A split the source gives a
-size (`size(split)` -> rows, None for no end) is finite: each evaluation is one
+size (`split_size(split)` -> rows, None for no end) is finite: each evaluation is one
 full pass over it, reading `rows(split, 0, start, stop)` with row numbers of the
 whole split (job/train/evaluation.py); other splits get --data.eval-batches batches.
 """
@@ -45,7 +45,8 @@ SPLITS = ("train", "eval")  # eval batches are numbered from 0 like steps
 class Rows(Protocol):
     def rows(self, split: str, step: int, start: int, stop: int) -> Mapping[str, Any]:
         """Global rows [start, stop) of batch `step` of `split`: arrays with a leading row axis.
-        A source may also define `size(split) -> int | None`: the rows of a finite split."""
+        A source may also define `split_size(split) -> int | None`: the rows of a finite split (a name of
+        its own, so that `size`, such as an image side, stays the source's; job/train/evaluation.py)."""
         ...
 
 
@@ -67,7 +68,8 @@ class Task:
     items_per_row: Callable[[Any], int] = lambda model_cfg: 1  # throughput unit per row (tokens for an LM)
     unit: str = "samples"  # what items_per_row counts, for the progress line (tok, samples)
     commands: Mapping[str, Callable[[list[str]], int]] = dataclasses.field(default_factory=dict)  # python -m job X
-    # (TrainConfig, steps) -> (optax transformation, schedule), seeing the task's own config; None: --optim.*
+    # (TrainConfig, steps) -> (optax transformation, schedule), seeing the task's own config; steps: the horizon
+    # its schedule spans (--optim.decay-steps, else --steps); None: --optim.*
     optimizer: Callable[[Any, int], tuple[Any, Any]] | None = None
     # the task's own logical axis names, merged with job.sharding's: {name: {rule: "data", "model" or None}},
     # e.g. {"experts": {"tensor": "model"}}; a rule a name does not mention keeps that dimension whole

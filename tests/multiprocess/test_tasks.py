@@ -46,3 +46,16 @@ def test_a_users_task_outside_the_package_with_its_own_optimizer_learns_and_resu
     resumed = train(2, 2, tmp_path / "resumed", *USER_TASK, "--steps", "20")
     assert "resumed from step 10" in resumed.stderr
     assert summary(tmp_path / "resumed")["params_sha256"] == result["params_sha256"]
+
+
+def test_a_task_that_imports_only_the_public_names_trains_on_2_x_2(tmp_path: Path) -> None:
+    # tests/user_tasks/textures.py: job.task, job.random, job.sharding, job.errors and TrainConfig, nothing else
+    # (tests/unit/test_public_api.py holds it to docs/api.md); its source's `size` is its image side
+    proc = train(2, 2, tmp_path, "--task", "tests.user_tasks.textures:TASK", "--steps", "4", "--log-every", "2",
+                 "--eval-every", "4")
+    result = summary(tmp_path)
+    assert result["task"] == "textures" and result["completed"] is True and result["final_step"] == 4, result
+    assert result["eval_loss"] is not None and result["test_accuracy"] is not None
+    assert "eval split test: 40 rows in 3 batches" in proc.stderr  # its split_size: one full pass
+    assert "eval split eval: 16 rows in 1 batches" in proc.stderr  # no split_size: --data.eval-batches batches
+    assert "FutureWarning" not in proc.stderr  # its `size` is not taken for the old split-size method

@@ -1,4 +1,4 @@
-"""job.train.batches: row bits, a global batch from a task's rows laid out by any sharding, prefetch; the task registry."""
+"""job.random's row bits; job.train.batches: a global batch from a task's rows laid out by any sharding, prefetch; the task registry."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from job import task
+from job import random, task
 from job.errors import ConfigError
 from job.tasks.classify.data import DataConfig, Spirals
 from job.tasks.lm.data import ReverseTask
@@ -70,22 +70,22 @@ def test_the_task_flag_is_read_before_the_rest(args: list[str], name: str) -> No
 
 
 def test_row_bits_are_a_pure_function_of_seed_split_step_row_and_position() -> None:
-    whole = batches.row_bits(7, 1, 3, 0, 8, 5)
+    whole = random.row_bits(7, 1, 3, 0, 8, 5)
     assert whole.shape == (8, 5) and whole.dtype == np.uint64
-    np.testing.assert_array_equal(np.concatenate([batches.row_bits(7, 1, 3, 0, 3, 5),
-                                                  batches.row_bits(7, 1, 3, 3, 8, 5)]), whole)
-    np.testing.assert_array_equal(batches.row_bits(7, 1, 3, 0, 8, 2), whole[:, :2])  # wider rows extend
-    others = [batches.row_bits(*args) for args in [(8, 1, 3, 0, 8, 5), (7, 0, 3, 0, 8, 5), (7, 1, 4, 0, 8, 5)]]
+    np.testing.assert_array_equal(np.concatenate([random.row_bits(7, 1, 3, 0, 3, 5),
+                                                  random.row_bits(7, 1, 3, 3, 8, 5)]), whole)
+    np.testing.assert_array_equal(random.row_bits(7, 1, 3, 0, 8, 2), whole[:, :2])  # wider rows extend
+    others = [random.row_bits(*args) for args in [(8, 1, 3, 0, 8, 5), (7, 0, 3, 0, 8, 5), (7, 1, 4, 0, 8, 5)]]
     for other in others:  # another seed, split or step: other words everywhere
         assert not np.isin(other, whole).any()
     assert len(np.unique(whole)) == whole.size
 
 
 def test_row_bits_look_uniform() -> None:
-    bits = batches.row_bits(0, 0, 0, 0, 4096, 16)
-    u = batches.uniform(bits)
+    bits = random.row_bits(0, 0, 0, 0, 4096, 16)
+    u = random.uniform(bits)
     assert 0.0 <= u.min() and u.max() < 1.0 and abs(u.mean() - 0.5) < 0.01
-    counts = np.bincount(batches.below(bits, 10).ravel(), minlength=10)
+    counts = np.bincount(random.below(bits, 10).ravel(), minlength=10)
     assert counts.min() > 0.9 * bits.size / 10 and counts.max() < 1.1 * bits.size / 10
     ones = np.unpackbits(bits.view(np.uint8)).mean()  # every bit is a fair coin
     assert abs(ones - 0.5) < 0.005

@@ -4,6 +4,8 @@ that a full pass over a mesh equals the model on every row at once."""
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -56,16 +58,73 @@ class Sized:
     def __init__(self, sizes: dict) -> None:
         self.sizes = sizes
 
-    def size(self, split: str) -> object:
+    def split_size(self, split: str) -> object:
         return self.sizes[split]
 
 
 def test_a_split_size_is_a_positive_row_count_or_none() -> None:
-    assert size_of(object(), "eval") is None  # no size(): endless
+    assert size_of(object(), "eval") is None  # no split_size(): endless
     assert size_of(Sized({"eval": 5}), "eval") == 5 and size_of(Sized({"eval": None}), "eval") is None
-    for bad in (0, -1, 2.5, "5"):
-        with pytest.raises(ConfigError, match="the size of eval split 'eval': expected a number of rows >= 1"):
+    assert size_of(Sized({"eval": np.int64(7)}), "eval") == 7  # a numpy count is a count
+    for bad in (0, -1, 2.5, "5", True):
+        with pytest.raises(ConfigError, match="the size of eval split 'eval': expected a number of rows >= 1") as err:
             size_of(Sized({"eval": bad}), "eval")
+        assert f"found {bad!r}" in str(err.value) and "Fix: return the split's row count from Sized.split_size" in str(
+            err.value)
+
+
+class Images:
+    """A source as image tutorials write one: `size` is its image side, not the split-size method."""
+
+    def __init__(self) -> None:
+        self.size = 32
+
+    def rows(self, split: str, step: int, start: int, stop: int) -> dict:
+        return {"x": np.zeros((stop - start, self.size, self.size), np.float32)}
+
+
+class Shaped:
+    def size(self) -> tuple[int, int]:  # a method of its own, without the split
+        return (32, 32)
+
+
+def test_a_sources_own_size_is_not_the_split_size_and_is_never_called() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # and nothing is said about it
+        assert size_of(Images(), "eval") is None and size_of(Images(), "test") is None
+        assert size_of(Shaped(), "eval") is None
+    mesh = sharding.make_mesh()
+    evaluator = Evaluator(lambda state, batch: {}, Images(), mesh, splits=("eval",), global_batch=8, batches=2,
+                          full=True, weight=None)
+    assert evaluator.plan["eval"] == [Piece(0, 0, 8), Piece(1, 0, 8)]  # endless: --data.eval-batches batches
+
+
+class OldSized:
+    def size(self, split: str) -> int | None:  # the protocol's first name
+        return 12 if split == "test" else None
+
+
+class OldSizedWrong:
+    def size(self, split: str) -> str:  # a method taking the split, but no row count
+        return "12"
+
+
+def test_the_old_size_method_still_works_and_says_to_rename_it() -> None:
+    with pytest.warns(FutureWarning, match=r"OldSized.size\(split\) .* is deprecated: rename it "
+                                           r"OldSized.split_size\(split\)"):
+        assert size_of(OldSized(), "test") == 12
+    with pytest.warns(FutureWarning), pytest.raises(ConfigError, match="the size of eval split 'test'") as err:
+        size_of(OldSizedWrong(), "test")
+    assert "define split_size(split) if OldSizedWrong.size means something else" in str(err.value)
+
+
+def test_a_split_size_that_is_not_a_method_taking_the_split_is_one_error() -> None:
+    for wrong in (40, lambda: 40):
+        source = Images()
+        source.split_size = wrong  # type: ignore[attr-defined]
+        with pytest.raises(ConfigError, match=r"Images.split_size: expected a method split_size\(split\)") as err:
+            size_of(source, "test")
+        assert "Fix: define def split_size(self, split) on Images" in str(err.value)
 
 
 @pytest.mark.parametrize("splits", [("train",), ("eval", "eval"), ("hosts",), ("two words",), ("",)])
@@ -89,7 +148,7 @@ class Table:
         self.y = rng.integers(0, 3, 37).astype(np.int32)
         self.calls: list[tuple] = []
 
-    def size(self, split: str) -> int | None:
+    def split_size(self, split: str) -> int | None:
         return 37 if split == "test" else None
 
     def rows(self, split: str, step: int, start: int, stop: int) -> dict:

@@ -1,8 +1,10 @@
-"""--optim.name / --optim.schedule / --optim.clip-norm 0, a task's own optimizer, and tasks outside job/."""
+"""--optim.name / --optim.schedule / --optim.clip-norm 0 / --optim.decay-steps, a task's own optimizer, tasks outside
+job/, and what a resume that changes the schedule says."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +15,15 @@ from job import task
 from job.errors import ConfigError
 from job.train import config
 from job.train.config import OPTIMIZER_NAMES, SCHEDULE_NAMES, OptimConfig
-from job.train.optimizers import OPTIMIZERS, make_optimizer, make_schedule
+from job.train.optimizers import (
+    OPTIMIZERS,
+    for_task,
+    horizon,
+    make_optimizer,
+    make_schedule,
+    saved_config,
+    schedule_change,
+)
 
 PARAMS = {"w": jnp.ones((4, 3)), "b": jnp.zeros((3,))}
 GRADS = {"w": jnp.full((4, 3), 0.5), "b": jnp.full((3,), -0.5)}
@@ -72,6 +82,7 @@ def test_each_schedule_warms_up_then_follows_its_shape(schedule: str, at: dict[i
 @pytest.mark.parametrize(("field", "value", "flag"), [
     ("name", "rmsprop", "--optim.name"), ("schedule", "exp", "--optim.schedule"),
     ("decay_fraction", 0.0, "--optim.decay-fraction"), ("clip_norm", -1.0, "--optim.clip-norm"),
+    ("decay_steps", -1, "--optim.decay-steps"),
 ])
 def test_a_bad_optimizer_flag_is_one_error_listing_the_choices(field: str, value: object, flag: str) -> None:
     lm = task.load("lm")
@@ -113,3 +124,50 @@ def test_a_task_s_own_command_is_reached_with_task_and_gets_its_arguments_withou
     assert capsys.readouterr().out.strip() == "echo a b"
     assert entry.main(["echo", "--task=nowhere:TASK"]) == 2
     assert task.without_task(["--task", "x", "a", "--task=y", "b"]) == ["a", "b"]
+
+
+def lm_config(steps: int, **optim: Any) -> config.TrainConfig:
+    lm = task.load("lm")
+    return dataclasses.replace(config.defaults(lm), steps=steps, optim=dataclasses.replace(OptimConfig(), **optim))
+
+
+def test_a_resume_with_more_steps_says_the_schedule_changes_with_the_rate_before_and_after() -> None:
+    # measured on the lm task (warmup 2): train 5 steps, resume with --steps 10; step 5 ran at 0.975e-3
+    lm = task.load("lm")
+    line = schedule_change(lm, lm_config(10, warmup_steps=2), [("steps", 5, 10)], 5)
+    assert line == ("the learning-rate schedule changes: at step 5 the saved run's gives lr 9.750e-04, this run's "
+                    "2.605e-03 (it spans --optim.decay-steps, else --steps: 5 -> 10; pass --optim.decay-steps 5 to "
+                    "keep the saved one)")
+    # with the saved horizon kept, nothing changes; a new peak rate changes it, with no word on the horizon
+    kept = lm_config(10, warmup_steps=2, decay_steps=5)
+    assert schedule_change(lm, kept, [("steps", 5, 10), ("optim.decay_steps", 0, 5)], 5) is None
+    lr = schedule_change(lm, lm_config(5, warmup_steps=2, lr=1e-3), [("optim.lr", 3e-3, 1e-3)], 5)
+    assert lr == "the learning-rate schedule changes: at step 5 the saved run's gives lr 9.750e-04, this run's 3.250e-04"
+    assert schedule_change(lm, lm_config(10), [("log_every", 5, 1)], 5) is None
+
+
+def test_decay_steps_keeps_the_schedule_of_a_shorter_run_when_a_run_is_extended() -> None:
+    lm = task.load("lm")
+    short, extended = lm_config(5, warmup_steps=2), lm_config(10, warmup_steps=2, decay_steps=5)
+    assert horizon(short) == 5 and horizon(extended) == 5 and horizon(lm_config(10)) == 10
+    before, after = for_task(lm, short)[1], for_task(lm, extended)[1]
+    assert [float(after(i)) for i in range(10)] == [float(before(i)) for i in range(10)]
+    assert float(after(9)) == pytest.approx(OptimConfig().lr * OptimConfig().min_lr_ratio)  # past it: the end rate
+    cfg = config.parse(["--optim.decay-steps", "5", "--steps", "10"], lm)
+    assert cfg.optim.decay_steps == 5 and horizon(cfg) == 5
+
+
+def test_a_tasks_own_optimizer_gets_the_horizon_as_its_steps() -> None:
+    regression = task.load("tests.user_tasks.regression:TASK")
+    spans = dataclasses.replace(regression, optimizer=lambda cfg, steps: (optax.sgd(1.0), lambda i: steps))
+    cfg = dataclasses.replace(config.defaults(regression), steps=10)
+    assert for_task(spans, cfg)[1](0) == 10
+    assert for_task(spans, dataclasses.replace(cfg, optim=dataclasses.replace(OptimConfig(), decay_steps=4)))[1](0) == 4
+
+
+def test_the_saved_config_is_this_one_with_each_changed_field_given_back() -> None:
+    lm = task.load("lm")
+    cfg = lm_config(10, decay_steps=7)
+    saved = saved_config(cfg, [("steps", 5, 10), ("optim.decay_steps", None, 7), ("model.gone", 3, None)], lm)
+    assert saved.steps == 5 and saved.optim.decay_steps == 0  # a field the saved run lacked: its default
+    assert saved.model == cfg.model and saved.optim.lr == cfg.optim.lr

@@ -74,7 +74,7 @@ def test_the_train_stream_is_grains_shuffled_and_repeated_dataset(records: Path)
 
 def test_the_eval_split_is_finite_and_read_in_order(records: Path) -> None:
     s = source(records)
-    assert s.size("eval") == 8 and s.size("train") is None  # the last record: 8 windows
+    assert s.split_size("eval") == 8 and s.split_size("train") is None  # the last record: 8 windows
     tail = np.frombuffer(TEXT[13 * 256:14 * 256], np.uint8).reshape(8, 32)
     assert np.array_equal(np.concatenate([s.rows("eval", 0, 0, 3)["tokens"], s.rows("eval", 0, 3, 8)["tokens"]]),
                           tail)

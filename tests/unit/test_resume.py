@@ -35,6 +35,7 @@ def test_flags_are_spelled_as_the_cli_spells_them() -> None:
 
 
 @pytest.mark.parametrize(("name", "free"), [("steps", True), ("ckpt.every", True), ("optim.lr", True),
+                                            ("optim.decay_steps", True),
                                             ("wandb.project", True), ("model.layers", False), ("optim.b1", False),
                                             ("task", False), ("data.global_batch", False), ("stepsX", False)])
 def test_only_fields_that_leave_the_state_as_it_was_are_free(name: str, free: bool) -> None:

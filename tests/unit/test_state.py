@@ -7,6 +7,8 @@ import dataclasses
 import os
 import sys
 import warnings
+from collections.abc import Mapping
+from typing import Any
 
 _FLAG = "--xla_force_host_platform_device_count=8"
 if "jax" not in sys.modules and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -199,3 +201,48 @@ def test_an_ema_is_placed_like_the_model_and_follows_it_after_each_update() -> N
                                0.5 * np.asarray(old) + 0.5 * np.asarray(new), rtol=1e-6)
     metrics = jax.jit(lambda s, b: steps.eval_step_fn(loss, planned.eval_graphdef, s, b))(after, {"x": x})
     assert sorted(metrics) == ["ema_loss", "loss"] and float(metrics["ema_loss"]) != float(metrics["loss"])
+
+
+class ClosureBlocks(nnx.Module):
+    """A block held by a closure, as one public tutorial writes its blocks: its layer is no attribute, so it is
+    outside the state, and its arrays are the tracers of the abstract build that made it."""
+
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.inp = nnx.Linear(3, 8, rngs=rngs)
+        dense = nnx.Linear(8, 8, rngs=rngs)
+
+        def block(x: jax.Array) -> jax.Array:
+            return nnx.relu(dense(x))
+
+        self.block = block
+        self.out = nnx.Linear(8, 1, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.out(self.block(self.inp(x)))[:, 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClosureTask:
+    logical_axes: dict = dataclasses.field(default_factory=dict)
+
+    def build(self, cfg: object, rngs: nnx.Rngs) -> ClosureBlocks:
+        return ClosureBlocks(rngs)
+
+
+def mse(model: ClosureBlocks, batch: Mapping[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
+    value = ((model(batch["x"]) - batch["y"]) ** 2).mean()
+    return value, {"loss": value}
+
+
+def test_a_tracer_leaked_by_a_closure_built_layer_is_told_its_likely_cause_at_the_first_step() -> None:
+    planned = state.plan(ClosureTask(), Cfg(rule="replicated"), mesh(), optax.sgd(0.1))
+    train_step: Any = steps.jit_train_step(mse, planned.graphdef, planned.shardings)  # a jax.jit: it has .lower
+    batch = {"x": jnp.ones((8, 3), jnp.float32), "y": jnp.zeros((8,), jnp.float32)}
+    with sh.mesh_context(mesh()), pytest.raises(jax.errors.UnexpectedTracerError) as err, steps.leaked_tracer_note():
+        train_step.lower(planned.init(), batch).compile()  # as the loop compiles ahead (this passes), then calls it
+        train_step(planned.init(), batch)
+    assert err.value.__notes__[-1] == steps.LEAKED_TRACER_NOTE  # after jax's own note
+    assert "create every sub-layer in __init__ as an attribute" in steps.LEAKED_TRACER_NOTE
+    with pytest.raises(ValueError) as other, steps.leaked_tracer_note():  # any other error passes untouched
+        raise ValueError("not a tracer")
+    assert steps.LEAKED_TRACER_NOTE not in getattr(other.value, "__notes__", [])

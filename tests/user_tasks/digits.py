@@ -65,7 +65,7 @@ def loss(model: MLP, batch: dict) -> tuple[jax.Array, dict]:
 
 class Dataset:
     """A fixed table per split (Gaussian clusters, one per class); train rows are drawn from its table by
-    (step, row), the held-out splits are read in order: `size` says how many rows they have."""
+    (step, row), the held-out splits are read in order: `split_size` says how many rows they have."""
 
     def __init__(self, cfg: DataConfig, model: ModelConfig) -> None:
         rng = np.random.default_rng(cfg.seed)
@@ -76,7 +76,7 @@ class Dataset:
             x = centres[labels] + rng.normal(size=(n, model.features))
             self.tables[split] = (x.astype(np.float32), labels.astype(np.int32))
 
-    def size(self, split: str) -> int | None:
+    def split_size(self, split: str) -> int | None:
         return None if split == "train" else SIZES[split]
 
     def rows(self, split: str, step: int, start: int, stop: int) -> dict:

@@ -1,7 +1,7 @@
 """Generated data for the classifier: points on interleaved spiral arms, one class per arm.
 
 Row ``r`` of step ``s`` is a pure function of (seed, split, s, r), drawn from
-``job.train.batches.row_bits`` (a counter-based hash, computed for a block of rows at
+``job.random.row_bits`` (a counter-based hash, computed for a block of rows at
 once): the same global batches on every topology, and after a resume.
 Coordinates beyond the first two are noise.
 """
@@ -13,8 +13,8 @@ import dataclasses
 import numpy as np
 
 from job.errors import ConfigError
+from job.random import below, row_bits, uniform
 from job.task import SPLITS
-from job.train.batches import below, row_bits, uniform
 
 
 @dataclasses.dataclass(frozen=True)

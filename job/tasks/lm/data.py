@@ -8,7 +8,7 @@
 The loop turns rows into global arrays with `job.train.batches.global_batch`.
 
 Row ``r`` of step ``s`` is a pure function of (seed, split, s, r): it is drawn
-from ``job.train.batches.row_bits`` (a counter-based hash of seed, split_id, s, r and
+from ``job.random.row_bits`` (a counter-based hash of seed, split_id, s, r and
 the position in the row), computed for a process's whole block of rows at once.
 So every topology (1 x 4, 2 x 2, 4 x 1 processes x devices) sees the same global
 batches, and a run resumed at step s sees exactly the batches an uninterrupted run would.
@@ -29,8 +29,8 @@ from typing import TypedDict
 import numpy as np
 
 from job.errors import ConfigError, require
+from job.random import below, row_bits
 from job.task import SPLITS  # a split's index is its id in the row hash
-from job.train.batches import below, row_bits
 
 TOKEN_DTYPES = ("uint16", "uint32")
 CHUNK_TOKENS = 1 << 24  # tokens (or bytes) touched at once when scanning or writing a file
@@ -269,7 +269,7 @@ class RecordFile:
         self.train_windows = (records - held_out) * self.per_record
         self.eval_windows = held_out * self.per_record
 
-    def size(self, split: str) -> int | None:
+    def split_size(self, split: str) -> int | None:
         """The eval split's rows (windows); the train split has no end."""
         return self.eval_windows if split == "eval" else None
 
