@@ -88,6 +88,7 @@ class SlurmConfig:
     args: tuple[str, ...] = ("train", "--run-dir", "runs/slurm")  # what `python -m job` runs
     sweep: str | None = None  # SWEEP: grid words or a sweep file; one job array of its runs (deploy/slurm/array.py)
     sweep_parallel: int | None = None  # SWEEP_PARALLEL: the array's %N, elements running at once; None: no limit
+    retries: int = 3  # RETRIES: a failed attempt (not 0, 2 or 75) is requeued away from its node this often
 
     @property
     def ntasks_per_node(self) -> int:
@@ -99,21 +100,29 @@ class SlurmConfig:
         return self.python or (str(CUDA_PYTHON) if self.gpus_per_node else sys.executable)
 
 
-def time_minutes(text: str) -> int:
-    """Slurm's time formats -> whole minutes (rounded up)."""
+def duration_seconds(text: str) -> int | None:
+    """Slurm's time formats (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) -> seconds; None for anything else."""
     m = _TIME.fullmatch(text)
     if not m:
+        return None
+    days, a, b, c = (int(g) if g else None for g in m.groups())
+    assert a is not None  # the regex's one required group
+    if days is not None:  # D-HH[:MM[:SS]]
+        return days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
+    if c is not None:  # HH:MM:SS
+        assert b is not None
+        return a * 3600 + b * 60 + c
+    if b is not None:  # MM:SS
+        return a * 60 + b
+    return a * 60  # MM
+
+
+def time_minutes(text: str) -> int:
+    """Slurm's time formats -> whole minutes (rounded up)."""
+    seconds = duration_seconds(text)
+    if seconds is None:
         raise ConfigError("TIME", expected="MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS", found=text,
                           fix="e.g. TIME=04:00:00 or TIME=1-00:00:00")
-    days, a, b, c = (int(g) if g else None for g in m.groups())
-    if days is not None:  # D-HH[:MM[:SS]]
-        seconds = days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
-    elif c is not None:  # HH:MM:SS
-        seconds = a * 3600 + b * 60 + c
-    elif b is not None:  # MM:SS
-        seconds = a * 60 + b
-    else:  # MM
-        seconds = a * 60
     if seconds <= 0:
         raise ConfigError("TIME", expected="a positive duration", found=text, fix="e.g. TIME=01:00:00")
     return -(-seconds // 60)

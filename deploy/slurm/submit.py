@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from deploy.runner import Runner, shell_words
+from deploy.slurm import partitions
 from deploy.slurm.options import (
     GPU_PROBE,
     ROOT,
@@ -89,15 +90,13 @@ def validate(cfg: SlurmConfig, runner: Runner, environ: Mapping[str, str] = os.e
             )
         if cfg.partition is not None:
             log.warning("no sbatch on PATH: PARTITION=%s is not checked against sinfo", cfg.partition)
-    elif cfg.partition is not None:
+    else:  # make doctor's quick part: the partition, its state and limits against the request
         try:
-            listed = runner.run(["sinfo", "-h", "-o", "%P"], capture=True, mutating=False).stdout.split()
-        except subprocess.CalledProcessError as exc:
-            raise slurm_refused("sinfo", f"{exc.stderr or ''}\n{exc.output or ''}", exc.returncode) from None
-        partitions = sorted({p.rstrip("*") for p in listed})
-        if cfg.partition not in partitions:
-            raise ConfigError("PARTITION", expected=f"one of {', '.join(partitions)}", found=cfg.partition,
-                              fix="pick a listed partition (sinfo shows them) or leave PARTITION unset")
+            partitions.require(cfg, runner)
+        except ConfigError as exc:
+            if not (cfg.dry_run and exc.what == "Slurm"):
+                raise
+            log.warning("no Slurm controller answers (%s): the partition and its limits are not checked", exc.found)
     check_gpu_python(cfg, runner, environ)
 
 
@@ -142,8 +141,10 @@ def submitit_parameters(cfg: SlurmConfig, environ: Mapping[str, str] = os.enviro
     params.update((name.replace("-", "_"), value) for name, value in resource_options(cfg))
     # srun's status is $? on the teardown's first line: requeued as slurm/train.sbatch requeues
     params["setup"] = ["# shellcheck source=slurm/requeue.sh", f"source {shlex.quote(str(REQUEUE_SCRIPT))} || exit 2",
-                       *(f"export {name}={shlex.quote(value)}" for name, value in task_environment(cfg, environ).items())]
-    params["teardown"] = ['requeue_if_preempted "$?"']
+                       *(f"export {name}={shlex.quote(value)}" for name, value in task_environment(cfg, environ).items()),
+                       *(f"export {name}={shlex.quote(value)}" for name, value in retry_environment(cfg).items()),
+                       "watch_srun"]
+    params["teardown"] = ['after_srun "$?"']
     return params
 
 
@@ -154,11 +155,17 @@ def submitit_script(cfg: SlurmConfig, environ: Mapping[str, str] = os.environ) -
     return internals.submitit_sbatch_script(command, folder, **submitit_parameters(cfg, environ))
 
 
+def retry_environment(cfg: SlurmConfig) -> dict[str, str]:
+    """What slurm/requeue.sh reads in the batch script: the retry budget and where attempts are recorded."""
+    return {"JOB_LOG_DIR": cfg.log_dir, "JOB_RETRIES": str(cfg.retries)}
+
+
 def exports(cfg: SlurmConfig) -> list[str]:
     """NAME=value pairs the sbatch path adds to the exported environment (read by slurm/train.sbatch)."""
+    ours = [f"{name}={value}" for name, value in retry_environment(cfg).items()]
     if cfg.image:
-        return [f"JOB_LOG_DIR={cfg.log_dir}", f"IMAGE={cfg.image}", f"CONTAINER_RUNTIME={cfg.container_runtime}"]
-    return [f"JOB_PYTHON={cfg.task_python}", f"JOB_LOG_DIR={cfg.log_dir}"]
+        return [*ours, f"IMAGE={cfg.image}", f"CONTAINER_RUNTIME={cfg.container_runtime}"]
+    return [f"JOB_PYTHON={cfg.task_python}", *ours]
 
 
 def sbatch_argv(cfg: SlurmConfig) -> list[str]:
@@ -173,7 +180,7 @@ def sbatch_argv(cfg: SlurmConfig) -> list[str]:
 
 def batch_environment(cfg: SlurmConfig, environ: Mapping[str, str]) -> dict[str, str]:
     """What slurm/train.sbatch would see in the batch step of `sbatch_argv(cfg)`, for JOB_DRY_RUN=1."""
-    ours = {"IMAGE", "CONTAINER_RUNTIME", "JOB_PYTHON", "JOB_LOG_DIR", "JOB_DRY_RUN"}
+    ours = {"IMAGE", "CONTAINER_RUNTIME", "JOB_PYTHON", "JOB_LOG_DIR", "JOB_DRY_RUN", "JOB_RETRIES"}
     env = {k: v for k, v in environ.items() if k not in ours and not k.startswith("SLURM_")}
     env.update(pair.split("=", 1) for pair in exports(cfg))
     env.update(task_environment(cfg, environ), JOB_DRY_RUN="1", SLURM_JOB_NUM_NODES=str(cfg.nodes),
@@ -315,6 +322,8 @@ def parse(argv: list[str]) -> SlurmConfig:
         parser.add_argument(flag, nargs="?", const="1", default="")
     parser.add_argument("--sweep", default="", help="grid words or a sweep file: one job array of the sweep's runs")
     parser.add_argument("--sweep-parallel", default="", help="the job array's %%N limit: elements running at once")
+    parser.add_argument("--retries", default="", help="RETRIES: requeues after a failure, each away from the node "
+                        "that failed (default 3; 0: none); preemptions requeue without spending them")
     parser.add_argument("--log-dir", default=SlurmConfig.log_dir)
     parser.add_argument("--sbatch-args", type=shell_words, default=(),
                         help="more sbatch options as one shell-style string, each word --flag or --flag=value")
@@ -336,6 +345,7 @@ def parse(argv: list[str]) -> SlurmConfig:
         via=a.via or "submitit", wait=switch("WAIT", a.wait), dry_run=switch("DRY_RUN", a.dry_run), log_dir=a.log_dir,
         args=tuple(argv[cut + 1:]) or a.args or SlurmConfig.args, sweep=blank(a.sweep.strip()),
         sweep_parallel=count("SWEEP_PARALLEL", a.sweep_parallel, 1) if a.sweep_parallel else None,
+        retries=count("RETRIES", a.retries, 0) if a.retries else SlurmConfig.retries,
     )
 
 

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 
+from job.core.errors import BAD_INPUT_EXIT_CODE
 from job.runtime.preemption import REQUEUE_EXIT_CODE, SIGNALS, hear_notices_early
 
 log = logging.getLogger(__name__)
@@ -19,7 +20,8 @@ class JobTask:
     task leaves with that code and without a result: srun ends with it, and
     the batch script requeues the job (slurm/requeue.sh, the same step
     slurm/train.sbatch takes), so submitit keeps waiting for the requeued
-    run, which unpickles this task again and resumes.
+    run, which unpickles this task again and resumes. A configuration error's
+    2 leaves the same way, for the batch script to see it and not retry it.
 
     submitit's own handlers are dropped first: its requeue on USR2 (rank 0 alone, `scontrol requeue`)
     would be a second way to requeue, and it ignores SIGTERM. Until the loop's guard takes the
@@ -34,8 +36,9 @@ class JobTask:
             signal.signal(sig, signal.SIG_DFL)
         hear_notices_early()
         code = main(list(args))
-        if code == REQUEUE_EXIT_CODE:
-            log.warning("saved after a preemption signal: leaving with %d for the batch script to requeue", code)
+        if code in (REQUEUE_EXIT_CODE, BAD_INPUT_EXIT_CODE):  # the batch script acts on both (slurm/requeue.sh)
+            if code == REQUEUE_EXIT_CODE:
+                log.warning("saved after a preemption signal: leaving with %d for the batch script to requeue", code)
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)

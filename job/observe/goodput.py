@@ -18,6 +18,9 @@ and an "end" line when it stops. The next attempt reads them back: the time
 from the previous attempt's last line to its own start is `restart_s`, and the
 steps the previous attempt had reached beyond the checkpoint it resumes from
 are `redone_steps` (costing `redone_s` at the previous attempt's step time).
+Their sum is the time the previous attempt's end lost, counted after a failure
+(`lost_to_failures_s`) or after a preemption (`lost_to_preemption_s`) over all
+the run's attempts: job.runs.attempts tells which.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from job.runs import attempts as attempt_records
+from job.runs import storage
 
 PARTS = ("startup", "compile", "steps", "input_wait", "checkpoint", "eval", "profile", "logging")
 RECORD = "goodput.jsonl"
@@ -102,6 +108,7 @@ class Goodput:
         attempts = [r for r in lines if r.get("event") == "attempt"]
         last = lines[-1] if lines else None
         previous: dict[str, Any] = {"attempt": len(attempts) + 1}
+        lost: dict[str, Any] = {}
         if last is not None:
             reached = max((int(r.get("step", 0)) for r in lines if r.get("attempt") == len(attempts)), default=0)
             redone = max(0, reached - start_step)
@@ -111,19 +118,26 @@ class Goodput:
                 "redone_steps": redone,
                 "redone_s": round(redone * step_s, 3),
             })
+            since = float(attempts[-1]["time"]) if attempts else 0.0
+            after = attempt_records.cause_of_end(attempt_records.ended(run_dir), last.get("event") == "end", since)
+            lost = {"after": after, "lost_s": round(previous["restart_s"] + previous["redone_s"], 3)}
+        earlier = [*attempts, lost]
+        previous.update({
+            "lost_to_failures_s": round(sum(float(r.get("lost_s", 0.0)) for r in earlier
+                                            if r.get("after") == attempt_records.FAILURE), 3),
+            "lost_to_preemption_s": round(sum(float(r.get("lost_s", 0.0)) for r in earlier
+                                              if r.get("after") == attempt_records.PREEMPTION), 3),
+            "failed_attempts": sum(r.get("after") == attempt_records.FAILURE for r in earlier),
+        })
         self.previous = previous
-        from job.runs import storage
-
         self._record = storage.Appender(path)
         self._append({"event": "attempt", "attempt": previous["attempt"], "step": start_step,
-                      "time": self.began_wall})
+                      "time": self.began_wall, **lost})
         self.flush()  # the attempt is on record at once, even if it ends within seconds
 
     def progress(self, run_dir: Path | Any, step: int, event: str = "progress") -> None:
         """Note that this attempt reached `step` (process 0, when it logs or stops; "end" writes it out)."""
         if self._record is None:
-            from job.runs import storage
-
             self._record = storage.Appender(run_dir / RECORD)
         self._append({"event": event, "attempt": self.previous.get("attempt", 1), "step": step,
                       "time": self._wall(), "step_time_s": round(self.step_time(), 6)})
@@ -158,4 +172,7 @@ def describe(split: dict[str, Any]) -> str:
     if "restart_s" in split:
         line += (f"; attempt {split['attempt']}: {split['restart_s']:.1f} s since the previous one, "
                  f"{split['redone_steps']} steps redone ({split['redone_s']:.1f} s)")
+    if split.get("failed_attempts"):
+        line += (f"; lost to {split['failed_attempts']} failure(s) {split['lost_to_failures_s']:.1f} s, "
+                 f"to preemption {split['lost_to_preemption_s']:.1f} s")
     return line

@@ -14,9 +14,12 @@ record of each split). The states:
 - preempted: the newest record is an attempt's `end` and summary.json says not completed: an
   attempt ends that way only after a preemption signal (exit 75: saved, to be requeued);
 - running: an attempt started, has not ended, and wrote a record less than `stale_s` ago;
+- failed: on Slurm, the batch script recorded the newest attempt's end (RUN_DIR/attempts.jsonl,
+  job.runs.attempts) as a failure it did not retry: "failed (exit 137, process 1 on node2) at step N";
+- retrying: the same, retried and not yet started again: "retrying at step N (retry 1 of 3 ...)";
 - stopped: an attempt started, did not end, and wrote nothing for `stale_s` (1 hour): it was
-  killed, crashed, hung, or refused its input at start. A run records no exit code, so its files
-  cannot tell a failure from a kill: it reads "stopped at step N";
+  killed, crashed, hung, or refused its input at start. Without the batch script's record its
+  files cannot tell a failure from a kill: it reads "stopped at step N";
 - not started: none of these files.
 """
 
@@ -34,6 +37,7 @@ from etils import epath
 
 from job.observe.goodput import RECORD as GOODPUT_RECORD
 from job.observe.goodput import read_records
+from job.runs import attempts as attempt_records
 from job.runs import storage
 from job.runs.sweep import Run, Sweep, Values, load_plan
 from job.runtime.preflight import flatten
@@ -46,6 +50,8 @@ class State(enum.StrEnum):
     COMPLETED = "completed"
     RUNNING = "running"
     PREEMPTED = "preempted"
+    FAILED = "failed"
+    RETRYING = "retrying"
     STOPPED = "stopped"
     NOT_STARTED = "not started"
 
@@ -59,11 +65,16 @@ class RunStatus:
     quiet_s: float | None = None  # seconds since its newest record
     latest: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)  # split -> newest record
     goodput: float | None = None  # steps' share of the time: the last ended attempt's, or the running one's so far
+    ended: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # FAILED, RETRYING: the batch script's record
 
     def describe(self) -> str:
         """'completed', 'running (attempt 2)', 'preempted at step 40', 'stopped at step 30 (quiet 2.1 h)'."""
         if self.state is State.RUNNING:
             return f"running (attempt {self.attempts})" if self.attempts > 1 else "running"
+        if self.state is State.FAILED:
+            return f"failed ({_failure(self.ended)}) at step {self.step}"
+        if self.state is State.RETRYING:
+            return f"retrying at step {self.step} ({self.ended.get('action')} after {_failure(self.ended)})"
         if self.state in (State.PREEMPTED, State.STOPPED):
             quiet = f" (quiet {self.quiet_s / 3600:.1f} h)" if self.state is State.STOPPED and self.quiet_s else ""
             return f"{self.state} at step {self.step}{quiet}"
@@ -75,6 +86,12 @@ class RunStatus:
             if name.startswith(split + "_") and isinstance(self.latest[split].get(name[len(split) + 1:]), int | float):
                 return float(self.latest[split][name[len(split) + 1:]])
         return None
+
+
+def _failure(record: Mapping[str, Any]) -> str:
+    """'exit 137, process 1 on node2' from an attempts.jsonl record."""
+    where = f", process {record['process']} on {record['node']}" if record.get("node") not in (None, "-") else ""
+    return f"exit {record.get('code')}{where}"
 
 
 def _json(path: epath.Path) -> Any:
@@ -145,6 +162,11 @@ def state_of(run_dir: str | epath.Path, *, now: float | None = None, stale_s: fl
                       goodput=summary["goodput"].get("goodput") if isinstance(summary.get("goodput"), dict) else None)
     if summary.get("completed") is True and (total is None or int(summary.get("final_step") or 0) >= total):
         return dataclasses.replace(known, state=State.COMPLETED)
+    batch = attempt_records.ended(path)
+    if batch and batch[-1].get("outcome") in ("failed", "configuration error") and (
+            newest is None or float(batch[-1].get("ended", 0)) >= newest):  # nothing started since
+        retried = str(batch[-1].get("action", "")).startswith("retry")
+        return dataclasses.replace(known, state=State.RETRYING if retried else State.FAILED, ended=batch[-1])
     # a start recorded after the newest goodput record (still starting, or ended there) is newer than an end
     last = records[-1] if records else None
     start_after = bool(started) and (last is None or started[-1] > float(last["time"]))

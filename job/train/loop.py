@@ -27,7 +27,7 @@ from flax import nnx
 
 from job.core.errors import ConfigError
 from job.observe.goodput import Goodput, describe
-from job.runs import provenance, resume, storage
+from job.runs import attempts, provenance, resume, storage
 from job.runtime.cluster import ClusterInfo
 from job.runtime.distributed import initialize
 from job.runtime.preemption import NOTICES, REQUEUE_EXIT_CODE, PreemptionGuard
@@ -181,6 +181,7 @@ class Training:
             run_dir, start_step=start, total_steps=cfg.steps, shown=task.shown, unit=task.unit,
             items_per_step=cfg.data.global_batch * task.items_per_row(cfg.model), wandb=cfg.wandb, config=to_dict(cfg))
         only_specific_processes()(self.timer.resume)(run_dir, start)
+        only_specific_processes()(attempts.note_start)(run_dir, self.timer.previous.get("attempt", 1))
         self.profiler = StepProfiler(cfg.profile.steps, cfg.steps, run_dir, self.info.process_id)
         self.watch = StragglerWatch(cfg.straggler_ratio)
         if start:

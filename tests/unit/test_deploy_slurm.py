@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +19,10 @@ from deploy.runner import Runner
 from deploy.slurm import options as slurm_options
 from deploy.slurm import submit as slurm
 from deploy.slurm import task as slurm_task
+from deploy.slurm.partitions import PARTITION_ARGV
 from job.errors import ConfigError
 from job.runtime.cluster.base import SKIP_GPU_CHECK
-from tests.doubles import RecordingRunner
+from tests.doubles import PARTITION, RecordingRunner
 from tests.golden import check_golden
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,10 +80,16 @@ def test_missing_sbatch_says_how_to_start_the_local_cluster(capsys: pytest.Captu
 
 
 def test_unknown_partition_lists_the_real_ones(capsys: pytest.CaptureFixture[str]) -> None:
-    runner = RecordingRunner(available=("sbatch",), responses={("sinfo",): (0, "debug*\ngpu\n")})
+    listing = PARTITION + PARTITION.replace("debug", "gpu").replace("Default=YES", "Default=NO")
+    runner = RecordingRunner(available=("sbatch",), responses={PARTITION_ARGV: (0, listing)})
     assert slurm.main(["--nodes", "2", "--partition", "big"], runner=runner) == 2
     assert "PARTITION: expected one of debug, gpu, found 'big'" in capsys.readouterr().err
-    assert runner.calls == [["sinfo", "-h", "-o", "%P"]]
+    assert runner.calls == [list(PARTITION_ARGV)]
+
+
+def actions(runner: RecordingRunner) -> list[list[str]]:
+    """The calls after the read-only partition queries every submission makes first (deploy/slurm/partitions.py)."""
+    return [call for call in runner.calls if call[0] not in ("scontrol", "sinfo")]
 
 
 def test_bad_via_and_gpus_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
@@ -185,9 +194,9 @@ def test_gpu_xla_flags_are_set_only_on_the_gpu_path_and_on_both_paths() -> None:
     environ = {"XLA_FLAGS": "--xla_dump_to=/tmp/d"}
     exports = [line for line in slurm.submitit_parameters(slurm.SlurmConfig(), environ)["setup"]
                if line.startswith("export ")]
-    assert exports == []
+    assert exports == ["export JOB_LOG_DIR=runs/slurm-logs", "export JOB_RETRIES=3"]  # slurm/requeue.sh's
     gpu = slurm.SlurmConfig(gpus_per_node=4)
-    assert slurm.submitit_parameters(gpu, environ)["setup"][2:] == [
+    assert slurm.submitit_parameters(gpu, environ)["setup"][2:-3] == [
         "export XLA_FLAGS='--xla_dump_to=/tmp/d --xla_gpu_enable_latency_hiding_scheduler=true'"]
     assert slurm_options.task_environment(gpu, environ) == {
         "XLA_FLAGS": "--xla_dump_to=/tmp/d --xla_gpu_enable_latency_hiding_scheduler=true"}
@@ -216,7 +225,7 @@ def test_gpus_without_a_cuda_interpreter_is_one_error_before_anything_is_submitt
     assert err.count("\n") == 1 and "PYTHON: expected an interpreter with jax's CUDA plugin" in err
     assert "found '/opt/cpu-only/python without jax-cuda12-plugin'" in err
     assert "make venv FLAVOR=cuda" in err and "IMAGE=...:cuda" in err and "JOB_SKIP_GPU_CHECK=1" in err
-    assert runner.calls == [["/opt/cpu-only/python", "-c", slurm_options.GPU_PROBE]]  # the probe only: no sbatch
+    assert actions(runner) == [["/opt/cpu-only/python", "-c", slurm_options.GPU_PROBE]]  # the probe only: no sbatch
 
 
 def test_the_default_gpu_interpreter_is_the_cuda_venv_and_a_missing_one_says_how_to_build_it(
@@ -236,15 +245,15 @@ def test_the_gpu_check_is_skipped_with_an_image_or_the_override(argv: list[str],
         monkeypatch.setenv(SKIP_GPU_CHECK, "1")
     runner = RecordingRunner(available=("sbatch",), responses={("sbatch",): (0, "7\n")})
     assert slurm.main(["--gpus-per-node=4", "--via=sbatch", f"--log-dir={tmp_path}", *argv], runner=runner) == 0
-    assert [call[0] for call in runner.calls] == ["sbatch"]
+    assert [call[0] for call in actions(runner)] == ["sbatch"]
 
 
 def test_the_gpu_probe_accepts_an_interpreter_with_the_plugin(tmp_path: Path) -> None:
     runner = RecordingRunner(available=("sbatch",), responses={("sbatch",): (0, "7\n")})  # the probe answers 0
     assert slurm.main(["--gpus-per-node=4", "--python=/opt/cuda/python", "--via=sbatch", f"--log-dir={tmp_path}"],
                       runner=runner) == 0
-    assert [call[0] for call in runner.calls] == ["/opt/cuda/python", "sbatch"]
-    assert "--export=ALL,JOB_PYTHON=/opt/cuda/python,JOB_LOG_DIR=" + str(tmp_path) in runner.calls[1]
+    assert [call[0] for call in actions(runner)] == ["/opt/cuda/python", "sbatch"]
+    assert f"--export=ALL,JOB_PYTHON=/opt/cuda/python,JOB_LOG_DIR={tmp_path},JOB_RETRIES=3" in actions(runner)[1]
 
 
 # ---------------------------------------------------------------------------------------------------- SBATCH_ARGS
@@ -299,11 +308,12 @@ def test_no_controller_is_one_line_with_the_fix_and_exit_2(output: str, tmp_path
     assert "login node" in err and "make slurm-up NODES=4" in err
 
 
-def test_no_controller_for_sinfo_is_the_same_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    runner = RecordingRunner(available=("sbatch",), responses={("sinfo",): (1, NO_CONTROLLER.replace("sbatch", "sinfo"))})
+def test_no_controller_for_the_partition_query_is_the_same_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    said = NO_CONTROLLER.replace("sbatch", "scontrol")
+    runner = RecordingRunner(available=("sbatch",), responses={("scontrol",): (1, said)})
     assert slurm.main(["--partition=gpu"], runner=runner) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "a Slurm controller that sinfo can reach" in err
+    assert err.count("\n") == 1 and "a Slurm controller that scontrol can reach" in err
 
 
 def test_no_controller_on_the_submitit_path_is_the_same_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -338,7 +348,7 @@ def test_dry_run_prints_submitit_s_script_and_submits_nothing(monkeypatch: pytes
     assert slurm.main(["--nodes=2", "--dry-run", "--log-dir=/logs", "--", "train", "--steps", "5"], runner=runner) == 0
     out = capsys.readouterr().out
     assert out == slurm.submitit_script(slurm.parse(["--nodes=2", "--log-dir=/logs"]), os.environ)
-    assert runner.calls == []
+    assert actions(runner) == []  # the partition queries only
 
 
 def test_dry_run_of_the_sbatch_path_prints_the_command_and_the_srun_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -491,44 +501,123 @@ def test_make_venv_python_makes_a_venv_of_another_interpreter_again(tmp_path: Pa
 
 # ---------------------------------------------------------------------------------------------------- requeue
 STAND_INS = {
-    # srun: ends as the tasks did (SRUN_CODE); scontrol: only `scontrol requeue JOBID`, recorded, as Slurm takes it
-    "srun": 'echo "srun $*" >> "$CALLS"; exit "$SRUN_CODE"\n',
-    "scontrol": '[[ $# == 2 && $1 == requeue && $2 =~ ^[0-9]+$ ]] || { echo "scontrol: invalid command: $*" >&2; '
-                'exit 1; }\necho "scontrol $*" >> "$CALLS"\n',
+    # srun: says which task failed where, as srun does, and ends as the tasks did (SRUN_CODE)
+    "srun": 'echo "srun $*" >> "$CALLS"\n'
+            'case ${FIRST:-$SRUN_CODE} in 0) ;; 75) echo "srun: error: node2: task 1: Exited with exit code 75" >&2 ;;\n'
+            '  2) echo "srun: error: node2: task 1: Exited with exit code 2" >&2 ;;\n'
+            '  *) echo "srun: error: node2: task 1: ${FIRST:-Killed}" >&2 ;; esac\n'
+            '[[ $SRUN_CODE == 0 ]] || echo "srun: error: node1: task 0: Terminated" >&2\n'
+            'exit "$SRUN_CODE"\n',
+    # scontrol: only the four forms the batch scripts use, as Slurm takes them; the rest is refused
+    "scontrol": 'case "$*" in\n'
+                '  "requeue $SLURM_JOB_ID") ;;\n'
+                '  "show job $SLURM_JOB_ID") echo "   ReqNodeList=(null) ExcNodeList=${EXCLUDED:-(null)}"; exit 0 ;;\n'
+                '  "update JobId=$SLURM_JOB_ID ExcNodeList="*) ;;\n'
+                '  "show hostnames "*) tr , "\\n" <<< "$3"; exit 0 ;;\n'
+                '  *) echo "scontrol: invalid command: $*" >&2; exit 1 ;;\n'
+                'esac\necho "scontrol $*" >> "$CALLS"\n',
+    "sinfo": '[[ "$*" == "-h -p debug -N -o %N" ]] || { echo "sinfo: bad $*" >&2; exit 1; }\n'
+             'printf "node%s\\n" 1 2 3 4 4\n',
 }
 
 
-def _batch_script(route: str, tmp_path: Path) -> list[str]:
+def _batch_script(route: str, tmp_path: Path, retries: int = 3) -> list[str]:
     if route == "sbatch":
         return ["bash", str(slurm.SBATCH_SCRIPT), "train", "--run-dir", str(tmp_path / "run")]
     script = tmp_path / "submitit.sbatch"
-    script.write_text(slurm.submitit_script(slurm.SlurmConfig(nodes=2, log_dir=str(tmp_path / "logs")), {}))
+    cfg = slurm.SlurmConfig(nodes=2, log_dir=str(tmp_path / "logs"), retries=retries)
+    script.write_text(slurm.submitit_script(cfg, {}))
     return ["bash", str(script)]
 
 
-@pytest.mark.parametrize("route", ["sbatch", "submitit"])
-@pytest.mark.parametrize("code", [75, 0, 1, 137])
-def test_both_batch_scripts_requeue_the_job_when_its_tasks_saved_after_a_preemption_signal(
-        route: str, code: int, tmp_path: Path) -> None:
+def _run_batch(route: str, tmp_path: Path, code: int, *, retries: int = 3, excluded: str = "", restart: int = 2,
+               first: str = "") -> tuple[subprocess.CompletedProcess[str], list[str], list[dict]]:
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir.mkdir(exist_ok=True)
     for name, body in STAND_INS.items():
         (bin_dir / name).write_text("#!/usr/bin/env bash\n" + body)
         (bin_dir / name).chmod(0o755)
     calls = tmp_path / "calls"
+    calls.unlink(missing_ok=True)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "CALLS": str(calls),
            "SRUN_CODE": str(code), "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]",
-           "SLURM_RESTART_COUNT": "2", "JOB_LOG_DIR": str(tmp_path / "logs")}
-    proc = subprocess.run(_batch_script(route, tmp_path), env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
-    recorded = calls.read_text().splitlines()
+           "SLURM_RESTART_COUNT": str(restart), "JOB_LOG_DIR": str(tmp_path / "logs"), "JOB_RETRIES": str(retries),
+           "SLURM_JOB_PARTITION": "debug", "SLURM_JOB_NUM_NODES": "2", "EXCLUDED": excluded, "FIRST": first}
+    proc = subprocess.run(_batch_script(route, tmp_path, retries), env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    record = tmp_path / "logs" / "4242-attempts.jsonl"
+    records = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+    return proc, calls.read_text().splitlines(), records
+
+
+@pytest.mark.parametrize("route", ["sbatch", "submitit"])
+@pytest.mark.parametrize("code", [75, 0, 1, 137, 2])
+def test_both_batch_scripts_requeue_a_preempted_job_and_retry_a_failed_one_away_from_its_node(
+        route: str, code: int, tmp_path: Path) -> None:
+    proc, recorded, records = _run_batch(route, tmp_path, code)
     assert proc.returncode == code, proc.stderr  # srun's status is the batch step's, requeued or not
     assert recorded[0].startswith("srun ") and "--kill-on-bad-exit=1" in recorded[0]
+    assert "srun: error: node2: task 1" in proc.stderr or code == 0  # srun's own messages still reach the log
+    (record,) = records
+    assert record["event"] == "ended" and record["job"] == "4242" and record["attempt"] == 3
+    assert record["code"] == code and record["ended"] >= record["began"] > 0
     if code == slurm_task.REQUEUE_EXIT_CODE:
         assert recorded[1:] == ["scontrol requeue 4242"]
         assert "job 4242 saved its state after a preemption signal: requeueing (restart 3)" in proc.stdout
+        assert record["outcome"] == "preempted"
+    elif code in (1, 137):
+        assert recorded[1:] == ["scontrol requeue 4242", "scontrol update JobId=4242 ExcNodeList=node2"]
+        assert record == {**record, "outcome": "failed", "node": "node2", "process": "1", "cause": "Killed",
+                          "action": "retry 1 of 3, excluding node2"}
+        assert (f"job 4242 attempt 3 failed with exit code {code} (process 1 on node2: Killed): retry 1 of 3, "
+                "excluding node2") in proc.stdout
     else:
         assert recorded[1:] == []
+        assert record["outcome"] == {0: "completed", 2: "configuration error"}[code]
+
+
+@pytest.mark.parametrize("route", ["sbatch", "submitit"])
+def test_the_retry_budget_is_counted_across_requeues_and_preemptions_spend_none(route: str, tmp_path: Path) -> None:
+    outcomes = []
+    for restart, code in enumerate([1, 75, 137, 75, 1]):  # a budget of 2: the third failure ends the job
+        proc, recorded, records = _run_batch(route, tmp_path, code, retries=2, restart=restart,
+                                             excluded="node2" if restart else "")
+        assert proc.returncode == code, proc.stderr
+        outcomes.append((records[-1]["outcome"], records[-1]["action"], recorded[1:]))
+    assert outcomes == [
+        ("failed", "retry 1 of 2, excluding node2", ["scontrol requeue 4242", "scontrol update JobId=4242 ExcNodeList=node2"]),
+        ("preempted", "requeued (a preemption spends no retry)", ["scontrol requeue 4242"]),
+        ("failed", "retry 2 of 2, excluding node2", ["scontrol requeue 4242", "scontrol update JobId=4242 ExcNodeList=node2,node2"]),
+        ("preempted", "requeued (a preemption spends no retry)", ["scontrol requeue 4242"]),
+        ("failed", "not retried: the retry budget is spent (2 of 2)", []),
+    ]
+    assert "job 4242 ends with exit code 1: not retried: the retry budget is spent (2 of 2)" in proc.stderr
+
+
+@pytest.mark.parametrize("route", ["sbatch", "submitit"])
+def test_a_failure_is_retried_without_excluding_its_node_when_too_few_nodes_would_be_left(
+        route: str, tmp_path: Path) -> None:
+    proc, recorded, records = _run_batch(route, tmp_path, 1, excluded="node1,node3")
+    assert recorded[1:] == ["scontrol requeue 4242"]  # node1, node2 and node3 out: one node left for two
+    assert "requeued without excluding node2" in proc.stderr
+
+
+@pytest.mark.parametrize(("first", "code", "outcome"), [
+    ("Exited with exit code 2", 2, "configuration error"), ("Exited with exit code 1", 1, "failed"),
+    ("Segmentation fault (core dumped)", 143, "failed")])
+def test_the_jobs_code_is_the_first_failing_tasks_not_sruns_own(first: str, code: int, outcome: str,
+                                                               tmp_path: Path) -> None:
+    """srun ends with its last task's status: 143 once it stopped the others after the first failed."""
+    proc, recorded, records = _run_batch("sbatch", tmp_path, 143, first=first)
+    assert proc.returncode == code, proc.stderr
+    assert records[-1]["code"] == code and records[-1]["outcome"] == outcome and records[-1]["cause"] == first
+    assert (recorded[1:] == []) is (outcome != "failed")
+
+
+def test_retries_are_off_with_a_budget_of_zero(tmp_path: Path) -> None:
+    proc, recorded, records = _run_batch("submitit", tmp_path, 137, retries=0)
+    assert proc.returncode == 137 and recorded[1:] == []
+    assert records[-1]["action"] == "not retried: the retry budget is spent (0 of 0)"
 
 
 def test_the_requeue_code_of_the_batch_scripts_is_the_jobs() -> None:
@@ -556,10 +645,17 @@ print("went on", flush=True)
 
 @pytest.mark.parametrize("sig", list(slurm_task.SIGNALS), ids=lambda s: s.name)
 def test_the_submitit_task_drops_submitits_own_handlers_so_a_signal_acts_as_under_train_sbatch(sig: int) -> None:
+    """SIGTERM ends the task by its default action; a notice (USR1, USR2) is remembered for the loop's guard
+    (job.runtime.preemption.EarlyNotice), as `python -m job` does under slurm/train.sbatch."""
     proc = subprocess.run([sys.executable, "-c", BEFORE_THE_GUARD, str(int(sig))], capture_output=True,
                           text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
-    assert proc.returncode == -sig, (proc.returncode, proc.stdout, proc.stderr)  # its default action, as in sbatch
-    assert "submitit's handler" not in proc.stdout and "went on" not in proc.stdout
+    assert "submitit's handler" not in proc.stdout
+    if sig == signal.SIGTERM:
+        assert proc.returncode == -sig, (proc.returncode, proc.stdout, proc.stderr)  # as in sbatch
+        assert "went on" not in proc.stdout
+    else:
+        assert proc.returncode == 0 and "went on" in proc.stdout, (proc.returncode, proc.stdout, proc.stderr)
+        assert f"received {signal.Signals(sig).name} during start-up: the run stops with 75" in proc.stderr
 
 
 # ---------------------------------------------------------------------------------------------------- sweeps: one job array
@@ -598,7 +694,7 @@ def test_golden_sweep_array_submitit_script(monkeypatch: pytest.MonkeyPatch) -> 
 
     cfg = dataclasses.replace(CPU, sweep="seed=0,1,2,3", sweep_parallel=2)
     text = array.dry_run(cfg, _half_done_sweep(Path("/shared/runs/sweep1")), Runner())
-    assert "#SBATCH --array=0-1%2" in text and "#SBATCH --requeue" in text and 'requeue_if_preempted "$?"' in text
+    assert "#SBATCH --array=0-1%2" in text and "#SBATCH --requeue" in text and 'after_srun "$?"' in text
     check_golden(GOLDEN / "sweep_array_submitit_cpu.sbatch", normalized(text))
 
 

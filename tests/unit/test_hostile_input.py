@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 import job
 from deploy.slurm import submit as slurm
 from deploy.slurm.options import GPU_PROBE, OURS
+from deploy.slurm.partitions import PARTITION_ARGV
 from deploy.tpu import cli as tpu
 from deploy.tpu import remote
 from job import __main__ as job_cli
@@ -41,7 +42,7 @@ from job.errors import ConfigError
 from job.tasks.lm import data as lm_data
 from job.tasks.lm import model as lm_model
 from job.train import config, entry, loop
-from tests.doubles import RecordingRunner
+from tests.doubles import PARTITION, RecordingRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = settings(max_examples=60, deadline=None, database=None,
@@ -366,7 +367,9 @@ def test_launcher_accepts_real_addresses(host: str) -> None:
 
 # ====================================================================== make submit-slurm: python -m deploy.slurm
 def slurm_runner() -> RecordingRunner:
-    return RecordingRunner(available=("sbatch",), responses={("sinfo",): (0, "debug*\ngpu\n")})
+    """A login node with the partitions debug (the default) and gpu, its nodes as tests.doubles answers them."""
+    listing = PARTITION + PARTITION.replace("debug", "gpu").replace("Default=YES", "Default=NO")
+    return RecordingRunner(available=("sbatch",), responses={PARTITION_ARGV: (0, listing)})
 
 
 @pytest.fixture
@@ -377,9 +380,10 @@ def slurm_submits_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def submitted(runner: RecordingRunner) -> list[list[str]]:
-    """The calls that would change something: anything but the read-only sinfo / squeue / sacct and the
-    probe of the tasks' interpreter for jax's CUDA plugin."""
-    return [c for c in runner.calls if c[0] not in ("sinfo", "squeue", "sacct") and c[1:] != ["-c", GPU_PROBE]]
+    """The calls that would change something: anything but the read-only scontrol / sinfo / squeue / sacct and
+    the probe of the tasks' interpreter for jax's CUDA plugin."""
+    return [c for c in runner.calls
+            if c[0] not in ("scontrol", "sinfo", "squeue", "sacct") and c[1:] != ["-c", GPU_PROBE]]
 
 
 @pytest.mark.parametrize(("argv", "needles"), [

@@ -134,6 +134,37 @@ def test_goodput_of_a_requeued_attempt_counts_the_restart_and_the_steps_redone(t
     assert "attempt 2: 30.0 s since the previous one, 2 steps redone (4.0 s)" in describe(split)
 
 
+def test_goodput_counts_the_time_lost_after_failures_apart_from_preemptions(tmp_path: Path) -> None:
+    """Attempt 1 is killed (no end record), attempt 2 saves after a preemption signal (its end record),
+    attempt 3 fails where the batch script's record says so although it wrote its end record."""
+    clock = FakeClock()
+
+    def attempt(start: int, steps: int, *, end: bool) -> Goodput:
+        timer = Goodput(clock=clock, wall=clock)
+        timer.resume(tmp_path, start)
+        for step in range(start + 1, start + steps + 1):
+            with timer.step():
+                clock.now += 2.0
+            timer.progress(tmp_path, step)
+        if end:
+            timer.progress(tmp_path, start + steps, "end")
+        clock.now += 10.0
+        return timer
+
+    attempt(0, 5, end=False)  # reached 5, resumes from 4: 10 s restart + 1 step (2 s) lost to a failure
+    attempt(4, 4, end=True)  # reached 8 and saved it: 10 s lost to a preemption
+    third = attempt(8, 2, end=True)
+    began = third.began_wall
+    (tmp_path / "attempts.jsonl").write_text(json.dumps({"event": "ended", "attempt": 3, "ended": began + 5,
+                                                         "code": 137, "outcome": "failed"}) + "\n")
+    split = attempt(9, 1, end=True).finish()
+    assert split["attempt"] == 4 and split["failed_attempts"] == 2
+    assert split["lost_to_failures_s"] == 12.0 + 12.0 and split["lost_to_preemption_s"] == 10.0
+    assert "lost to 2 failure(s) 24.0 s, to preemption 10.0 s" in describe(split)
+    lines = [json.loads(line) for line in (tmp_path / "goodput.jsonl").read_text().splitlines()]
+    assert [r.get("after") for r in lines if r["event"] == "attempt"] == [None, "failure", "preemption", "failure"]
+
+
 @pytest.mark.parametrize("text", ["", "5", "a:b", "0:3", "5:3", "3:99", "3:", "-1:2", "1:2:3",
                                   "+1:2", "\u0661:\u0662", "1_0:12"])
 def test_bad_profile_steps_get_one_clear_error(text: str) -> None:

@@ -137,6 +137,41 @@ def test_a_requeued_run_running_again_counts_its_attempts(tmp_path: Path, clock:
         State.RUNNING, 30, 2, "running (attempt 2)")
 
 
+def _batch_record(run_dir: Path, clock: Clock, attempt_no: int, code: int, action: str, outcome: str = "failed") -> None:
+    """The line slurm/requeue.sh appends to RUN_DIR/attempts.jsonl once an attempt's srun has ended."""
+    clock.t += 3.0
+    with (run_dir / "attempts.jsonl").open("a") as f:
+        f.write(json.dumps({"event": "ended", "job": "77", "attempt": attempt_no, "began": T0, "ended": clock.t,
+                            "code": code, "outcome": outcome, "node": "node2", "process": "1", "cause": "Killed",
+                            "action": action}) + "\n")
+
+
+def test_a_failed_attempt_reads_retrying_until_the_next_starts_and_failed_once_not_retried(
+        tmp_path: Path, clock: Clock) -> None:
+    run_dir = tmp_path / "lr=1e-3"
+    run_dir.mkdir()
+    cfg = cfg_of(run_dir)
+    attempt(run_dir, cfg, clock, start=0, reach=30, ends=None)  # killed at step 30
+    _batch_record(run_dir, clock, 1, 137, "retry 1 of 1, excluding node2")
+    retrying = state_of(run_dir, now=clock.t + 5)
+    assert (retrying.state, retrying.describe()) == (
+        State.RETRYING, "retrying at step 30 (retry 1 of 1, excluding node2 after exit 137, process 1 on node2)")
+    clock.t += 60
+    attempt(run_dir, cfg, clock, start=20, reach=25, ends=None)  # the retry, running again
+    assert state_of(run_dir, now=clock.t + 5).state is State.RUNNING
+    _batch_record(run_dir, clock, 2, 137, "not retried: the retry budget is spent (1 of 1)")
+    failed = state_of(run_dir, now=clock.t + 86400)
+    assert (failed.state, failed.describe()) == (State.FAILED, "failed (exit 137, process 1 on node2) at step 30")
+    table = runs_table.render(str(tmp_path), runs_table.rows(str(tmp_path), now=clock.t + 86400))
+    assert "failed (exit 137, process 1 on node2) at step 30" in table
+
+
+def test_a_preempted_attempt_recorded_by_the_batch_script_is_not_a_failure(tmp_path: Path, clock: Clock) -> None:
+    attempt(tmp_path, cfg_of(tmp_path), clock, start=0, reach=20, ends="preempted")
+    _batch_record(tmp_path, clock, 1, 75, "requeued (a preemption spends no retry)", outcome="preempted")
+    assert state_of(tmp_path, now=clock.t + 86400).state is State.PREEMPTED
+
+
 def test_an_attempt_ended_without_its_own_summary_has_stopped_whatever_the_one_before_said(tmp_path: Path,
                                                                                           clock: Clock) -> None:
     cfg = cfg_of(tmp_path)

@@ -1,0 +1,195 @@
+"""`make doctor WHERE=local`: what would make the local launcher's run fail on this machine, before it starts.
+
+    python -m deploy.local_doctor -n 4 --devices-per-process 2 [--python .venv/bin/python] [--port P] [--host H]
+
+Takes the launcher's own flags (`python -m job.launch`, read by its parser, so a bad -n fails the same
+way) and prints one line per check, exit 1 when any failed:
+
+| check          | fails when                                                                            |
+|----------------|---------------------------------------------------------------------------------------|
+| coordinator    | --port is taken on --host (process 0 then crashes), or no free port can be found     |
+| /dev/shm       | it is missing or not writable; with GPUs, under 1 GiB free (NCCL's shared memory)     |
+| cores          | more than 8 processes per usable core (16 on 2 cores is the most measured to work)    |
+| memory         | less available (MemAvailable, within the cgroup's limit) than 300 MiB per process    |
+| venv           | --python cannot `import job, jax`                                                     |
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import errno
+import os
+import socket
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import portpicker
+
+from deploy.checks import Check, report
+from deploy.runner import Runner
+from job import launch
+from job.runs.headroom import CGROUP_ROOT, PROC_CGROUP, host_available
+
+SHM = Path("/dev/shm")
+SHM_FOR_GPUS = 1 << 30  # NCCL's shared-memory transport between the GPUs of one host; docker's default is 64 MiB
+PROCESSES_PER_CORE = 8  # FACTS: 16 processes on 2 cores start and run a collective (~9.5 s); more is untested
+PROCESS_BYTES = 300 << 20  # FACTS: ~230 MB RSS per process after jax's init and a collective, rounded up
+VENV_PROBE = "import sys, job, jax; print(sys.version.split()[0], jax.__version__, job.__file__)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+    """What this machine offers the launcher; read by `Machine.here()`, given by tests."""
+
+    cores: float  # usable: CPU affinity, capped by the cgroup's cpu.max quota
+    available: int | None  # bytes of memory the run may take; None: unknown
+    shm: Path = SHM
+
+
+def cgroup_cpus(proc_cgroup: Path = PROC_CGROUP, root: Path = CGROUP_ROOT) -> float | None:
+    """The cpu.max quota of this process's cgroup (v2) in cores; None when there is none."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("0::"):
+            try:
+                quota, period = (root / line[3:].lstrip("/") / "cpu.max").read_text().split()
+            except (OSError, ValueError):
+                return None
+            return None if quota == "max" else int(quota) / int(period)
+    return None
+
+
+def here() -> Machine:
+    cores: float = len(os.sched_getaffinity(0))
+    quota = cgroup_cpus()
+    return Machine(cores=min(cores, quota) if quota else cores, available=host_available())
+
+
+def size(n: float) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """Why `port` cannot be bound on `host` (the coordinator's address), or None when it can."""
+    bare = host[1:-1] if host.startswith("[") else host
+    family = socket.AF_INET6 if host.startswith("[") else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((bare, port))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def coordinator(cfg: launch.LaunchConfig) -> Check:
+    name = "coordinator port"
+    if cfg.port is not None:
+        problem = port_problem(cfg.host, cfg.port)
+        if problem:
+            taken = problem == os.strerror(errno.EADDRINUSE)
+            return Check(name, False, f"--port {cfg.port} on {cfg.host}: {problem}"
+                         + (" (another program holds it: process 0 would crash at its start)" if taken else ""),
+                         fix="leave --port out (the launcher picks a free one), or another --port")
+        return Check(name, True, f"{cfg.host}:{cfg.port} is free")
+    try:
+        port = portpicker.pick_unused_port()
+    except Exception as exc:  # noqa: BLE001 (portpicker raises NoFreePortFoundError or OSError)
+        return Check(name, False, f"no free port on this machine ({exc})", fix="close programs that hold ports")
+    problem = port_problem(cfg.host, port)
+    if problem:
+        return Check(name, False, f"--host {cfg.host}: cannot listen there ({problem})",
+                     fix="--host 127.0.0.1 (the default), or an address of this machine")
+    return Check(name, True, f"a free port on {cfg.host} (e.g. {port}; the launcher picks its own at the start)")
+
+
+def shared_memory(cfg: launch.LaunchConfig, machine: Machine) -> Check:
+    name = str(machine.shm)
+    try:
+        stat = os.statvfs(machine.shm)
+        with tempfile.NamedTemporaryFile(dir=machine.shm, prefix="doctor-"):
+            pass
+    except OSError as exc:
+        return Check(name, False, f"{machine.shm} is not a writable folder ({exc.strerror}): Python's "
+                     "multiprocessing and NCCL keep their shared memory there",
+                     fix="mount it (mount -t tmpfs -o size=2g tmpfs /dev/shm), or docker run --shm-size=2g")
+    total, free = stat.f_blocks * stat.f_frsize, stat.f_bavail * stat.f_frsize
+    found = f"{size(total)}, {size(free)} free"
+    if cfg.gpus and free < SHM_FOR_GPUS:
+        return Check(name, False, f"{found}: under the {size(SHM_FOR_GPUS)} NCCL needs between the GPUs of "
+                     f"{cfg.num_processes} processes", fix="docker run --shm-size=8g, or mount -o remount,size=8g "
+                     "/dev/shm")
+    return Check(name, True, found)
+
+
+def cores(cfg: launch.LaunchConfig, machine: Machine) -> Check:
+    n, devices = cfg.num_processes, cfg.devices_per_process or 1
+    found = (f"{n} processes x {devices} CPU device(s) on {machine.cores:g} usable core(s)"
+             if not cfg.gpus else f"{n} processes on {machine.cores:g} usable core(s)")
+    if n > PROCESSES_PER_CORE * machine.cores:
+        most = max(int(PROCESSES_PER_CORE * machine.cores), 1)
+        return Check("cores", False, f"{found}: over {PROCESSES_PER_CORE} processes per core, more than was "
+                     "measured to work (16 on 2 cores); processes that reach the first collective over 30 s apart "
+                     "end the run", fix=f"NPROC={most} or fewer (-n {most})")
+    ratio = n * devices / machine.cores
+    return Check("cores", True, found + (f" ({ratio:.1f} devices per core: slower than one each, works)"
+                                         if ratio > 1 else ""))
+
+
+def memory(cfg: launch.LaunchConfig, machine: Machine) -> Check:
+    needed = cfg.num_processes * PROCESS_BYTES
+    if machine.available is None:
+        return Check("memory", True, f"not known here (no /proc/meminfo); {cfg.num_processes} processes need "
+                     f"about {size(needed)} beyond the model")
+    if machine.available < needed:
+        most = max(machine.available // PROCESS_BYTES, 1)
+        return Check("memory", False, f"{size(machine.available)} available, under the {size(needed)} that "
+                     f"{cfg.num_processes} processes of jax need before the model (about {size(PROCESS_BYTES)} each)",
+                     fix=f"NPROC={most} or fewer, or free memory")
+    return Check("memory", True, f"{size(machine.available)} available, {cfg.num_processes} processes need about "
+                 f"{size(needed)} before the model")
+
+
+def venv(python: str, runner: Runner) -> Check:
+    name = "venv"
+    try:
+        proc = runner.run([python, "-c", VENV_PROBE], capture=True, check=False, timeout=300, mutating=False)
+    except OSError as exc:
+        return Check(name, False, f"{python} does not run ({exc.strerror})", fix="make venv")
+    if proc.returncode != 0:
+        last = ([line for line in (proc.stderr or "").splitlines() if line.strip()] or ["no message"])[-1]
+        return Check(name, False, f"{python} cannot `import job, jax` (exit {proc.returncode}: {last})",
+                     fix="make venv (again: it installs requirements.lock and this checkout)")
+    version, jax_version, job_file = (proc.stdout.split(maxsplit=2) + ["", "", ""])[:3]
+    return Check(name, True, f"{python}: Python {version}, jax {jax_version}, job from {job_file.strip()}")
+
+
+def checks(cfg: launch.LaunchConfig, python: str, runner: Runner, machine: Machine) -> Iterator[Check]:
+    yield coordinator(cfg)
+    yield shared_memory(cfg, machine)
+    yield cores(cfg, machine)
+    yield memory(cfg, machine)
+    yield venv(python, runner)
+
+
+def parse(argv: Sequence[str]) -> tuple[launch.LaunchConfig, str]:
+    """The launcher's config (its own parser: a bad -n is refused as `make run-local` would refuse it), and
+    --python, the interpreter the processes run (make passes .venv's)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--python", default=sys.executable)
+    ours, rest = parser.parse_known_args(list(argv))
+    return launch.parse_args([*rest, "--", sys.executable]), ours.python
+
+
+def main(argv: Sequence[str] | None = None, runner: Runner | None = None, machine: Machine | None = None) -> int:
+    cfg, python = parse(sys.argv[1:] if argv is None else argv)
+    return report(checks(cfg, python, runner or Runner(), machine or here()), before="running")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

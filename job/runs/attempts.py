@@ -1,0 +1,79 @@
+"""How each attempt of a run ended, as the batch script that ran it saw it (slurm/requeue.sh).
+
+On Slurm every attempt ends in the batch script: its exit code, the task that failed first and its node
+(from srun's own messages), and what was done (requeued after a preemption, retried away from the node,
+not retried). The script appends one `ended` line per attempt to JOB_ATTEMPTS (its log folder's
+JOBID-attempts.jsonl, which counts the job's retries) and to RUN_DIR/attempts.jsonl. It learns the run
+dir from the `started` line process 0 writes there at each start (`note_start`):
+
+    {"event": "started", "attempt": 2, "time": 1764783000.1, "run_dir": "/shared/runs/lm1"}
+    {"event": "ended", "job": "5123", "attempt": 1, "began": 1764782000, "ended": 1764782950, "code": 137,
+     "outcome": "failed", "node": "node2", "process": "1", "cause": "Killed", "action": "retry 1 of 3, excluding node2"}
+
+Outcomes: completed, preempted, failed, configuration error. `python -m job runs` shows a run whose newest
+attempt failed and was not retried as failed (code); goodput counts the time lost after a failure apart
+from the time lost after a preemption (`cause_of_end`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from etils import epath
+
+log = logging.getLogger(__name__)
+
+ENV = "JOB_ATTEMPTS"  # set by slurm/requeue.sh's watch_srun for the tasks
+RECORD = "attempts.jsonl"
+FAILURE, PREEMPTION = "failure", "preemption"
+
+
+def note_start(run_dir: epath.Path, attempt: int, environ: Mapping[str, str] = os.environ) -> None:
+    """Process 0, at an attempt's start: tell the batch script where this run's records are (no-op off Slurm)."""
+    path = environ.get(ENV)
+    if not path:
+        return
+    where = str(run_dir) if "://" in str(run_dir) else os.path.abspath(str(run_dir))
+    line = json.dumps({"event": "started", "attempt": attempt, "time": round(time.time(), 3), "run_dir": where})
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+    except OSError as exc:
+        log.warning("attempts: expected to note this attempt's start in %s=%s, found %s; its end is still in the "
+                    "job's log but not in %s/%s", ENV, path, exc.strerror or exc, run_dir, RECORD)
+
+
+def ended(run_dir: epath.Path) -> list[dict[str, Any]]:
+    """RUN_DIR/attempts.jsonl's `ended` records, oldest first (none off Slurm, or for a gs:// run dir)."""
+    try:
+        text = (run_dir / RECORD).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return []
+    records = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a torn line
+        if isinstance(record, dict) and record.get("event") == "ended":
+            records.append(record)
+    return records
+
+
+def cause_of_end(records: list[dict[str, Any]], previous_ended_cleanly: bool, since: float) -> str:
+    """Why the previous attempt ended: FAILURE or PREEMPTION. The batch script's record of an attempt that
+    ended after `since` (the previous attempt's start) says it where there is one; otherwise an attempt
+    that wrote its `end` goodput record had stopped on purpose (a preemption signal), one that did not was
+    ended by a failure (an exception, a crash, a kill)."""
+    for record in reversed(records):
+        if float(record.get("ended", 0)) >= since:
+            return PREEMPTION if record.get("outcome") in ("preempted", "completed") else FAILURE
+    return PREEMPTION if previous_ended_cleanly else FAILURE
+
+
+__all__ = ["ENV", "FAILURE", "PREEMPTION", "RECORD", "cause_of_end", "ended", "note_start"]

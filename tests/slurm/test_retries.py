@@ -1,0 +1,103 @@
+"""Retries on the real local Slurm cluster: a rank killed on one node is retried away from that node and
+the run completes as an uninterrupted one does (bitwise); a fault on every attempt stops once the budget is
+spent, with the failure's code; a configuration error is never retried. The fault: tests/user_tasks/node_fault.py
+(SIGKILL of the process on a named node at a step, on every attempt that runs there)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from job.observe.status import State, state_of
+from tests.launching import ROOT, explain, launcher_argv, run
+from tests.slurm.test_slurm import SMALL, deploy_argv, job_id, task_env
+
+pytestmark = pytest.mark.slurm
+FAULTY = ["--task", "tests.user_tasks.node_fault:TASK"]
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _ended(run_dir: Path) -> list[dict]:
+    return [r for r in _records(run_dir / "attempts.jsonl") if r["event"] == "ended"]
+
+
+def _submit(slurm_env: dict[str, str], tmp_path: Path, job: list[str], *options: str,
+            fault: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    env = {**task_env(slurm_env), **fault}
+    return subprocess.run(deploy_argv(tmp_path, "--wait", *options, job=job, nodes=2), env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_a_rank_killed_on_one_node_is_retried_on_other_nodes_and_matches_an_uninterrupted_run(
+        slurm_env: dict[str, str], tmp_path: Path) -> None:
+    # saves on the loop's thread: step 8's is on disk before any row of step 12 is asked for
+    flags = ["--steps", "24", "--ckpt.every", "8", "--ckpt.no-background", "--log-every", "4", *SMALL]
+    reference = run(launcher_argv(2, [sys.executable, "-m", "job", "train", "--run-dir", str(tmp_path / "ref"),
+                                      *flags], devices=1), timeout=300)
+    assert reference.returncode == 0, explain(reference, reference.stdout, reference.stderr)
+    run_dir = tmp_path / "run"
+    proc = _submit(slurm_env, tmp_path, ["train", "--run-dir", str(run_dir), *FAULTY, *flags], "--retries", "2",
+                   fault={"NODE_FAULT": "node2", "NODE_FAULT_STEP": "12"})
+    assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
+    jid = job_id(proc.stdout)
+    ours = json.loads((run_dir / "summary.json").read_text())
+    ref = json.loads((tmp_path / "ref" / "summary.json").read_text())
+    assert ours["completed"] is True and ours["final_step"] == 24
+    assert ours["params_sha256"] == ref["params_sha256"]  # resumed from its checkpoint, bitwise
+
+    failed, done = _ended(run_dir)
+    assert failed == {**failed, "job": jid, "attempt": 1, "outcome": "failed", "node": "node2", "process": "1",
+                      "action": "retry 1 of 2, excluding node2"}, failed
+    assert failed["code"] != 0 and "Killed" in failed["cause"]
+    assert done == {**done, "job": jid, "attempt": 2, "outcome": "completed", "code": 0}, done
+    # the second attempt ran elsewhere: Slurm kept node2 out of it
+    batch = (tmp_path / "logs" / f"{jid}_0_log.out").read_text()
+    assert f"job {jid} attempt 1 failed with exit code {failed['code']} (process 1 on node2: " in batch
+    assert "resumed from step 8" in batch, batch
+    shown = subprocess.run(["scontrol", "show", "job", jid], env=slurm_env, capture_output=True, text=True).stdout
+    assert "ExcNodeList=node2" in shown and "Restarts=1" in shown, shown
+    second = [line for line in (tmp_path / "logs" / f"{jid}_1_log.out").read_text().splitlines()
+              if "process 1 of 2 (slurm) on" in line]
+    assert len(second) == 2 and second[0].endswith("on node2") and not second[1].endswith("on node2"), second
+    # goodput tells the time lost to the failure apart from preemption
+    assert ours["goodput"]["failed_attempts"] == 1 and ours["goodput"]["lost_to_failures_s"] > 0
+    assert ours["goodput"]["lost_to_preemption_s"] == 0
+    assert state_of(run_dir).state is State.COMPLETED
+
+
+def test_a_fault_on_every_attempt_stops_once_the_budget_is_spent_with_its_code(
+        slurm_env: dict[str, str], tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    job = ["train", "--run-dir", str(run_dir), *FAULTY, "--steps", "12", "--ckpt.every", "4", *SMALL]
+    proc = _submit(slurm_env, tmp_path, job, "--retries", "1", fault={"NODE_FAULT": "*", "NODE_FAULT_STEP": "6"})
+    assert proc.returncode != 0, explain(proc, proc.stdout, proc.stderr)
+    first, second = _ended(run_dir)
+    assert first["outcome"] == second["outcome"] == "failed"
+    assert first["action"].startswith("retry 1 of 1") and first["code"] != 0
+    assert second["action"] == "not retried: the retry budget is spent (1 of 1)"
+    jid = job_id(proc.stdout)
+    batch = (tmp_path / "logs" / f"{jid}_0_log.out").read_text()
+    assert f"job {jid} ends with exit code {second['code']}: not retried: the retry budget is spent (1 of 1)" in batch
+    status = state_of(run_dir)
+    assert status.state is State.FAILED and status.describe().startswith(f"failed (exit {second['code']}"), status
+
+
+def test_a_configuration_error_is_never_retried(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    # a batch of 3 rows cannot be split over the job's 2 processes: found on the compute nodes, exit 2
+    job = ["train", "--run-dir", str(run_dir), "--steps", "4", "--data.global-batch", "3", *SMALL]
+    proc = _submit(slurm_env, tmp_path, job, "--retries", "3", fault={})
+    assert proc.returncode != 0, explain(proc, proc.stdout, proc.stderr)
+    jid = job_id(proc.stdout)
+    (record,) = [r for r in _records(tmp_path / "logs" / f"{jid}-attempts.jsonl") if r["event"] == "ended"]
+    assert record["outcome"] == "configuration error" and record["code"] == 2
+    assert record["action"] == "not retried: the same flags would fail again"
+    shown = subprocess.run(["scontrol", "show", "job", jid], env=slurm_env, capture_output=True, text=True).stdout
+    assert "Restarts=0" in shown, shown
