@@ -63,7 +63,7 @@ def loop_state(quick: bool):  # noqa: ANN201
     from job import sharding
     from job import task as tasks
     from job.train.config import OptimConfig
-    from job.train.loop import count_params
+    from job.train.state import count_params
     from job.train.steps import make_optimizer
 
     task = tasks.load(TASK)

@@ -63,7 +63,7 @@ class Trainer:
         from job.runs.checkpoint import Checkpointer
         from job.train.batches import global_batch
         from job.train.config import CheckpointConfig, OptimConfig
-        from job.train.loop import count_params
+        from job.train.state import count_params
         from job.train.steps import jit_train_step, make_optimizer
 
         task = tasks.load(TASK)

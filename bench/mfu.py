@@ -120,7 +120,7 @@ def worker(argv: list[str]) -> None:
     from job import sharding
     from job import task as tasks
     from job.train.config import OptimConfig
-    from job.train.loop import count_params
+    from job.train.state import count_params
     from job.train.steps import jit_train_step, make_optimizer
 
     task = tasks.load("lm")

@@ -22,27 +22,36 @@ from typing import Any
 
 import jax
 import numpy as np
+import optax
 from etils import epath
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from job.core.errors import ConfigError
 from job.observe.goodput import Goodput, describe
+from job.observe.profile import StepProfiler
+from job.observe.report import Reporter
+from job.observe.stragglers import StragglerWatch
+from job.parallel import sharding
+from job.parallel.fingerprint import fingerprint
+from job.parallel.multihost import barrier, only_specific_processes
 from job.runs import attempts, provenance, resume, storage
+from job.runs.checkpoint import Checkpointer
+from job.runtime import compile_cache, preflight
 from job.runtime.cluster import ClusterInfo
+from job.runtime.compile_cache import CacheEvents
 from job.runtime.distributed import initialize
 from job.runtime.preemption import NOTICES, REQUEUE_EXIT_CODE, PreemptionGuard
 from job.runtime.watchdog import Watchdog
 from job.train import config, optimizers
+from job.train import state as state_plan
+from job.train.batches import Prefetch, global_batch
 from job.train.config import TrainConfig, to_dict, to_json
-from job.train.steps import leaked_tracer_note
-from job.train.task import Task
+from job.train.evaluation import Evaluator, summary_fields
+from job.train.steps import jit_eval_step, jit_train_step, leaked_tracer_note
+from job.train.task import Rows, Task
 
 log = logging.getLogger("job.train")
-
-
-def count_params(model: nnx.Module) -> int:
-    """Number of scalar entries over all `nnx.Param`s."""
-    return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
 def run(cfg: TrainConfig, task: Task, argv: list[str] | None = None) -> int:
@@ -66,13 +75,14 @@ class Built:
 
     run_dir: epath.Path
     mesh: jax.sharding.Mesh
-    source: Any  # the task's rows
-    planned: Any  # job.train.state.Plan: shapes, shardings and the init of the state
-    schedule: Any  # the learning rate by step
+    source: Rows  # the task's rows
+    planned: state_plan.Plan  # shapes, shardings and the init of the state
+    schedule: optax.Schedule  # the learning rate by step
     train_step: Callable[..., Any]  # (state, batch) -> (state, metrics), jitted
-    evaluator: Any  # job.train.evaluation.Evaluator over the task's eval splits
-    batch_sharding: Any  # how a train batch is laid out
-    checked: Any  # the preflight's findings
+    evaluator: Evaluator  # over the task's eval splits
+    batch_sharding: jax.sharding.NamedSharding  # how a train batch is laid out
+    checked: preflight.Summary  # the preflight's findings
+    cache_dir: str | None  # the compilation cache's folder; None: off
 
 
 class Training:
@@ -89,19 +99,24 @@ class Training:
         self.metrics: dict[str, Any] = {}  # the last train step's
         self.evaluated: dict[str, dict[str, float]] = {}  # the last evaluation's, by split
         self.last_saved = 0
+        self.cache_events = CacheEvents()  # this process's cache hits and misses, every program of the run
+        self.watch = StragglerWatch(cfg.straggler_ratio)
+        self.began = time.perf_counter()  # the loop's own start (open_records), for summary.json's seconds
+        # made by the phases, in this order: restore, then open_records
+        self.moved: epath.Path | None = None  # --no-resume: where the earlier checkpoints went
+        self.changed: list[tuple[str, Any, Any]] = []  # the config fields changed since the saved run
+        self.checkpoints: Checkpointer | None = None
+        self.report: Reporter | None = None
+        self.profiler: StepProfiler | None = None
         self.compile_s = 0.0  # this process's own time compiling the steps ahead (the barrier's wait excluded)
 
     def run(self) -> int:
         """build, restore, compile, then step to cfg.steps (or a preemption), then finish: the exit code."""
-        from job.runtime.compile_cache import CacheEvents
-
-        with CacheEvents() as self.cache_events:  # this process's hits and misses, every program of the run
+        with self.cache_events:
             return self.phases()
 
     def phases(self) -> int:
         """`run`'s phases in order, counted by `self.cache_events`."""
-        from job.parallel.multihost import only_specific_processes
-
         built = self.build()
         start, state = self.restore(built)
         if start >= self.cfg.steps:
@@ -124,33 +139,27 @@ class Training:
 
     def build(self) -> Built:
         """The mesh, the task's rows, the optimizer, the state's plan (no array made) and the jitted steps."""
-        from job.parallel import sharding
-        from job.runtime import compile_cache, preflight
-        from job.train.steps import jit_train_step
-
         cfg, task, info = self.cfg, self.task, self.info
-        self.cache_dir = compile_cache.enable(cfg.compile_cache, run_dir=cfg.run_dir)  # before the first compilation
+        cache_dir = compile_cache.enable(cfg.compile_cache, run_dir=cfg.run_dir)  # before the first compilation
         log.info("process %d of %d (%s) on %s", info.process_id, info.num_processes, info.kind,
                  os.environ.get("SLURMD_NODENAME") or socket.gethostname())
         run_dir = storage.run_path(cfg.run_dir)  # a local folder or gs://BUCKET/FOLDER (etils.epath)
         checked = preflight.check(to_dict(cfg), run_dir / "checkpoints")
         mesh = sharding.make_mesh(model_axis=cfg.model_axis)
-        _check_batch(cfg, mesh)
+        check_batch(cfg, mesh)
         # shapes and placement first, no array made; the state is then created as its shards, or restored into them
-        source, schedule, planned, evaluator = _planned(cfg, task, mesh)
+        source, schedule, planned, evaluator = plan_run(cfg, task, mesh)
         batch_sharding = sharding.batch_sharding(mesh)
         micro = sharding.batch_sharding(mesh, whole=1)  # K micro-batches stacked on a leading axis
         train_step = jit_train_step(task.loss, planned.graphdef, planned.shardings, accum_steps=cfg.accum_steps,
                                     weight=task.weight, custom=task.train_step, micro_sharding=micro)
         return Built(run_dir=run_dir, mesh=mesh, source=source, planned=planned, schedule=schedule,
-                     train_step=train_step, evaluator=evaluator, batch_sharding=batch_sharding, checked=checked)
+                     train_step=train_step, evaluator=evaluator, batch_sharding=batch_sharding, checked=checked,
+                     cache_dir=cache_dir)
 
     def restore(self, built: Built) -> tuple[int, Any]:
         """(the step to start from, the state): the newest readable checkpoint's, else a fresh state.
         A checkpoint of another state stops the run here (exit 2), with nothing touched."""
-        from job.parallel.multihost import only_specific_processes
-        from job.runs.checkpoint import Checkpointer
-
         cfg, run_dir = self.cfg, built.run_dir
         self.moved = None if cfg.resume else resume.move_aside_for_fresh_start(run_dir / "checkpoints")
         self.checkpoints = checkpoints = Checkpointer(run_dir / "checkpoints", cfg.ckpt)
@@ -171,11 +180,6 @@ class Training:
 
     def open_records(self, built: Built, start: int) -> None:
         """The metrics writers, goodput, profiler and straggler watch, and the run's opening lines."""
-        from job.observe.profile import StepProfiler
-        from job.observe.report import Reporter
-        from job.observe.stragglers import StragglerWatch
-        from job.parallel.multihost import only_specific_processes
-
         cfg, task, run_dir = self.cfg, self.task, built.run_dir
         self.report = report = Reporter(
             run_dir, start_step=start, total_steps=cfg.steps, shown=task.shown, unit=task.unit,
@@ -183,7 +187,6 @@ class Training:
         only_specific_processes()(self.timer.resume)(run_dir, start)
         only_specific_processes()(attempts.note_start)(run_dir, self.timer.previous.get("attempt", 1))
         self.profiler = StepProfiler(cfg.profile.steps, cfg.steps, run_dir, self.info.process_id)
-        self.watch = StragglerWatch(cfg.straggler_ratio)
         if start:
             report.message("resumed from step %d (%s)", start, run_dir / "checkpoints")
         if start and self.changed:
@@ -207,10 +210,6 @@ class Training:
         at the barrier "compiled" for every process: the first step's call finds its program compiled, and a
         process that loaded its programs from the cache waits here for one that compiles, not in the first
         collective (whose CPU transport, gloo, gives up after 30 s)."""
-        from job.parallel import sharding
-        from job.parallel.multihost import barrier
-        from job.train.batches import global_batch
-
         cfg = self.cfg
         with self.timer.part("compile"), sharding.mesh_context(built.mesh), leaked_tracer_note():  # as steps are called
             began = time.perf_counter()
@@ -225,9 +224,6 @@ class Training:
 
     def train(self, built: Built, start: int, state: Any) -> tuple[int, Any]:
         """Steps start..cfg.steps-1, each followed by what is due; (exit code, the state at the end)."""
-        from job.parallel import sharding
-        from job.train.batches import Prefetch, global_batch
-
         cfg, timer = self.cfg, self.timer
 
         def batch(step: int) -> dict[str, jax.Array]:
@@ -260,8 +256,6 @@ class Training:
 
     def step(self, built: Built, state: Any, step: int, upcoming: Any, *, first: bool) -> tuple[Any, bool]:
         """One optimizer step, then its logging, evaluation and save when due: (state, stop now)."""
-        from job.parallel.multihost import only_specific_processes
-
         cfg, timer, report = self.cfg, self.timer, self.report
         done = step + 1
         logs = done % cfg.log_every == 0 or done == cfg.steps
@@ -313,14 +307,6 @@ class Training:
 
     def finish(self, built: Built, state: Any, code: int) -> None:
         """The saves written, the goodput split, and summary.json."""
-        import optax
-        from jax.experimental import multihost_utils
-
-        from job.parallel.fingerprint import fingerprint
-        from job.parallel.multihost import only_specific_processes
-        from job.runtime import compile_cache
-        from job.train.evaluation import summary_fields
-
         cfg, task, timer = self.cfg, self.task, self.timer
         with timer.part("checkpoint"):
             self.checkpoints.wait()
@@ -328,7 +314,7 @@ class Training:
         timer.seconds["profile"] = self.profiler.seconds
         mine = np.array([self.cache_events.hits, self.cache_events.misses, self.compile_s], np.float32)
         counts = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 3)  # one small all-gather
-        split = {**timer.finish(), "compile_cache": compile_cache.record(self.cache_dir, counts.tolist())}
+        split = {**timer.finish(), "compile_cache": compile_cache.record(built.cache_dir, counts.tolist())}
         only_specific_processes()(timer.progress)(built.run_dir, self.last_saved, "end")
         self.report.message("%s", describe(split))
         final = jax.device_get(self.metrics)
@@ -350,10 +336,8 @@ class Training:
         })
 
 
-def _check_batch(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> None:
+def check_batch(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> None:
     """The global batch splits over the data-parallel devices, every micro-batch too."""
-    from job.parallel import sharding
-
     divisor = sharding.batch_size_divisor(mesh) * cfg.accum_steps
     if cfg.data.global_batch % divisor:
         per = f" x --accum-steps {cfg.accum_steps}" if cfg.accum_steps > 1 else ""
@@ -364,13 +348,9 @@ def _check_batch(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> None:
         )
 
 
-def _planned(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh) -> tuple[Any, Any, Any, Any]:
+def plan_run(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh) -> tuple[Any, Any, Any, Any]:
     """(the task's rows, the learning rate by step, the state's plan, the Evaluator of the task's eval
     splits): what a run and an evaluation of its checkpoint both build on `mesh`; no array is made."""
-    from job.train import state as state_plan
-    from job.train.evaluation import Evaluator
-    from job.train.steps import jit_eval_step
-
     source = task.source(cfg.data, cfg.model)
     tx, schedule = optimizers.for_task(task, cfg)
     planned = state_plan.plan(task, cfg, mesh, tx)
@@ -378,41 +358,6 @@ def _planned(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh) -> tuple[Any
                           splits=task.eval_splits, global_batch=cfg.data.global_batch,
                           batches=cfg.data.eval_batches, full=cfg.eval_full, weight=task.weight)
     return source, schedule, planned, evaluator
-
-
-def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None) -> int:
-    """`python -m job eval`: restore step `step` (default the newest) of cfg.run_dir on this topology and
-    evaluate every eval split as the run does; process 0 writes RUN_DIR/eval-STEP.json. Returns 0."""
-    from job.parallel import sharding
-    from job.parallel.multihost import only_specific_processes
-    from job.runs.checkpoint import Checkpointer
-
-    initialize()
-    run_dir = storage.run_path(cfg.run_dir)
-    mesh = sharding.make_mesh(model_axis=cfg.model_axis)
-    _, _, planned, evaluator = _planned(cfg, task, mesh)
-    checkpoints = Checkpointer(run_dir / "checkpoints", cfg.ckpt)
-    try:
-        chosen = checkpoints.saved_step(step)
-        restored = checkpoints.restore(chosen, planned.abstract)
-    finally:
-        checkpoints.close()
-    with sharding.mesh_context(mesh):
-        results = evaluator.run(restored) or {}
-    record = {"step": chosen, "splits": {split: {"rows": evaluator.rows(split), "batches": len(evaluator.plan[split]),
-                                                 **metrics} for split, metrics in results.items()}}
-    only_specific_processes()(_write_json)(run_dir / f"eval-{chosen}.json", record)
-    for split, metrics in results.items():
-        only_specific_processes()(log.info)("eval of step %d on %s: %s", chosen, split, ", ".join(
-            f"{k} {v:.6g}" for k, v in metrics.items()))
-    only_specific_processes()(log.info)("wrote %s", run_dir / f"eval-{chosen}.json")
-    return 0
-
-
-def _write_json(path: epath.Path, record: dict) -> None:
-    import json
-
-    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
 def _written(flush: Callable[[], None], what: str) -> None:

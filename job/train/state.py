@@ -27,6 +27,11 @@ from job.parallel import sharding
 from job.parallel.multihost import only_specific_processes
 
 
+def count_params(model: nnx.Module) -> int:
+    """Number of scalar entries over all `nnx.Param`s (of a model, or of its abstract shapes)."""
+    return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
 def _is_variable(x: Any) -> bool:
     return isinstance(x, nnx.Variable)
 
@@ -104,9 +109,9 @@ def plan(task: Any, cfg: Any, mesh: Mesh, tx: Any) -> Plan:
             module.train()
         return nnx.state(built)
 
-    params = sum(int(x.size) for x in jax.tree.leaves(nnx.state(abstract_nodes["model"], nnx.Param)))
+    params = count_params(abstract_nodes["model"])
     return Plan(graphdef=graphdef, eval_graphdef=eval_graphdef, abstract=abstract, shardings=shardings,
                 params=params, init=jax.jit(create, out_shardings=shardings))
 
 
-__all__ = ["Plan", "modules", "nodes", "placed", "plan"]
+__all__ = ["Plan", "count_params", "modules", "nodes", "placed", "plan"]

@@ -124,13 +124,13 @@ def check_mesh(cfg: config.TrainConfig, devices: int) -> None:
     from jax.sharding import AbstractMesh
 
     from job.parallel.sharding import DATA_AXIS, MODEL_AXIS
-    from job.train.loop import _check_batch  # the rule the loop applies to its mesh at start
+    from job.train.loop import check_batch  # the rule the loop applies to its mesh at start
 
     if cfg.model_axis < 1 or devices % cfg.model_axis:
         divisors = [d for d in range(1, devices + 1) if devices % d == 0]
         raise ConfigError("--model-axis", expected=f"a divisor of the job's {devices} devices", found=cfg.model_axis,
                           fix=f"pass --model-axis one of {divisors}")
-    _check_batch(cfg, AbstractMesh((devices // cfg.model_axis, cfg.model_axis), (DATA_AXIS, MODEL_AXIS)))
+    check_batch(cfg, AbstractMesh((devices // cfg.model_axis, cfg.model_axis), (DATA_AXIS, MODEL_AXIS)))
 
 
 def sweep_command(argv: list[str]) -> int:

@@ -19,20 +19,29 @@ import logging
 import sys
 from typing import Any
 
+import jax
+import orbax.checkpoint as ocp
+from etils import epath
+from flax import nnx
+
 from job.core.errors import BAD_INPUT_EXIT_CODE, ConfigError
-from job.runs import storage
-from job.train import config
+from job.parallel import sharding
+from job.parallel.multihost import only_specific_processes
+from job.runs import resume, storage
+from job.runs.checkpoint import Checkpointer
+from job.runtime.distributed import initialize
+from job.train import config, loop, state
+from job.train import task as tasks
+from job.train.config import TrainConfig
+from job.train.task import Task
 
 log = logging.getLogger("job.train.trained")
 
 
 def saved_config(run_dir: str) -> tuple[Any, Any]:
     """(TrainConfig, Task) of a run dir, from its config.json."""
-    from job.runs.resume import saved_config as read
-    from job.train import task as tasks
-
     path = storage.run_path(run_dir)
-    saved = read(path)
+    saved = resume.saved_config(path)
     if saved is None:
         raise ConfigError("--run-dir", expected="a run dir with the config.json its training wrote",
                           found=f"{run_dir} (no readable config.json)", fix="pass the --run-dir a training ran in")
@@ -44,13 +53,6 @@ def load_model(run_dir: str, step: int | None = None, *, ema: bool = False) -> t
     """(the trained model in eval mode, its TrainConfig), from one step (default: the newest) of a run
     dir; only the model's own state is read (with `ema`, the EMA's copy of it), onto this host's
     devices, replicated. One process (it reads the checkpoint alone)."""
-    import jax
-    from flax import nnx
-
-    from job.parallel import sharding
-    from job.runs.checkpoint import Checkpointer
-    from job.train import state
-
     cfg, chosen = saved_config(run_dir)
     if ema and not cfg.ema.decay:
         raise ConfigError("ema=True", expected="a run trained with --ema.decay", found=f"{run_dir} (no EMA)",
@@ -87,9 +89,36 @@ def eval_command(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return BAD_INPUT_EXIT_CODE
-    from job.train import loop
+    return evaluate_checkpoint(cfg, chosen, args.step)
 
-    return loop.evaluate_checkpoint(cfg, chosen, args.step)
+
+def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None) -> int:
+    """`python -m job eval`: restore step `step` (default the newest) of cfg.run_dir on this topology and
+    evaluate every eval split as the run does; process 0 writes RUN_DIR/eval-STEP.json. Returns 0."""
+    initialize()
+    run_dir = storage.run_path(cfg.run_dir)
+    mesh = sharding.make_mesh(model_axis=cfg.model_axis)
+    _, _, planned, evaluator = loop.plan_run(cfg, task, mesh)
+    checkpoints = Checkpointer(run_dir / "checkpoints", cfg.ckpt)
+    try:
+        chosen = checkpoints.saved_step(step)
+        restored = checkpoints.restore(chosen, planned.abstract)
+    finally:
+        checkpoints.close()
+    with sharding.mesh_context(mesh):
+        results = evaluator.run(restored) or {}
+    record = {"step": chosen, "splits": {split: {"rows": evaluator.rows(split), "batches": len(evaluator.plan[split]),
+                                                 **metrics} for split, metrics in results.items()}}
+    only_specific_processes()(_write_json)(run_dir / f"eval-{chosen}.json", record)
+    for split, metrics in results.items():
+        only_specific_processes()(log.info)("eval of step %d on %s: %s", chosen, split, ", ".join(
+            f"{k} {v:.6g}" for k, v in metrics.items()))
+    only_specific_processes()(log.info)("wrote %s", run_dir / f"eval-{chosen}.json")
+    return 0
+
+
+def _write_json(path: epath.Path, record: dict) -> None:
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
 def export_command(argv: list[str]) -> int:
@@ -103,10 +132,6 @@ def export_command(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return BAD_INPUT_EXIT_CODE
-    import orbax.checkpoint as ocp
-    from etils import epath
-    from flax import nnx
-
     out = epath.Path(args.out).absolute() if "://" not in args.out else epath.Path(args.out)
     if out.exists():
         print(f"error: export OUT: expected a path that does not exist, found {out}. Fix: pass a new folder",
@@ -119,4 +144,4 @@ def export_command(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["eval_command", "export_command", "load_model", "saved_config"]
+__all__ = ["eval_command", "evaluate_checkpoint", "export_command", "load_model", "saved_config"]

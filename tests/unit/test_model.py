@@ -30,7 +30,7 @@ from job.tasks.lm.model import (  # noqa: E402
     remat_name,
     validate,
 )
-from job.train.loop import count_params  # noqa: E402
+from job.train.state import count_params  # noqa: E402
 
 # Compiled once per shape and reused: eager op-by-op dispatch would dominate the runtime.
 forward = nnx.jit(Transformer.__call__)
