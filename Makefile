@@ -28,7 +28,7 @@ SLURM_ENV := /var/tmp/jax-job-slurm/env.sh
 # ARGS given on the command line reach the job as shell-style words (never run); otherwise deploy.slurm.submit's default
 SLURM_ARGS = $(if $(filter command line,$(origin ARGS)),--args=$(call quote,ARGS))
 
-.PHONY: help venv run-local test-local test-unit test-smoke bench rerun plot runs lock clean slurm-up slurm-down submit-slurm
+.PHONY: help venv run-local test-local test-unit test-smoke bench rerun plot runs lock clean slurm-up slurm-down submit-slurm doctor
 
 help: ## list every target
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -101,18 +101,42 @@ slurm-up: ## start a real Slurm cluster on this machine (NODES=4 slurmd, slurmct
 slurm-down: ## stop the local Slurm cluster and remove its folder
 	bash slurm/local-cluster.sh down
 
-submit-slurm: $(BIN)/.installed ## submit the job: NODES=4 [GPUS_PER_NODE TASKS_PER_NODE GPU_TYPE GRES=1 CPUS_PER_TASK MEM EXCLUSIVE=1 CONSTRAINT PARTITION TIME ACCOUNT QOS IMAGE CONTAINER_RUNTIME PYTHON SBATCH_ARGS VIA=sbatch WAIT=1 DRY_RUN=1 ARGS=...]; SWEEP='optim.lr=1e-3,3e-3 seed=0,1' (or a sweep file) [SWEEP_PARALLEL=N]: one job array of the runs, each checked first, completed ones skipped
+# submit-slurm's and doctor's flags: the same make variables mean the same request to both
+SLURM_FLAGS = --nodes $(call quote,NODES) --partition $(call quote,PARTITION) \
+	--time $(call quote,TIME) --gpus-per-node $(call quote,GPUS_PER_NODE) \
+	--tasks-per-node $(call quote,TASKS_PER_NODE) --gpu-type $(call quote,GPU_TYPE) \
+	--cpus-per-task $(call quote,CPUS_PER_TASK) --mem $(call quote,MEM) --constraint $(call quote,CONSTRAINT) \
+	--account $(call quote,ACCOUNT) --qos $(call quote,QOS) --image $(call quote,IMAGE) \
+	--container-runtime $(call quote,CONTAINER_RUNTIME) --via $(call quote,VIA) \
+	--gres=$(call quote,GRES) --exclusive=$(call quote,EXCLUSIVE) --dry-run=$(call quote,DRY_RUN) \
+	$(if $(filter command line,$(origin PYTHON)),--python=$(call quote,PYTHON)) \
+	--sbatch-args=$(call quote,SBATCH_ARGS) --wait=$(call quote,WAIT) \
+	--sweep=$(call quote,SWEEP) --sweep-parallel=$(call quote,SWEEP_PARALLEL) --retries=$(call quote,RETRIES) \
+	$(SLURM_ARGS)
+
+submit-slurm: $(BIN)/.installed ## submit the job: NODES=4 [GPUS_PER_NODE TASKS_PER_NODE GPU_TYPE GRES=1 CPUS_PER_TASK MEM EXCLUSIVE=1 CONSTRAINT PARTITION TIME ACCOUNT QOS IMAGE CONTAINER_RUNTIME PYTHON SBATCH_ARGS VIA=sbatch WAIT=1 DRY_RUN=1 RETRIES=3 ARGS=...], after make doctor's quick checks (partition, its state and limits); SWEEP='optim.lr=1e-3,3e-3 seed=0,1' (or a sweep file) [SWEEP_PARALLEL=N]: one job array of the runs, each checked first, completed ones skipped; a failed attempt (not 2, not 75) is requeued from its checkpoint up to RETRIES times, each without the node that failed first
 	@if [ -f $(SLURM_ENV) ]; then . $(SLURM_ENV); fi; \
-	$(BIN)/python -m deploy.slurm --nodes $(call quote,NODES) --partition $(call quote,PARTITION) \
-		--time $(call quote,TIME) --gpus-per-node $(call quote,GPUS_PER_NODE) \
-		--tasks-per-node $(call quote,TASKS_PER_NODE) --gpu-type $(call quote,GPU_TYPE) \
-		--cpus-per-task $(call quote,CPUS_PER_TASK) --mem $(call quote,MEM) --constraint $(call quote,CONSTRAINT) \
-		--account $(call quote,ACCOUNT) --qos $(call quote,QOS) --image $(call quote,IMAGE) \
-		--container-runtime $(call quote,CONTAINER_RUNTIME) --via $(call quote,VIA) \
-		--gres=$(call quote,GRES) --exclusive=$(call quote,EXCLUSIVE) --dry-run=$(call quote,DRY_RUN) \
-		$(if $(filter command line,$(origin PYTHON)),--python=$(call quote,PYTHON)) \
-		--sbatch-args=$(call quote,SBATCH_ARGS) --wait=$(call quote,WAIT) \
-		--sweep=$(call quote,SWEEP) --sweep-parallel=$(call quote,SWEEP_PARALLEL) $(SLURM_ARGS)
+	$(BIN)/python -m deploy.slurm $(SLURM_FLAGS)
+
+# make doctor: WHERE=slurm (the default with sbatch on PATH), tpu (the default with TPU_NAME) or local
+WHERE ?=
+QUICK ?=
+PROBE_WAIT ?=
+
+doctor: $(BIN)/.installed ## what would fail, found before anything starts: one line per check, exit 1 if any fails. Slurm (submit-slurm's variables): partition, its state, NODES/GPUS_PER_NODE/TIME against its limits, then a one-task probe (run dir shared with the compute nodes, PYTHON's import job, IMAGE's runtime; QUICK=1: no probe); Cloud TPU (tpu-pod's variables, with TPU_NAME); local (NPROC, DEVICES: port, /dev/shm, cores, memory, the venv). WHERE=local|slurm|tpu
+	@if [ -f $(SLURM_ENV) ]; then . $(SLURM_ENV); fi; \
+	where=$(call quote,WHERE); \
+	if [ -z "$$where" ]; then \
+		if [ -n $(call quote,TPU_NAME) ]; then where=tpu; elif command -v sbatch >/dev/null; then where=slurm; else where=local; fi; \
+	fi; \
+	case $$where in \
+		slurm) $(BIN)/python -m deploy.slurm.doctor $(SLURM_FLAGS) --quick=$(call quote,QUICK) \
+			--probe-wait=$(call quote,PROBE_WAIT) ;; \
+		tpu) $(TPU_CLI) doctor $(TPU_FLAGS) ;; \
+		local) JAX_PLATFORMS=cpu $(BIN)/python -m deploy.local_doctor -n $(call quote,NPROC) \
+			--devices-per-process $(call quote,DEVICES) --python $(BIN)/python ;; \
+		*) echo "make doctor: expected WHERE=local, slurm or tpu, found WHERE=$$where. Fix: WHERE=slurm, or leave it unset (TPU_NAME set: tpu; sbatch on PATH: slurm; else local)" >&2; exit 2 ;; \
+	esac
 
 # ------------------------------------------------------------------ Cloud TPU pods (deploy/tpu/cli.py)
 # make tpu-pod TPU_NAME=my-pod ZONE=us-central2-b ACCELERATOR=v4-32 ARGS='train --run-dir /mnt/BUCKET/run1'
@@ -124,6 +148,8 @@ PROJECT ?=
 SPOT ?= 0
 QUEUED ?= 0
 IMAGE ?=
+# RETRIES: how many times a failed run (any exit but 0, 2 = a configuration error, 75 = preempted and saved) is
+# rerun from its newest checkpoint; 0: never. A preemption never spends one and is always resumed.
 RETRIES ?= 3
 DRY_RUN ?= 0
 BUCKET ?=
@@ -149,10 +175,13 @@ TPU_FLAGS += --reserved=$(call quote,RESERVED) --internal-ip=$(call quote,INTERN
 	--create-deadline=$(call quote,CREATE_DEADLINE)
 TPU_CLI = $(BIN)/python -m deploy.tpu
 
-.PHONY: tpu-pod tpu-create tpu-run tpu-logs tpu-stop tpu-delete tpu-status
+.PHONY: tpu-pod tpu-create tpu-run tpu-logs tpu-stop tpu-delete tpu-status tpu-doctor
 
-tpu-pod: $(BIN)/.installed ## Cloud TPU: create/reuse TPU_NAME (ZONE, ACCELERATOR, SPOT=1), run ARGS detached on all workers (BUCKET=gs://b/run), follow worker 0 (re-attaches; attaches to a running job), resume after preemption (RETRIES); SWEEP='optim.lr=1e-3,3e-3 seed=0,1' (or a sweep file): its runs one after another on the slice, each checked first, completed ones skipped
+tpu-pod: $(BIN)/.installed ## Cloud TPU: check gcloud's account, project, ACCELERATOR and RUNTIME in ZONE first, create/reuse TPU_NAME (SPOT=1), run ARGS detached on all workers (BUCKET=gs://b/run), follow worker 0 (re-attaches; attaches to a running job), resume after every preemption, rerun a failed run from its checkpoint up to RETRIES (3) times; SWEEP='optim.lr=1e-3,3e-3 seed=0,1' (or a sweep file): its runs one after another on the slice, each checked first, completed ones skipped
 	$(TPU_CLI) pod $(TPU_FLAGS)
+
+tpu-doctor: $(BIN)/.installed ## Cloud TPU: with tpu-pod's variables, one line per check (the request, gcloud, account, project, ACCELERATOR and RUNTIME in ZONE, the slice, a gs:// run dir writable from here); exit 1 if any fails
+	$(TPU_CLI) doctor $(TPU_FLAGS)
 
 tpu-create: $(BIN)/.installed ## Cloud TPU: create the slice (or reuse a READY one) and wait until READY; RESERVED=1 INTERNAL_IP=1 NETWORK SUBNETWORK SERVICE_ACCOUNT TAGS=a,b; QUEUED=1 SLICES=N; stock-outs retried until CREATE_DEADLINE (2h)
 	$(TPU_CLI) create $(TPU_FLAGS)

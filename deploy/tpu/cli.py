@@ -8,14 +8,19 @@ Commands (`make tpu-<command>` runs each):
     pod     create or reuse the slice, wait until READY, ship the code (or pull --image), set up
             every worker, free the TPU, run `python -m job ARGS` on all workers, stream worker 0,
             keep every worker's log, and exit with the job's status. A preempted slice (or a job
-            that exits 75) is recreated and the job resumed, up to --retries times.
+            that exits 75) is recreated and the job resumed, always; a job that fails (any other
+            exit but 2) is rerun from its newest checkpoint up to --retries times.
     create  create or reuse the slice and wait until it is READY
+    doctor  check the request, gcloud's account and project, the accelerator type and runtime
+            version in the zone, the slice, and a gs:// run dir: one line each (deploy/tpu/doctor.py)
     run     ship, set up and run the job on a READY slice (no retries)
     logs    copy every worker's log to LOCAL_DIR/NAME/logs/ and print worker 0's end
     stop    stop the job: SIGTERM (it saves a checkpoint), SIGKILL after --stop-grace seconds
     delete  delete the slice (and its queued resource)
     status  print the slice's state
 
+Before `pod` and `create` create anything they ask gcloud the doctor's quick questions (account,
+project, accelerator type and runtime version in the zone): the first problem is one error, exit 2.
 Every gcloud call goes through `deploy.runner.Runner` as an argv list;
 `--dry-run 1` prints the ones that change something instead of running them.
 """
@@ -31,14 +36,16 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from deploy import sweeps
 from deploy.runner import Runner, shell_words
-from deploy.tpu import capacity
+from deploy.tpu import capacity, doctor
 from deploy.tpu import job as tpu_job
+from deploy.tpu.attempts import RetryBudget, find_failure
 from deploy.tpu.config import DEFAULT_SHIP, TpuConfig, validate_job, with_bucket
-from deploy.tpu.gcloud import GCLOUD, INSTALL_HINT
 from deploy.tpu.slice import Slice, TpuError
 from job.core import values
 from job.errors import ConfigError, positive_seconds, refuse_dash_values
+from job.runs.sweep import save_plan
 from job.runtime.preemption import REQUEUE_EXIT_CODE
 
 log = logging.getLogger("deploy.tpu")
@@ -65,17 +72,15 @@ def tag_list(text: str) -> tuple[str, ...]:
     return tuple(word.strip() for word in text.split(",")) if text.strip() else ()
 
 
-def require_gcloud(runner: Runner) -> None:
-    if runner.which(GCLOUD) is None:
-        raise ConfigError("gcloud", expected="the Google Cloud CLI on PATH", found="no `gcloud` on PATH",
-                          fix=INSTALL_HINT)
-
-
 def pod(cfg: TpuConfig, runner: Runner) -> int:
-    """Create or reuse, run, and recreate-and-resume after preemption; the job's final exit status."""
+    """Create or reuse, run; after a preemption recreate (when the slice is gone) and resume, always; after a
+    failure rerun from the newest checkpoint on the same slice while RETRIES lasts. The job's final status."""
     slice_ = Slice(cfg, runner)
     tpu_job.clear_stop(cfg)
-    retry = 0
+    budget = RetryBudget(cfg.retries)
+    preemptions = 0
+    log.info("retry budget: %s after a failure (RETRIES); a preemption never spends it",
+             f"{cfg.retries} rerun(s)" if cfg.retries else "no reruns")
     while True:
         slice_.ensure_ready()
         code = tpu_job.run_job(cfg, runner)
@@ -88,35 +93,46 @@ def pod(cfg: TpuConfig, runner: Runner) -> int:
         status = slice_.status()
         if status.ready:
             tpu_job.fetch_logs(cfg, runner)
-        if not (status.broken or status.absent or code == REQUEUE_EXIT_CODE):
-            if code == SSH_LOST:
-                log.error("the connection to %s was lost (exit code %d) and could not be opened again, but the "
-                          "slice is %s: the job may still be running; `make tpu-pod` again attaches to it, "
-                          "`make tpu-logs` shows it, `make tpu-stop` stops it", cfg.name, code, status.describe())
-            else:
-                log.error("the job failed with exit code %d on a %s slice: a failure, not a preemption; "
-                          "worker logs: %s", code, status.describe(), cfg.slice_dir / "logs")
+        if status.broken or status.absent or code == REQUEUE_EXIT_CODE:
+            preemptions += 1
+            log.warning("preempted (slice %s, job exit code %d): %s and resuming from the newest checkpoint; "
+                        "preemption %d, which does not spend the retry budget (%s)", status.describe(), code,
+                        "recreating the slice" if status.broken or status.absent else "rerunning on the slice",
+                        preemptions, budget.describe())
+            continue
+        if code == SSH_LOST:
+            log.error("the connection to %s was lost (exit code %d) and could not be opened again, but the "
+                      "slice is %s: the job may still be running; `make tpu-pod` again attaches to it, "
+                      "`make tpu-logs` shows it, `make tpu-stop` stops it", cfg.name, code, status.describe())
             return code
-        if retry >= cfg.retries:
-            log.error("preempted (slice %s, exit code %d) and all %d retries used: giving up; "
-                      "`make tpu-pod` again resumes from the last checkpoint", status.describe(), code, cfg.retries)
-            return code
-        retry += 1
-        log.warning("preempted (slice %s, job exit code %d): retry %d of %d, resuming from the last checkpoint",
-                    status.describe(), code, retry, cfg.retries)
+        failure = find_failure(cfg, runner, code)
+        logs = cfg.slice_dir / "logs"
+        if failure.configuration_error:
+            log.error("the job failed with %s: never retried (every rerun would fail the same way); fix it and "
+                      "run again (worker logs: %s)", failure.describe(), logs)
+            return failure.code
+        if budget.spent:
+            log.error("the job failed with %s; the retry budget is spent (%s): giving up. `make tpu-pod` again "
+                      "resumes from the newest checkpoint with a new budget; worker logs: %s",
+                      failure.describe(), budget.describe(), logs)
+            return failure.code
+        budget = budget.spend()
+        log.warning("retry %d of %d after %s: rerunning from the newest checkpoint on the same slice (%s; "
+                    "worker logs: %s)", budget.used, budget.retries, failure.describe(), status.describe(), logs)
 
 
 def sweep_pod(cfg: TpuConfig, runner: Runner) -> int:
     """SWEEP: every run checked here first, then each run not yet completed as `pod` runs one job, in turn, on
     the same slice, each in its own run dir (resumed from its checkpoints); the first failure stops the sweep."""
-    from deploy import sweeps
-
     assert cfg.sweep is not None
     try:
-        todo = sweeps.prepare(cfg.sweep, cfg.job_args, save=not cfg.dry_run)
+        todo = sweeps.prepare(cfg.sweep, cfg.job_args, save=False)
     except ConfigError as exc:
         raise ConfigError(exc.what, expected=exc.expected, found=exc.found, fix=f"{exc.fix}; nothing was run"
                           ) from None
+    doctor.preflight(cfg, runner)
+    if not cfg.dry_run:
+        save_plan(todo.sweep)
     log.info("sweep %s: %s", todo.sweep.folder, todo.summary())
     if cfg.dry_run:
         print(sweeps.listing(todo.sweep))
@@ -205,19 +221,27 @@ def delete(cfg: TpuConfig, runner: Runner) -> int:
 
 
 HANDLERS = {"pod": pod, "create": create, "run": run, "logs": logs, "stop": stop, "delete": delete,
-            "status": status}
+            "status": status, "doctor": doctor.doctor}
 COMMANDS = tuple(HANDLERS)
+CREATING = ("pod", "create")  # the commands that may create a slice: the doctor's quick part runs first
 
 
 def dispatch(command: str, cfg: TpuConfig, runner: Runner) -> int:
-    """Check everything that needs no network, then run one command; its exit status."""
+    """Check everything that needs no network (and, before creating anything, the doctor's quick part), then
+    run one command; its exit status. `doctor` makes all its checks itself."""
+    if command == "doctor":
+        return doctor.doctor(cfg, runner)
     if command in ("pod", "run"):
         validate_job(cfg)
     if cfg.sweep is not None and command != "pod":
         raise ConfigError("SWEEP", expected="make tpu-pod with it (a sweep's runs one after another on the slice)",
                           found=f"make tpu-{command} SWEEP={cfg.sweep}", fix="make tpu-pod SWEEP=..., or leave SWEEP unset")
-    require_gcloud(runner)
-    return (sweep_pod if cfg.sweep is not None else HANDLERS[command])(cfg, runner)
+    doctor.require_gcloud(cfg, runner)
+    if cfg.sweep is not None:
+        return sweep_pod(cfg, runner)  # checks every run first, then the quick part
+    if command in CREATING:
+        doctor.preflight(cfg, runner)
+    return HANDLERS[command](cfg, runner)
 
 
 # ---------------------------------------------------------------------- command line
@@ -249,7 +273,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--queued", type=_flag, nargs="?", const=True, default=False,
                    help="QUEUED=1: create through queued resources")
     p.add_argument("--image", default="", help="IMAGE to pull and run instead of shipping the code")
-    p.add_argument("--retries", type=_count, default=3, help="RETRIES after preemption (default 3)")
+    p.add_argument("--retries", type=_count, default=3,
+                   help="RETRIES: reruns of a failed job (not exit 2) from its newest checkpoint (default 3; 0: "
+                        "none); a preemption never spends one")
     p.add_argument("--dry-run", type=_flag, nargs="?", const=True, default=False,
                    help="DRY_RUN=1: print gcloud commands that change something")
     p.add_argument("--bucket", default="", help="BUCKET: gs://BUCKET/PATH, the run dir (--run-dir) of the job")

@@ -13,6 +13,13 @@ The forms are those of the Google Cloud CLI (gcloud 528):
     gcloud compute tpus tpu-vm ssh NODE --zone=Z --worker=all --command=SCRIPT [--internal-ip]
     gcloud compute tpus tpu-vm delete NODE --zone=Z --quiet
 
+and the read-only questions of `doctor` (deploy/tpu/doctor.py), asked before anything is created:
+
+    gcloud auth list --filter=status:ACTIVE --format=value(account)     the active account, or nothing
+    gcloud config get-value project                                       the configured project ("(unset)" on stderr)
+    gcloud compute tpus tpu-vm accelerator-types list --zone=Z --format=value(type)
+    gcloud compute tpus tpu-vm versions list --zone=Z --format=value(version)
+
 NODE is NAME, or one of NAME-0 .. NAME-(N-1) with SLICES=N (`cfg.slice_names`).
 Create commands take `--internal-ips` (plural), ssh and scp `--internal-ip`.
 `--project=P` comes last when a project is given. A remote script travels as
@@ -52,6 +59,24 @@ def _options(cfg: TpuConfig) -> list[str]:
 def _connect(cfg: TpuConfig) -> list[str]:
     """ssh and scp: reach the workers through their internal addresses with INTERNAL_IP=1."""
     return ["--internal-ip"] if cfg.internal_ip else []
+
+
+def active_account() -> list[str]:
+    return [GCLOUD, "auth", "list", "--filter=status:ACTIVE", "--format=value(account)"]
+
+
+def configured_project() -> list[str]:
+    return [GCLOUD, "config", "get-value", "project"]
+
+
+def accelerator_types(cfg: TpuConfig) -> list[str]:
+    """One accelerator type the zone offers a line (v4-8, v4-16, ...)."""
+    return [*TPU_VM, "accelerator-types", "list", *_tail(cfg, "--format=value(type)")]
+
+
+def runtime_versions(cfg: TpuConfig) -> list[str]:
+    """One TPU software version the zone offers a line (tpu-ubuntu2204-base, ...)."""
+    return [*TPU_VM, "versions", "list", *_tail(cfg, "--format=value(version)")]
 
 
 def create_node(cfg: TpuConfig) -> list[str]:

@@ -36,6 +36,8 @@ WORKSPACE = "workspace"
 NO_JOB_EXIT = 3  # follow_script: no job has ever run on this worker
 GONE_EXIT = 137  # follow_script: the job is gone and wrote no exit code (SIGKILL, a restarted VM)
 FOLLOW_POLL_S = 1  # how often follow_script looks for the exit-code file
+OUTCOME_TAIL = 50  # outcome_script: the log's last line is looked for in this many lines
+OUTCOME_CHARS = 300  # ... and cut to this many characters
 # The TPU runtime's worker variables where the VM sets them (GKE-style runtimes, the simulator; a GCE TPU VM
 # keeps them in the metadata server instead): the job in the container sees them as it would outside.
 WORKER_VARS = ("TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES", "TPU_PROCESS_ADDRESSES", "TPU_ACCELERATOR_TYPE",
@@ -230,6 +232,24 @@ def probe_script(cfg: TpuConfig) -> str:
         f'if [ -f {EXIT} ]; then echo "ended $(cat {EXIT})$stop"',
         f'elif {_RUNNING}; then echo "running$stop"',
         'else echo "none$stop"; fi',
+    ])
+
+
+def outcome_script(cfg: TpuConfig) -> str:
+    """Every worker says how its job ended, one line: `worker I: ended CODE SECONDS LAST-LINE` (its exit code,
+    when that was written, in seconds since the epoch), `worker I: running LAST-LINE` or `worker I: none ...`;
+    LAST-LINE is the last line of its log. Read-only (deploy/tpu/attempts.py reads the lines)."""
+    d = shlex.quote(cfg.remote_dir)
+    return "\n".join([
+        _WORKER_ID,
+        f'cd {d} 2>/dev/null || {{ echo "worker $worker: none"; exit 0; }}',
+        f'is_job() {{ {_IS_JOB}; }}',
+        f"last=$(tail -n {OUTCOME_TAIL} {LOG} 2>/dev/null | grep -v '^[[:space:]]*$' | tail -n 1 | "
+        f"tr -d '\\r' | cut -c1-{OUTCOME_CHARS})",
+        f'if [ -f {EXIT} ]; then echo "worker $worker: ended $(cat {EXIT}) '
+        f'$(date -r {EXIT} +%s.%N 2>/dev/null || echo 0) $last"',
+        f'elif {_RUNNING}; then echo "worker $worker: running $last"',
+        'else echo "worker $worker: none $last"; fi',
     ])
 
 

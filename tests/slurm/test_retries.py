@@ -31,7 +31,7 @@ def _ended(run_dir: Path) -> list[dict]:
 def _submit(slurm_env: dict[str, str], tmp_path: Path, job: list[str], *options: str,
             fault: dict[str, str]) -> subprocess.CompletedProcess[str]:
     env = {**task_env(slurm_env), **fault}
-    return subprocess.run(deploy_argv(tmp_path, "--wait", *options, job=job, nodes=2), env=env, cwd=ROOT,
+    return subprocess.run(deploy_argv(tmp_path, "--wait", *options, job=job, nodes=2), env=env, cwd=ROOT, check=False,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -61,7 +61,7 @@ def test_a_rank_killed_on_one_node_is_retried_on_other_nodes_and_matches_an_unin
     batch = (tmp_path / "logs" / f"{jid}_0_log.out").read_text()
     assert f"job {jid} attempt 1 failed with exit code {failed['code']} (process 1 on node2: " in batch
     assert "resumed from step 8" in batch, batch
-    shown = subprocess.run(["scontrol", "show", "job", jid], env=slurm_env, capture_output=True, text=True).stdout
+    shown = subprocess.run(["scontrol", "show", "job", jid], env=slurm_env, capture_output=True, text=True, check=True).stdout
     assert "ExcNodeList=node2" in shown and "Restarts=1" in shown, shown
     second = [line for line in (tmp_path / "logs" / f"{jid}_1_log.out").read_text().splitlines()
               if "process 1 of 2 (slurm) on" in line]
@@ -99,5 +99,5 @@ def test_a_configuration_error_is_never_retried(slurm_env: dict[str, str], tmp_p
     (record,) = [r for r in _records(tmp_path / "logs" / f"{jid}-attempts.jsonl") if r["event"] == "ended"]
     assert record["outcome"] == "configuration error" and record["code"] == 2
     assert record["action"] == "not retried: the same flags would fail again"
-    shown = subprocess.run(["scontrol", "show", "job", jid], env=slurm_env, capture_output=True, text=True).stdout
+    shown = subprocess.run(["scontrol", "show", "job", jid], env=slurm_env, capture_output=True, text=True, check=True).stdout
     assert "Restarts=0" in shown, shown

@@ -39,8 +39,9 @@ class Cloud:
     local: Path
 
     def env(self, *, with_gcloud: bool = True, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items()
-               if k not in MAKE_VARS and k not in ("XLA_FLAGS", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+        env = {k: v for k, v in os.environ.items()  # gcloud's own CLOUDSDK_* variables would override the simulated
+               if k not in MAKE_VARS and k not in ("XLA_FLAGS", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")  # config
+               and not k.startswith("CLOUDSDK_")}
         path = env.get("PATH", "/usr/bin:/bin").split(os.pathsep)
         if with_gcloud:
             path.insert(0, str(fake_gcloud.BIN_DIR))
@@ -76,6 +77,10 @@ class Cloud:
 
     def calls(self) -> list[list[str]]:
         return fake_gcloud.calls(self.state)
+
+    def tpu_calls(self) -> list[list[str]]:
+        """The `gcloud compute tpus ...` calls: without the doctor's questions to `auth` and `config`."""
+        return [c for c in self.calls() if c[:2] == ["compute", "tpus"]]
 
     def verbs(self) -> list[str]:
         """Each call as "tpu-vm create", "tpu-vm ssh", ..."""

@@ -26,6 +26,13 @@ class SimRunner(Runner):
     has_gcloud: bool = True
     create_errors: list[str] = dataclasses.field(default_factory=list)  # per create call: fails with this stderr
     probe_failures: int = 0  # the first N probes of worker 0 fail as a dropped ssh does (255)
+    # ^ what each worker says of its ended job when asked (remote.outcome_script), per asking: its stdout lines,
+    #   e.g. ["worker 0: ended 1 1700000002.0 lost a peer", "worker 2: ended 137 1700000001.0 step 7"]; default none
+    worker_outcomes: list[list[str]] = dataclasses.field(default_factory=list)
+    account: str | None = "tester@example.com"  # gcloud's active account; None: not logged in
+    project: str | None = "fake-project"  # gcloud's configured project; None: unset
+    offered_types: tuple[str, ...] = ("v4-8", "v4-16", "v4-32", "v4-64")  # what the zone offers
+    offered_versions: tuple[str, ...] = ("tpu-ubuntu2204-base", "tpu-vm-base")
 
     def which(self, program: str) -> str | None:
         return f"/usr/bin/{program}" if self.has_gcloud else None
@@ -42,7 +49,14 @@ class SimRunner(Runner):
         return subprocess.CompletedProcess(argv, code, out, err)
 
     def _answer(self, argv: list[str]) -> tuple[int, str, str]:
+        if argv[1:3] == ["auth", "list"]:
+            return 0, f"{self.account}\n" if self.account else "", "" if self.account else "No credentialed accounts."
+        if argv[1:3] == ["config", "get-value"]:
+            return 0, f"{self.project}\n" if self.project else "", "" if self.project else "(unset)"
         group, verb = argv[3], argv[4]
+        if verb in ("accelerator-types", "versions"):
+            return 0, "".join(f"{item}\n" for item in (self.offered_types if verb == "accelerator-types"
+                                                         else self.offered_versions)), ""
         if group == "tpu-vm" and verb == "describe":
             if self.node is None:
                 return 1, "", "ERROR: (gcloud.compute.tpus.tpu-vm.describe) NOT_FOUND: node"
@@ -67,6 +81,8 @@ class SimRunner(Runner):
                 self.probe_failures -= 1
                 return 255, "", "ssh: connect to host 10.0.0.2 port 22: Connection timed out"
             return 0, self.worker_job + "\n", ""
+        elif verb == "ssh" and any(a.startswith("--command=") and "worker $worker: ended" in a for a in argv):
+            return 0, "".join(f"{line}\n" for line in (self.worker_outcomes.pop(0) if self.worker_outcomes else [])), ""
         elif verb == "ssh" and any(a.startswith("--command=") and " -F logs/job.log" in a for a in argv):  # follow
             code, state = self.job_outcomes.pop(0) if self.job_outcomes else (0, None)
             if state is not None:

@@ -113,7 +113,7 @@ def test_stockout_waits_double_up_to_the_cap_and_stop_at_the_deadline() -> None:
 
 # ---------------------------------------------------------------------- against the simulator
 def created(cloud: Cloud) -> list[list[str]]:
-    return [c for c in cloud.calls() if c[3] == "create"]
+    return [c for c in cloud.tpu_calls() if c[3] == "create"]
 
 
 def test_network_options_reach_the_slice_through_make(cloud: Cloud) -> None:
@@ -164,7 +164,7 @@ def test_a_queued_resource_failed_by_a_stockout_is_deleted_and_created_again(clo
     proc = cloud.cli("create", *BASE_ARGV, "--queued=1", *FAST)
     assert proc.returncode == 0, explain(proc)
     assert "stock-out creating pod-1 (attempt 1)" in proc.stderr and "no more capacity" in proc.stderr
-    verbs = [" ".join(c[2:4]) for c in cloud.calls() if c[3] in ("create", "delete")]
+    verbs = [" ".join(c[2:4]) for c in cloud.tpu_calls() if c[3] in ("create", "delete")]
     assert verbs == ["queued-resources create", "queued-resources delete", "queued-resources create"]
     assert fake_gcloud.queued(cloud.state, "pod-1", ZONE)["state"] == "ACTIVE"
 

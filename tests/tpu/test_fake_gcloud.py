@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from tests.tpu.harness import ZONE, Cloud, explain
 TPU_VM = ("compute", "tpus", "tpu-vm")
 QR = ("compute", "tpus", "queued-resources")
 Z = f"--zone={ZONE}"
+V = "--version=tpu-ubuntu2204-base"  # a runtime version every TPU zone offers (catalog.py)
+RV = "--runtime-version=tpu-ubuntu2204-base"
 
 
 def create(cloud: Cloud, name: str = "pod-1", accelerator: str = "v4-32", *extra: str) -> None:
@@ -79,6 +82,82 @@ def test_unknown_forms_and_flags_are_refused_like_the_real_cli(cloud: Cloud, arg
     assert cloud.calls() == [list(argv)]  # every call is recorded, refused ones too
 
 
+# The forms added for the doctor, read from the gcloud reference pages (not run through the real parser).
+@pytest.mark.parametrize(("argv", "code", "says"), [
+    (("auth", "list", "--bogus"), 2, "unrecognized arguments: --bogus"),
+    (("auth", "login"), 2, "does not model"),
+    (("config", "get-value"), 2, "argument SECTION/PROPERTY: Must be specified."),
+    (("config", "get-value", "core/nonsense"), 1, "Section [core] has no property [nonsense]."),
+    ((*TPU_VM, "versions", "list", "--format=value(version)"), 1, "Error parsing [zone]"),
+    ((*TPU_VM, "accelerator-types", "list", Z, "--limit=0"), 2, "argument --limit: Bad value [0]"),
+    ((*TPU_VM, "accelerator-types", "list", Z, "--filter=type~v4"), 2, "models --filter=KEY:VALUE"),
+    ((*TPU_VM, "accelerator-types", "describe", "v4-8", Z), 2, "does not model"),
+    ((*TPU_VM, "versions", "frobnicate"), 2, "Invalid choice: 'frobnicate'"),
+])
+def test_the_doctors_questions_are_as_strict_as_the_rest(cloud: Cloud, argv: tuple[str, ...], code: int,
+                                                         says: str) -> None:
+    proc = cloud.gcloud(*argv)
+    assert proc.returncode == code, explain(proc)
+    assert proc.stderr.startswith("ERROR: (gcloud") and says in proc.stderr, proc.stderr
+
+
+def test_login_and_project_are_gclouds_own_and_every_api_call_needs_both(cloud: Cloud) -> None:
+    active = cloud.gcloud("auth", "list", "--filter=status:ACTIVE", "--format=value(account)")
+    assert (active.returncode, active.stdout) == (0, "tester@example.com\n"), explain(active)
+    assert cloud.gcloud("config", "get-value", "project").stdout == "fake-project\n"
+    fake_gcloud.set_login(cloud.state, ["a@example.com", "b@example.com"], active="b@example.com")
+    both = cloud.gcloud("auth", "list", "--format=value(account,status)")
+    assert both.stdout.splitlines() == ["a@example.com\t", "b@example.com\tACTIVE"], explain(both)
+    assert cloud.gcloud(*TPU_VM, "list", Z).returncode == 0
+
+    fake_gcloud.set_login(cloud.state, [])
+    none = cloud.gcloud("auth", "list", "--filter=status:ACTIVE", "--format=value(account)")
+    assert (none.returncode, none.stdout) == (0, "") and "No credentialed accounts." in none.stderr
+    refused = cloud.gcloud(*TPU_VM, "create", "pod-1", Z, "--accelerator-type=v4-8", V)
+    assert refused.returncode == 1 and "You do not currently have an active account selected" in refused.stderr
+    assert "active account" in cloud.gcloud(*TPU_VM, "describe", "pod-1", Z).stderr  # every API call
+
+    fake_gcloud.set_login(cloud.state, ["a@example.com"], active="a@example.com")
+    fake_gcloud.set_property(cloud.state, "core/project", None)
+    unset = cloud.gcloud("config", "get-value", "project")
+    assert (unset.returncode, unset.stdout, unset.stderr.strip()) == (0, "", "(unset)")
+    no_project = cloud.gcloud(*TPU_VM, "versions", "list", Z)
+    assert no_project.returncode == 1 and "The required property [project] is not currently set" in no_project.stderr
+    assert cloud.gcloud(*TPU_VM, "versions", "list", Z, "--project=my-project").returncode == 0
+    env = {**cloud.env(), "CLOUDSDK_CORE_PROJECT": "env-project"}  # cloud.env() drops the caller's CLOUDSDK_*
+    from_env = subprocess.run([str(fake_gcloud.BIN_DIR / "gcloud"), "config", "get-value", "project"], env=env,
+                              capture_output=True, text=True, timeout=60)
+    assert from_env.stdout == "env-project\n", explain(from_env)
+
+
+def test_each_zone_offers_its_own_types_and_versions_and_creates_nothing_else(cloud: Cloud) -> None:
+    types = cloud.gcloud(*TPU_VM, "accelerator-types", "list", Z, "--format=value(type)").stdout.split()
+    assert types[0] == "v4-8" and types[-1] == "v4-4096" and all(t.startswith("v4-") for t in types)
+    west = cloud.gcloud(*TPU_VM, "accelerator-types", "list", "--zone=us-west4-a", "--format=value(type)")
+    assert "v5litepod-16" in west.stdout.split() and "v4-8" not in west.stdout
+    nowhere = cloud.gcloud(*TPU_VM, "accelerator-types", "list", "--zone=antarctica-south1-a", "--format=json")
+    assert (nowhere.returncode, nowhere.stdout.strip()) == (0, "[]")
+    one = cloud.gcloud(*TPU_VM, "accelerator-types", "list", Z, "--filter=type:v4-32", "--format=json")
+    assert json.loads(one.stdout) == [{"name": f"projects/fake-project/locations/{ZONE}/acceleratorTypes/v4-32",
+                                       "type": "v4-32"}]
+    versions = cloud.gcloud(*TPU_VM, "versions", "list", Z, "--format=value(version)", "--limit=2").stdout.split()
+    assert versions == ["tpu-ubuntu2204-base", "tpu-vm-base"]
+
+    elsewhere = cloud.gcloud(*TPU_VM, "create", "pod-1", Z, "--accelerator-type=v5p-8", V)
+    assert elsewhere.returncode == 1 and f"the accelerator v5p-8 was not found in zone {ZONE}" in elsewhere.stderr
+    unknown = cloud.gcloud(*QR, "create", "q1", Z, "--node-id=q1", "--accelerator-type=v4-8", "--runtime-version=v")
+    assert unknown.returncode == 1 and f"runtime version v was not found in zone {ZONE}" in unknown.stderr
+    default_type = cloud.gcloud(*TPU_VM, "create", "pod-1", Z, V)  # gcloud's default type, v2-8: not in us-central2-b
+    assert default_type.returncode == 1 and "v2-8 was not found" in default_type.stderr
+    assert (state(cloud), state(cloud, "q1")) == ("NOT_FOUND", "NOT_FOUND")
+
+    fake_gcloud.set_offer(cloud.state, ZONE, runtime_versions=["tpu-vm-base"])
+    withdrawn = cloud.gcloud(*TPU_VM, "create", "pod-1", Z, "--accelerator-type=v4-8", V)
+    assert withdrawn.returncode == 1 and "runtime version tpu-ubuntu2204-base was not found" in withdrawn.stderr
+    offered = cloud.gcloud(*TPU_VM, "create", "pod-1", Z, "--accelerator-type=v4-8", "--version=tpu-vm-base")
+    assert offered.returncode == 0 and state(cloud) == "READY", explain(offered)
+
+
 def test_node_lifecycle_and_api_errors(cloud: Cloud) -> None:
     assert state(cloud) == "NOT_FOUND"
     create(cloud, "pod-1", "v4-32", "--spot", "--project=my-project")
@@ -87,7 +166,7 @@ def test_node_lifecycle_and_api_errors(cloud: Cloud) -> None:
     view = json.loads(proc.stdout)
     assert (view["state"], view["acceleratorType"], view["schedulingConfig"]["spot"]) == ("READY", "v4-32", True)
     assert len(view["networkEndpoints"]) == 4
-    again = cloud.gcloud(*TPU_VM, "create", "pod-1", Z, "--version=v", "--project=my-project")
+    again = cloud.gcloud(*TPU_VM, "create", "pod-1", Z, V, "--project=my-project")
     assert again.returncode == 1 and "ALREADY_EXISTS" in again.stderr
     bad = cloud.gcloud(*TPU_VM, "create", "pod-2", Z, "--accelerator-type=v4-12", "--version=v")
     assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr
@@ -111,8 +190,8 @@ def test_creation_takes_time_when_asked(cloud: Cloud, monkeypatch: pytest.Monkey
 def test_queued_resource_waits_for_capacity_then_suspends_when_preempted(cloud: Cloud,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_GCLOUD_QUEUE_SECONDS", "6")  # each gcloud call starts a python: ~1 s on a busy machine
-    proc = cloud.gcloud(*QR, "create", "q1", Z, "--node-id=q1", "--accelerator-type=v5litepod-16",
-                        "--runtime-version=v2-alpha-tpuv5-lite", "--spot", "--valid-until-duration=6h")
+    proc = cloud.gcloud(*QR, "create", "q1", Z, "--node-id=q1", "--accelerator-type=v4-16", RV, "--spot",
+                        "--valid-until-duration=6h")
     assert proc.returncode == 0, explain(proc)
 
     def qr_state() -> str:
@@ -206,8 +285,8 @@ def test_every_capacity_and_network_flag_of_the_real_cli_is_accepted_and_kept(cl
     assert ssh.returncode == 0 and sorted(ssh.stdout.split()) == ["0", "1"], explain(ssh)
     down = cloud.gcloud(*TPU_VM, "scp", "pod-1:~/", str(cloud.local), Z, "--worker=0", "--internal-ip", "--recurse")
     assert down.returncode == 0, explain(down)
-    queued = cloud.gcloud(*QR, "create", "q1", Z, "--node-id=q1", "--accelerator-type=v4-8", "--runtime-version=v",
-                          "--reserved", *NETWORK, "--valid-until-duration=6h", "--async")
+    queued = cloud.gcloud(*QR, "create", "q1", Z, "--node-id=q1", "--accelerator-type=v4-8", RV, "--reserved",
+                          *NETWORK, "--valid-until-duration=6h", "--async")
     assert queued.returncode == 0, explain(queued)
     assert json.loads(cloud.gcloud(*TPU_VM, "describe", "q1", Z, "--format=json").stdout)["tags"] == ["tpu", "train"]
 
@@ -229,11 +308,11 @@ def test_node_count_and_prefix_create_several_slices_named_prefix_dash_index(clo
 
 def test_a_stockout_fails_a_create_and_fails_a_queued_resource_with_its_reason(cloud: Cloud) -> None:
     fake_gcloud.schedule_capacity_failures(cloud.state, ZONE, [fake_gcloud.STOCKOUT_MESSAGE, "Quota exceeded"])
-    refused = cloud.gcloud(*TPU_VM, "create", "pod-1", Z, "--version=v", "--spot")
+    refused = cloud.gcloud(*TPU_VM, "create", "pod-1", Z, "--accelerator-type=v4-8", V, "--spot")
     assert refused.returncode == 1 and state(cloud) == "NOT_FOUND"
     assert refused.stderr.startswith("ERROR: (gcloud.compute.tpus.tpu-vm.create) {\"code\": 8, ")
     assert f'There is no more capacity in the zone \\"{ZONE}\\"' in refused.stderr
-    proc = cloud.gcloud(*QR, "create", "q1", Z, "--node-id=q1", "--accelerator-type=v4-8", "--runtime-version=v")
+    proc = cloud.gcloud(*QR, "create", "q1", Z, "--node-id=q1", "--accelerator-type=v4-8", RV)
     assert proc.returncode == 0, explain(proc)
     fmt = "--format=value(state.state,state.failedData.error.message)"
     assert cloud.gcloud(*QR, "describe", "q1", Z, fmt).stdout.strip().split("\t") == ["FAILED", "Quota exceeded"]

@@ -69,6 +69,9 @@ CASES = {
     "create_two_slices": ("create", {"queued": True, "slices": 2}, {}),
     "status_two_slices": ("status", {"queued": True, "slices": 2}, {"node": "READY", "queued": "ACTIVE"}),
     "delete_two_slices": ("delete", {"queued": True, "slices": 2}, {"node": "READY", "queued": "ACTIVE"}),
+    "doctor": ("doctor", {"project": "my-project"}, {"node": "READY"}),
+    "pod_failed_then_retried": ("pod", {}, {"job_outcomes": [(1, None), (0, None)], "worker_outcomes": [[
+        "worker 0: ended 1 1700000002.0 RuntimeError: lost process 3", "worker 3: ended 137 1700000001.0 step 7"]]}),
 }
 
 

@@ -63,12 +63,49 @@ def test_preempted_spot_slice_is_recreated_and_the_run_resumes(cloud: Cloud, tmp
     proc = cloud.make("tpu-pod", TPU_NAME="pod-b", ZONE=ZONE, ACCELERATOR="v4-16", SPOT="1", RETRIES="2",
                       ARGS=train_args(run_dir, 50))
     assert proc.returncode == 0, explain(proc)
-    assert re.search(r"preempted \(slice PREEMPTED, job exit code 255\): retry 1 of 2", proc.stderr), proc.stderr
+    assert re.search(r"preempted \(slice PREEMPTED, job exit code 255\): recreating the slice and resuming from the "
+                     r"newest checkpoint; preemption 1, which does not spend the retry budget \(0 of 2 retries used\)",
+                     proc.stderr), proc.stderr
     resumed = re.search(r"resumed from step (\d+)", proc.stdout)
     assert resumed and 5 <= int(resumed.group(1)) < 50, explain(proc)
     assert summary(run_dir)["completed"] is True and summary(run_dir)["final_step"] == 50
     assert cloud.verbs().count("tpu-vm create") == 2 and cloud.verbs().count("tpu-vm delete") == 1
-    assert all("--spot" in c for c in cloud.calls() if c[3] == "create")
+    assert all("--spot" in c for c in cloud.tpu_calls() if c[3] == "create")
+
+
+def kill_once_setup(worker: int, when_exists: Path) -> str:
+    """--setup for every worker: its `.venv/bin/python` (which the job runs) is python3, except that on `worker`
+    the first training job is killed with SIGKILL once `when_exists` appears: a fault keyed by worker."""
+    mark = shlex.quote(str(when_exists))
+    wrapper = "\n".join([
+        "#!/bin/bash",
+        f'if [ "$TPU_WORKER_ID" = {worker} ] && [ "$2 $3" = "job train" ] && [ ! -e "$HOME/fault-done" ]; then',
+        '  touch "$HOME/fault-done"',
+        '  python3 "$@" & pid=$!',
+        f'  while kill -0 "$pid" 2>/dev/null; do [ -e {mark} ] && kill -KILL "$pid"; sleep 0.2; done',
+        '  wait "$pid"; exit $?',
+        "fi",
+        'exec python3 "$@"',
+    ])
+    return f"mkdir -p .venv/bin\ncat >.venv/bin/python <<'EOF'\n{wrapper}\nEOF\nchmod +x .venv/bin/python"
+
+
+@pytest.mark.slow
+def test_a_worker_killed_once_is_retried_from_the_checkpoint_on_the_same_slice(cloud: Cloud, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = cloud.cli("pod", "--name=pod-r", f"--zone={ZONE}", "--accelerator=v4-16", "--retries=2",
+                     f"--local-dir={cloud.local}", f"--setup={kill_once_setup(1, run_dir / 'checkpoints' / '5')}",
+                     f"--args={train_args(run_dir, 30)}", timeout=400)
+    assert proc.returncode == 0, explain(proc)
+    # worker 0 ended in reaction to losing process 1; the worker that died is the one named
+    retry = re.search(r"retry 1 of 2 after exit code 137 \(SIGKILL\) on worker 1(: .*)?: rerunning from the newest "
+                      r"checkpoint on the same slice \(READY", proc.stderr)
+    assert retry, explain(proc)
+    resumed = re.search(r"resumed from step (\d+)", proc.stdout)
+    assert resumed and 5 <= int(resumed.group(1)) < 30, explain(proc)
+    assert summary(run_dir)["completed"] is True and summary(run_dir)["final_step"] == 30
+    assert cloud.verbs().count("tpu-vm create") == 1 and cloud.verbs().count("tpu-vm delete") == 0
+    assert sum("setsid nohup" in " ".join(c) for c in cloud.calls()) == 2  # the run, and its one retry
 
 
 @pytest.mark.slow
@@ -82,8 +119,11 @@ def test_hostile_args_reach_the_job_verbatim_and_create_no_file(cloud: Cloud) ->
     assert f"Unrecognized options: --name, {hostile}" in log, log  # one argument, exactly as given
     assert "uid=" not in log and "uid=" not in proc.stdout
     assert (pwned.stat().st_mtime_ns if pwned.exists() else None) == before
-    # probe, setup, start, follow, and asking worker 0 whether `tpu-stop` stopped it: no retry
-    assert "not a preemption" in proc.stderr and cloud.verbs().count("tpu-vm ssh") == 5
+    # probe, setup, start, follow, asking worker 0 whether `tpu-stop` stopped it, and every worker how its job
+    # ended: a configuration error, so no retry
+    assert re.search(r"the job failed with exit code 2 \(a configuration error\) on worker 0: .*never retried",
+                     proc.stderr), proc.stderr
+    assert cloud.verbs().count("tpu-vm ssh") == 6
 
 
 def test_dry_run_prints_every_change_and_only_queries(cloud: Cloud) -> None:
@@ -93,18 +133,21 @@ def test_dry_run_prints_every_change_and_only_queries(cloud: Cloud) -> None:
     printed = [shlex.split(line) for line in re.findall(r"^gcloud .*?(?=^gcloud |\Z)", proc.stdout, re.M | re.S)]
     assert [" ".join(c[3:5]) for c in printed] == [  # create, ship, set up, start, follow, fetch the logs
         "tpu-vm create", "tpu-vm scp", "tpu-vm ssh", "tpu-vm ssh", "tpu-vm ssh", *["tpu-vm scp"] * 4]
-    assert all(c[2:4] == ["tpu-vm", "describe"] for c in cloud.calls())
+    questions = [["auth", "list"], ["config", "get-value"], ["tpu-vm", "accelerator-types"], ["tpu-vm", "versions"],
+                 ["tpu-vm", "describe"]]  # the quick checks, then the slice's state
+    assert all(c[0:2] in questions or c[2:4] in questions for c in cloud.calls()), cloud.calls()
     assert fake_gcloud.node(cloud.state, "pod-d", ZONE) is None
 
 
 def test_queued_create_waits_until_ready_then_status_and_delete(cloud: Cloud) -> None:
     env = cloud.env(FAKE_GCLOUD_QUEUE_SECONDS="1")
-    slice_ = {"TPU_NAME": "pod-e", "ZONE": ZONE, "ACCELERATOR": "v5litepod-16", "QUEUED": "1", "SPOT": "1",
+    zone = "us-west4-a"  # v5e (v5litepod) is not offered in us-central2-b
+    slice_ = {"TPU_NAME": "pod-e", "ZONE": zone, "ACCELERATOR": "v5litepod-16", "QUEUED": "1", "SPOT": "1",
               "ARGS": "train --run-dir /mnt/bucket/run"}
-    proc = cloud.cli("create", "--name=pod-e", f"--zone={ZONE}", "--accelerator=v5litepod-16", "--queued",
+    proc = cloud.cli("create", "--name=pod-e", f"--zone={zone}", "--accelerator=v5litepod-16", "--queued",
                      "--spot", "--poll-seconds=0.2", "--args=train --run-dir /mnt/bucket/run", env=env)
     assert proc.returncode == 0, explain(proc)
-    assert fake_gcloud.node(cloud.state, "pod-e", ZONE)["state"] == "READY"
+    assert fake_gcloud.node(cloud.state, "pod-e", zone)["state"] == "READY"
     assert "queued-resources create" in " ".join(cloud.verbs())
     status = cloud.make("tpu-status", **slice_)
     assert "pod-e: READY (queued resource ACTIVE), v5litepod-16, 4 workers" in status.stdout, explain(status)

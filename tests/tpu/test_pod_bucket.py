@@ -3,26 +3,14 @@ the workers' access is checked before the job starts, and the run dir lives in t
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator
 
 import pytest
 
-from tests.gcs_emulator import Emulator, EmulatorUnavailable, emulator
+from tests.gcs_emulator import Emulator
 from tests.tpu.harness import SMALL, ZONE, Cloud, explain
 
 pytestmark = pytest.mark.gcs
-
-
-@pytest.fixture
-def gcs() -> Iterator[Emulator]:
-    with contextlib.ExitStack() as stack:
-        try:
-            found = stack.enter_context(emulator("job-test"))
-        except EmulatorUnavailable as e:
-            pytest.skip(str(e))
-        yield found
 
 
 def worker_env(cloud: Cloud, gcs: Emulator) -> dict[str, str]:
@@ -42,7 +30,7 @@ def test_a_bucket_the_workers_cannot_write_is_one_error_naming_the_service_accou
     assert ("Fix: gcloud storage buckets add-iam-policy-binding gs://no-such-bucket "
             "--member=serviceAccount:default@fake-project.iam --role=roles/storage.objectAdmin") in errors[0]
     assert not any("setsid nohup" in " ".join(c) for c in cloud.calls())  # the job never started
-    asked = [c for c in cloud.calls() if c[3] == "describe" and "--format=value(serviceAccount.email)" in c]
+    asked = [c for c in cloud.tpu_calls() if c[3] == "describe" and "--format=value(serviceAccount.email)" in c]
     assert len(asked) == 1
 
 

@@ -35,7 +35,7 @@ def test_image_trains_in_containers_and_leaves_its_checkpoints_on_the_host(
         log = (cloud.local / "pod-j" / "logs" / f"worker-{worker}.log").read_text()
         assert re.search(rf"process {worker} of 2 \(tpu\)", log), log
     assert not (Path.cwd() / "jax-cluster-job").exists()  # nothing shipped: the code came in the image
-    assert not any(c[3] == "scp" and c[-1] == "--worker=all" for c in cloud.calls())
+    assert not any(c[3] == "scp" and c[-1] == "--worker=all" for c in cloud.tpu_calls())
 
 
 def test_configure_docker_is_accepted_only_in_its_real_form(cloud: Cloud, tmp_path: Path) -> None:

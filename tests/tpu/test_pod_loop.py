@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy.tpu import attempts
 from deploy.tpu import cli as tpu
 from deploy.tpu import job as tpu_job
 from deploy.tpu.config import TpuConfig
@@ -37,17 +38,94 @@ def test_requeue_exit_on_a_ready_slice_reruns_without_recreating(cfg: TpuConfig)
     assert sum(c[4] == "ssh" for c in runner.calls) == 9
 
 
-def test_preempted_slice_is_recreated_each_time_up_to_the_retry_limit(cfg: TpuConfig) -> None:
-    runner = SimRunner(job_outcomes=[(255, "PREEMPTED")] * 5)
-    assert tpu.pod(cfg, runner) == 255
-    assert verbs(runner) == ["create", "delete", "create", "delete", "create"]  # 1 run + 2 retries
+def test_preemption_never_spends_the_budget_and_the_slice_is_recreated_each_time(
+        cfg: TpuConfig, caplog: pytest.LogCaptureFixture) -> None:
+    runner = SimRunner(job_outcomes=[(255, "PREEMPTED")] * 5 + [(REQUEUE, None), (0, None)])
+    assert tpu.pod(cfg, runner) == 0  # RETRIES=2, 6 preemptions
+    assert verbs(runner) == ["create", *["delete", "create"] * 5]  # exit 75 on a READY slice: rerun there
+    preempted = [r.getMessage() for r in caplog.records if r.getMessage().startswith("preempted")]
+    assert len(preempted) == 6 and all("(0 of 2 retries used)" in line for line in preempted)
+    assert "preemption 6, which does not spend the retry budget" in preempted[-1]
+    assert not any(c[4] == "ssh" and "worker $worker: ended" in " ".join(c) for c in runner.calls)  # not a failure
 
 
-def test_a_failing_job_is_not_retried(cfg: TpuConfig) -> None:
-    runner = SimRunner(job_outcomes=[(1, None)])
-    assert tpu.pod(cfg, runner) == 1
-    assert verbs(runner) == ["create"]
-    assert [c[4] for c in runner.calls][-4:] == ["scp"] * 4  # every worker's log is kept
+def failure_retries(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("retry ")]
+
+
+def asked_outcomes(runner: SimRunner) -> int:
+    return sum(c[4] == "ssh" and "worker $worker: ended" in " ".join(c) for c in runner.calls)
+
+
+WORKER_2_CRASHED = ["worker 0: ended 1 1700000003.5 RuntimeError: lost process 2",
+                    "worker 1: ended 1 1700000003.2 RuntimeError: lost process 2",
+                    "worker 2: ended 139 1700000003.9 step 7: loss 2.301",
+                    "worker 3: running step 7: loss 2.301"]
+
+
+def test_a_failed_run_is_rerun_on_the_same_slice_naming_the_worker_that_failed(
+        cfg: TpuConfig, caplog: pytest.LogCaptureFixture) -> None:
+    runner = SimRunner(job_outcomes=[(1, None), (0, None)], worker_outcomes=[WORKER_2_CRASHED])
+    assert tpu.pod(cfg, runner) == 0
+    assert verbs(runner) == ["create"]  # the slice is READY: reused, not recreated
+    # a crash (SIGSEGV) is the cause even though workers 0 and 1 ended first, in reaction to it
+    assert failure_retries(caplog) == [
+        "retry 1 of 2 after exit code 139 (SIGSEGV) on worker 2: step 7: loss 2.301: rerunning from the newest "
+        f"checkpoint on the same slice (READY; worker logs: {cfg.slice_dir / 'logs'})"]
+    assert sum("setsid nohup" in " ".join(c) for c in runner.calls) == 2  # started again
+
+
+def test_without_a_crash_the_first_worker_to_fail_is_named() -> None:
+    outcomes = [o for line in ["worker 0: ended 1 1700000005.0 lost a peer", "worker 1: ended 86 1700000002.0 hung",
+                               "worker 2: ended 0 1700000001.0 done", "worker 3: ended 75 1700000000.0 saved",
+                               "Using ssh batch size of 4.", "worker 4: none"]
+                if (o := attempts.Outcome.parse(line, "pod-1", 0)) is not None]
+    assert len(outcomes) == 5
+    failed = attempts.first_failure(outcomes)
+    assert failed is not None and (failed.process, failed.code, failed.last_line) == (1, 86, "hung")
+    text = attempts.Failure(86, failed).describe()
+    assert text == "exit code 86 (no step within the watchdog's timeout) on worker 1: hung"
+    assert attempts.first_failure(outcomes[2:]) is None
+
+
+def test_the_retry_budget_runs_out_with_the_last_failures_code(cfg: TpuConfig,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    runner = SimRunner(job_outcomes=[(1, None)] * 5, worker_outcomes=[WORKER_2_CRASHED] * 5)
+    assert tpu.pod(cfg, runner) == 139  # the failing worker's code, not worker 0's reaction
+    assert verbs(runner) == ["create"] and asked_outcomes(runner) == 3  # 1 run + 2 retries
+    assert [line.split(" after ")[0] for line in failure_retries(caplog)] == ["retry 1 of 2", "retry 2 of 2"]
+    last = caplog.records[-1].getMessage()
+    assert "the retry budget is spent (2 of 2 retries used): giving up" in last and "on worker 2" in last
+
+
+def test_a_preemption_between_failures_leaves_the_budget_as_it_was(cfg: TpuConfig,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    runner = SimRunner(job_outcomes=[(1, None), (255, "PREEMPTED"), (1, None), (0, None)],
+                       worker_outcomes=[WORKER_2_CRASHED] * 2)
+    assert tpu.pod(cfg, runner) == 0
+    assert [line.split(" after ")[0] for line in failure_retries(caplog)] == ["retry 1 of 2", "retry 2 of 2"]
+    assert any("(1 of 2 retries used)" in r.getMessage() for r in caplog.records
+               if r.getMessage().startswith("preempted"))
+    assert verbs(runner) == ["create", "delete", "create"]
+
+
+def test_retries_0_turns_retries_off(cfg: TpuConfig, caplog: pytest.LogCaptureFixture) -> None:
+    runner = SimRunner(job_outcomes=[(1, None)])  # the workers say nothing: worker 0's code stands
+    assert tpu.pod(dataclasses.replace(cfg, retries=0), runner) == 1
+    assert verbs(runner) == ["create"] and failure_retries(caplog) == []
+    assert [c[4] for c in runner.calls][-5:-1] == ["scp"] * 4  # every worker's log is kept
+    assert "retry budget is spent (retries off (RETRIES=0))" in caplog.records[-1].getMessage()
+    assert "(no worker said which failed first" in caplog.records[-1].getMessage()
+
+
+def test_a_configuration_error_is_never_retried(cfg: TpuConfig, caplog: pytest.LogCaptureFixture) -> None:
+    said = ["worker 0: ended 2 1700000000.1 error: --steps: expected an integer 1..2147483647, found 0. Fix: ...",
+            "worker 1: ended 2 1700000000.2 error: --steps: expected an integer 1..2147483647, found 0. Fix: ..."]
+    runner = SimRunner(job_outcomes=[(2, None)] * 3, worker_outcomes=[said])
+    assert tpu.pod(cfg, runner) == 2
+    assert asked_outcomes(runner) == 1 and failure_retries(caplog) == []
+    assert "exit code 2 (a configuration error) on worker 0: error: --steps" in caplog.records[-1].getMessage()
+    assert "never retried" in caplog.records[-1].getMessage()
 
 
 def test_a_job_stopped_by_tpu_stop_is_not_restarted(cfg: TpuConfig, monkeypatch: pytest.MonkeyPatch) -> None:

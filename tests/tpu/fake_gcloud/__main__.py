@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -55,18 +56,51 @@ HANDLERS = {
     ("queued-resources", "describe"): commands.queued_describe,
     ("queued-resources", "list"): commands.queued_list,
     ("queued-resources", "delete"): commands.queued_delete,
+    ("accelerator-types", "list"): commands.accelerator_types_list,
+    ("versions", "list"): commands.versions_list,
     ("auth", "configure-docker"): configure_docker,
+    ("auth", "list"): commands.auth_list,
+    ("config", "get-value"): commands.config_get_value,
 }
+# What the real CLI says when a command that calls the API has no project, or no account to call it with.
+NO_PROJECT = ("The required property [project] is not currently set.\nIt can be set on a per-command basis by "
+              "re-running your command with the [--project] flag.\n\nYou may set it for your current workspace by "
+              "running:\n\n  $ gcloud config set project VALUE\n\nor it can be set temporarily by the environment "
+              "variable [CLOUDSDK_CORE_PROJECT]")
+NO_ACCOUNT = ("You do not currently have an active account selected.\nPlease run:\n\n  $ gcloud auth login\n\nto "
+              "obtain new credentials.\n\nIf you have already logged in with a different account, run:\n\n  $ gcloud "
+              "config set account ACCOUNT\n\nto select an already authenticated account to use.")
+NO_CREDENTIALS = ("Your current active account [{account}] does not have any valid credentials\nPlease run:\n\n  $ "
+                  "gcloud auth login\n\nto obtain new credentials.")
 
 
 def _require_zone(parsed: Parsed) -> None:
     """The simulator has no configured default zone, so a command without --zone fails like gcloud's."""
-    if parsed.form.path[0] == "auth":
+    if parsed.form.path[0] != "compute":
         return
     if parsed.get("zone") is None:
-        resource = "queued_resource" if parsed.form.path[2] == "queued-resources" else "tpu"
+        group, command = parsed.form.path[2:4]
+        resource = ("zone" if command in ("accelerator-types", "versions")  # these list what a location offers
+                    else "queued_resource" if group == "queued-resources" else "tpu")
         raise CloudError(parsed, f"Error parsing [{resource}].\nThe [{resource}] resource is not properly "
                          "specified.\nFailed to find attribute [zone]. Fix: pass --zone=ZONE")
+
+
+def _signed_in(cloud: Cloud, parsed: Parsed) -> Parsed:
+    """A command that calls the Cloud TPU API needs a project (--project, CLOUDSDK_CORE_PROJECT or the configured
+    one: checked first, as gcloud resolves it while parsing) and an account with credentials (--account or the
+    active one). `parsed` with the project filled in."""
+    if parsed.form.path[0] != "compute":
+        return parsed
+    project = parsed.get("project") or cloud.property("core/project")
+    if not project:
+        raise CloudError(parsed, NO_PROJECT)
+    account = parsed.get("account") or cloud.property("core/account")
+    if not account:
+        raise CloudError(parsed, NO_ACCOUNT)
+    if account not in cloud.config()["accounts"]:
+        raise CloudError(parsed, NO_CREDENTIALS.format(account=account))
+    return dataclasses.replace(parsed, flags={**parsed.flags, "project": project})
 
 
 def main(argv: list[str]) -> int:
@@ -75,6 +109,7 @@ def main(argv: list[str]) -> int:
     try:
         parsed = parse(argv)
         _require_zone(parsed)
+        parsed = _signed_in(cloud, parsed)
         handler = HANDLERS.get(parsed.form.path[-2:])
         return handler(cloud, parsed) if handler else _on_workers(cloud, parsed)
     except UsageError as e:

@@ -1,9 +1,11 @@
-"""What each accepted command does to the simulated cloud: create, describe, list, delete, scp."""
+"""What each accepted command does to the simulated cloud: create, describe, list, delete, scp; what a zone
+offers (accelerator types, runtime versions); and gcloud's own state (`auth list`, `config get-value`)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -14,10 +16,15 @@ from typing import Any
 from tests.tpu.fake_gcloud.grammar import Parsed, UsageError
 from tests.tpu.fake_gcloud.state import (
     DEFAULT_PROJECT,
+    PROPERTIES,
     QUEUE_SECONDS_ENV,
     Cloud,
     node_ids,
 )
+
+# What the Cloud TPU API says when a creation names what the zone does not offer (INVALID_ARGUMENT, as gcloud
+# prints it; the accelerator's wording is the API's, the runtime version's follows it).
+NOT_OFFERED = "INVALID_ARGUMENT: Cloud TPU received a bad request. the {what} {value} was not found in zone {zone}"
 
 
 class CloudError(Exception):
@@ -107,13 +114,95 @@ def _record_or_fail(cloud: Cloud, parsed: Parsed, kind: str, name: str) -> dict[
     return record
 
 
+_FILTER = re.compile(r"(-?)([A-Za-z][\w.]*):(\S+)")
+
+
+def listed(parsed: Parsed, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A list command's items after --filter (one term: KEY:VALUE or -KEY:VALUE, the only form modelled) and
+    --limit. --sort-by is refused: the simulator does not model it."""
+    if parsed.get("sort-by") is not None:
+        raise UsageError(parsed.form.path, "the simulator does not model --sort-by")
+    expression = parsed.get("filter")
+    if expression is not None:
+        term = _FILTER.fullmatch(str(expression))
+        if term is None:
+            raise UsageError(parsed.form.path, f"the simulator models --filter=KEY:VALUE or -KEY:VALUE only, "
+                             f"not {expression!r}")
+        negate, key, value = term.groups()
+        items = [i for i in items if (str(_lookup(i, key) or "").lower() == value.lower()) != bool(negate)]
+    limit = str(parsed.get("limit") or "unlimited")
+    return items if limit == "unlimited" else items[:int(limit)]
+
+
 def _list(cloud: Cloud, parsed: Parsed, kind: str, view: Callable[[dict[str, Any]], dict[str, Any]]) -> int:
     """`list`: every record of `kind` in the zone, as `view` shows it."""
     project, zone = where(parsed)
     with cloud.lock():
         cloud.refresh(project, zone)
         items = [view(r) for r in cloud.all(kind, project, zone)]
-    _print(render(parsed, items))
+    _print(render(parsed, listed(parsed, items)))
+    return 0
+
+
+# ---------------------------------------------------------------------- what a zone offers
+def accelerator_types_list(cloud: Cloud, parsed: Parsed) -> int:
+    """`tpu-vm accelerator-types list`: AcceleratorType resources (name, type)."""
+    return _offered(cloud, parsed, "acceleratorTypes", "type")
+
+
+def versions_list(cloud: Cloud, parsed: Parsed) -> int:
+    """`tpu-vm versions list`: RuntimeVersion resources (name, version)."""
+    return _offered(cloud, parsed, "runtimeVersions", "version")
+
+
+def _offered(cloud: Cloud, parsed: Parsed, collection: str, field: str) -> int:
+    """What the zone offers of `collection`, one resource each: its full name and its `field`."""
+    project, zone = where(parsed)
+    items = [{"name": f"projects/{project}/locations/{zone}/{collection}/{value}", field: value}
+             for value in cloud.offer(project, zone)[collection]]
+    _print(render(parsed, listed(parsed, items)))
+    return 0
+
+
+def _check_offered(cloud: Cloud, parsed: Parsed, accelerator: str, version: str) -> None:
+    """A creation must name an accelerator type and a runtime version the zone offers."""
+    project, zone = where(parsed)
+    offer = cloud.offer(project, zone)
+    if accelerator not in offer["acceleratorTypes"]:
+        raise CloudError(parsed, NOT_OFFERED.format(what="accelerator", value=accelerator, zone=zone))
+    if version not in offer["runtimeVersions"]:
+        raise CloudError(parsed, NOT_OFFERED.format(what="runtime version", value=version, zone=zone))
+
+
+# ---------------------------------------------------------------------- gcloud's own state
+def auth_list(cloud: Cloud, parsed: Parsed) -> int:
+    """`auth list`: each credentialed account, status ACTIVE for the active one (else empty); when nothing is
+    shown, the real CLI's note on stderr (exit 0 all the same)."""
+    active = cloud.property("core/account")
+    accounts = cloud.config()["accounts"]
+    if parsed.get("filter-account"):
+        accounts = [a for a in accounts if a == parsed.get("filter-account")]
+    items = listed(parsed, [{"account": a, "status": "ACTIVE" if a == active else ""} for a in accounts])
+    if items:
+        _print(render(parsed, items))
+        print("\nTo set the active account, run:\n    $ gcloud config set account `ACCOUNT`\n", file=sys.stderr)
+    else:
+        print("\nNo credentialed accounts.\n\nTo login, run:\n  $ gcloud auth login `ACCOUNT`\n", file=sys.stderr)
+    return 0
+
+
+def config_get_value(cloud: Cloud, parsed: Parsed) -> int:
+    """`config get-value [SECTION/]PROPERTY`: the value on stdout; `(unset)` on stderr when it has none."""
+    raw = parsed.positionals[0]
+    name = raw if "/" in raw else f"core/{raw}"
+    if name not in PROPERTIES:
+        section, _, prop = name.partition("/")
+        raise CloudError(parsed, f"Section [{section}] has no property [{prop}].")
+    value = cloud.property(name)
+    if value:
+        print(value, flush=True)
+    else:
+        print("(unset)", file=sys.stderr, flush=True)
     return 0
 
 
@@ -154,6 +243,7 @@ def node_create(cloud: Cloud, parsed: Parsed) -> int:
         if cloud.node(project, zone, name) is not None:
             raise CloudError(parsed, f"ALREADY_EXISTS: Resource '{_resource_name('nodes', project, zone, name)}' "
                              "already exists")
+        _check_offered(cloud, parsed, accelerator, str(parsed.get("version")))
         _stockout(cloud, parsed, project, zone)
         record = cloud.new_node(project, zone, name, accelerator, str(parsed.get("version")), workers,
                                 spot=bool(parsed.get("spot")), preemptible=bool(parsed.get("preemptible")),
@@ -210,6 +300,7 @@ def queued_create(cloud: Cloud, parsed: Parsed) -> int:
         for node_id in nodes:
             if cloud.node(project, zone, node_id) is not None:
                 raise CloudError(parsed, f"ALREADY_EXISTS: node {node_id} already exists")
+        _check_offered(cloud, parsed, accelerator, str(parsed.get("runtime-version")))
         cloud.put_queued({
             "project": project, "zone": zone, "name": name, "nodeId": nodes[0], "acceleratorType": accelerator,
             **({"nodeIds": nodes, "nodePrefix": prefix} if prefix else {}),

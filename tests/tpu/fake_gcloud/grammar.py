@@ -76,6 +76,9 @@ _SSH_COMMON = (
     Flag("strict-host-key-checking", pattern="yes|no|ask"), Flag("ssh-key-file"),
 )
 _DURATION = r"[0-9]+[smhd]"
+# Every list command's flags (calliope's ListCommand; `--uri` left out: nothing here asks for it).
+_LIST = (Flag("filter"), Flag("limit", pattern=r"[1-9][0-9]*|unlimited"), Flag("page-size", pattern=r"[1-9][0-9]*"),
+         Flag("sort-by"))
 _NAME = r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
 # Placement and network flags both create commands take (gcloud 528).
 _NETWORK_FLAGS = (
@@ -95,7 +98,9 @@ FORMS = (
     )),
     Form((*_TPU_VM, "describe"), ("NAME",), (ZONE,)),
     Form((*_TPU_VM, "delete"), ("NAME",), (ZONE, Flag("async", takes_value=False))),
-    Form((*_TPU_VM, "list"), (), (ZONE,)),
+    Form((*_TPU_VM, "list"), (), (ZONE, *_LIST)),
+    Form((*_TPU_VM, "accelerator-types", "list"), (), (ZONE, *_LIST)),
+    Form((*_TPU_VM, "versions", "list"), (), (ZONE, *_LIST)),
     Form((*_TPU_VM, "ssh"), ("NAME",), (*_SSH_COMMON, Flag("command"), Flag("ssh-flag", repeat=True))),
     Form((*_TPU_VM, "scp"), ("SRC", "...", "DEST"), (
         *_SSH_COMMON, Flag("recurse", takes_value=False), Flag("compress", takes_value=False),
@@ -122,14 +127,21 @@ FORMS = (
     Form((*_QUEUED, "describe"), ("QUEUED_RESOURCE",), (ZONE,)),
     Form((*_QUEUED, "delete"), ("QUEUED_RESOURCE",), (
         ZONE, Flag("force", takes_value=False), Flag("async", takes_value=False))),
-    Form((*_QUEUED, "list"), (), (ZONE,)),
+    Form((*_QUEUED, "list"), (), (ZONE, *_LIST)),
     Form(("auth", "configure-docker"), ("REGISTRIES",), (Flag("include-artifact-registry", takes_value=False),)),
+    Form(("auth", "list"), (), (Flag("filter-account"), *_LIST)),
+    Form(("config", "get-value"), ("SECTION/PROPERTY",)),
 )
 # Real commands this simulator does not model: refused with a message that says so.
 NOT_SIMULATED = {
     _TPU_VM: ("start", "stop", "update", "attach-disk", "detach-disk", "simulate-maintenance-event",
-              "get-guest-attributes", "versions", "accelerator-types", "service-identity"),
+              "get-guest-attributes", "service-identity"),
+    (*_TPU_VM, "accelerator-types"): ("describe",),
+    (*_TPU_VM, "versions"): ("describe",),
     _QUEUED: ("reset",),
+    ("auth",): ("login", "revoke", "activate-service-account", "print-access-token", "print-identity-token",
+                "application-default"),
+    ("config",): ("set", "unset", "get", "list", "configurations"),
 }
 
 

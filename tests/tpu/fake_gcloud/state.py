@@ -6,10 +6,16 @@
     <state>/queued/<project>/<zone>/<name>.json  a queued resource
     <state>/control/<project>/<zone>/<name>.preempt.json   a scheduled preemption (tests write it)
     <state>/control/<project>/<zone>/capacity.json   stock-outs to come: {"failures": [MESSAGE, ...]}
+    <state>/control/<project>/<zone>/offer.json  what the zone offers, when a test changed it (see catalog.py)
+    <state>/config.json                          gcloud's credentialed accounts, active account and properties
     <state>/pids/<pid>                           worker process groups still running (for cleanup)
 
 Tests use the functions at the bottom (`schedule_preemption`, `preempt`,
-`schedule_capacity_failures`, `calls`, `node`, `queued`) to steer and inspect the simulated cloud.
+`schedule_capacity_failures`, `set_login`, `set_property`, `set_offer`, `calls`, `node`, `queued`) to steer
+and inspect the simulated cloud.
+
+Until a test says otherwise gcloud is logged in (DEFAULT_ACCOUNT, active) with DEFAULT_PROJECT as its
+configured project; CLOUDSDK_CORE_PROJECT and CLOUDSDK_CORE_ACCOUNT override those as in the real CLI.
 
 A scheduled capacity failure is taken by the next creation in the zone: `tpu-vm create` fails at
 once with it (exit 1, `{"code": 8, "message": ...}` as the real API's RESOURCE_EXHAUSTED), a queued
@@ -29,7 +35,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tests.tpu.fake_gcloud import catalog
+
 DEFAULT_PROJECT = "fake-project"
+DEFAULT_ACCOUNT = "tester@example.com"
+# gcloud's properties this simulator keeps (SECTION/NAME); the environment's CLOUDSDK_SECTION_NAME wins
+PROPERTIES = ("core/project", "core/account", "compute/zone", "compute/region")
 STATE_ENV = "FAKE_GCLOUD_STATE"
 CREATE_SECONDS_ENV = "FAKE_GCLOUD_CREATE_SECONDS"  # how long a node stays CREATING (default 0)
 QUEUE_SECONDS_ENV = "FAKE_GCLOUD_QUEUE_SECONDS"  # how long a queued resource waits for capacity (default 0)
@@ -144,6 +155,32 @@ class Cloud:
             elif qr["state"] == "ACTIVE" and any(n is not None and n["state"] == "PREEMPTED" for n in nodes):
                 self.put_queued({**qr, "state": "SUSPENDED"})
 
+    # ------------------------------------------------------------------ gcloud's own configuration
+    def config(self) -> dict[str, Any]:
+        """{"accounts": [credentialed ...], "properties": {"core/project": ..., "core/account": ...}}"""
+        return self._read(self.root / "config.json") or {
+            "accounts": [DEFAULT_ACCOUNT],
+            "properties": {"core/account": DEFAULT_ACCOUNT, "core/project": DEFAULT_PROJECT},
+        }
+
+    def put_config(self, config: dict[str, Any]) -> None:
+        self._write(self.root / "config.json", config)
+
+    def property(self, name: str) -> str | None:
+        """A property (SECTION/NAME) as gcloud resolves it: the CLOUDSDK_SECTION_NAME variable, else the config."""
+        from_env = os.environ.get("CLOUDSDK_" + name.replace("/", "_").upper())
+        return from_env or self.config()["properties"].get(name) or None
+
+    # ------------------------------------------------------------------ what a zone offers
+    def offer_file(self, project: str, zone: str) -> Path:
+        return self.root / "control" / project / zone / "offer.json"
+
+    def offer(self, project: str, zone: str) -> dict[str, list[str]]:
+        """{"acceleratorTypes": [...], "runtimeVersions": [...]}: catalog.py's, unless a test changed it."""
+        default = {"acceleratorTypes": catalog.accelerator_types(zone),
+                   "runtimeVersions": catalog.runtime_versions(zone)}
+        return {**default, **(self._read(self.offer_file(project, zone)) or {})}
+
     # ------------------------------------------------------------------ stock-outs
     def capacity_file(self, project: str, zone: str) -> Path:
         return self.root / "control" / project / zone / "capacity.json"
@@ -196,6 +233,41 @@ def schedule_capacity_failures(state: Path, zone: str, messages: list[str], proj
     cloud = Cloud(state)
     with cloud.lock():
         cloud._write(cloud.capacity_file(project, zone), {"failures": list(messages)})
+
+
+def set_login(state: Path, accounts: list[str], active: str | None = None) -> None:
+    """gcloud's credentialed accounts and the active one (`accounts=[]`: never logged in, or all revoked)."""
+    cloud = Cloud(state)
+    with cloud.lock():
+        config = cloud.config()
+        config["accounts"] = list(accounts)
+        config["properties"] = {k: v for k, v in config["properties"].items() if k != "core/account"}
+        if active is not None:
+            config["properties"]["core/account"] = active
+        cloud.put_config(config)
+
+
+def set_property(state: Path, name: str, value: str | None) -> None:
+    """`gcloud config set NAME VALUE` (None: `gcloud config unset NAME`); NAME as SECTION/NAME."""
+    assert name in PROPERTIES, name
+    cloud = Cloud(state)
+    with cloud.lock():
+        config = cloud.config()
+        config["properties"] = {k: v for k, v in config["properties"].items() if k != name}
+        if value is not None:
+            config["properties"][name] = value
+        cloud.put_config(config)
+
+
+def set_offer(state: Path, zone: str, *, accelerator_types: list[str] | None = None,
+              runtime_versions: list[str] | None = None, project: str = DEFAULT_PROJECT) -> None:
+    """Replace what the zone offers (either list; the other stays catalog.py's)."""
+    cloud = Cloud(state)
+    changes = {k: v for k, v in (("acceleratorTypes", accelerator_types), ("runtimeVersions", runtime_versions))
+               if v is not None}
+    with cloud.lock():
+        path = cloud.offer_file(project, zone)
+        cloud._write(path, {**(cloud._read(path) or {}), **changes})
 
 
 def node_ids(qr: dict[str, Any]) -> list[str]:

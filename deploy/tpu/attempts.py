@@ -1,0 +1,132 @@
+"""A failed run on a TPU slice: which worker failed first and why; and the retry budget that reruns it.
+
+    budget = RetryBudget(cfg.retries)           # RETRIES: reruns after a failure; a preemption never spends one
+    failure = find_failure(cfg, runner, code)   # asks every worker how its job ended
+    failure.describe()                          # 'exit code 137 (SIGKILL) on worker 2: step 7: loss 2.301'
+    budget = budget.spend()                     # 'retry 1 of 3'; budget.spent once all are used
+
+The exit code `tpu-pod` follows is worker 0's, which is often only its reaction to losing a peer.
+Every worker keeps its own job's exit code and when it wrote it (remote.EXIT), so `find_failure` asks
+them all (one read-only `ssh --worker=all` per slice) and names the cause as the local launcher does
+(job.runtime.procgroup): a worker that crashed (killed by SIGKILL, SIGSEGV, SIGBUS, ...) rather than one
+that exited in reaction, else the first to end with a failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import signal
+from collections.abc import Iterable
+
+from deploy.runner import Runner
+from deploy.tpu import gcloud, remote
+from deploy.tpu.config import TpuConfig
+from job.errors import BAD_INPUT_EXIT_CODE
+from job.runtime.preemption import REQUEUE_EXIT_CODE
+from job.runtime.procgroup import CRASHES
+from job.runtime.watchdog import HANG_EXIT_CODE
+
+_LINE = re.compile(r"^worker (\d+): (?:ended (\d+) ([0-9.]+)|running|none)(?: (.*))?$")
+_MEANING = {BAD_INPUT_EXIT_CODE: "a configuration error", REQUEUE_EXIT_CODE: "saved and stopped: preempted",
+            HANG_EXIT_CODE: "no step within the watchdog's timeout"}
+
+
+def code_text(code: int) -> str:
+    """`1`, `137 (SIGKILL)`, `86 (no step within the watchdog's timeout)`."""
+    if code in _MEANING:
+        return f"{code} ({_MEANING[code]})"
+    if code > 128:
+        try:
+            return f"{code} ({signal.Signals(code - 128).name})"
+        except ValueError:
+            pass
+    return str(code)
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How the job ended on one worker, as that worker said."""
+
+    process: int  # the worker's JAX process index: slice index x workers per slice + worker
+    node: str  # its slice
+    worker: int  # its index in the slice
+    code: int | None  # its job's exit code; None while the job runs, or when it left none
+    ended_at: float  # when the exit code was written (seconds since the epoch); 0 when unknown
+    last_line: str  # the last line of its log
+
+    @classmethod
+    def parse(cls, line: str, node: str, first_process: int) -> Outcome | None:
+        """One line of remote.outcome_script's output; None for anything else (ssh's own chatter)."""
+        found = _LINE.fullmatch(line.strip())
+        if found is None:
+            return None
+        worker, code, at, last = found.groups()
+        return cls(first_process + int(worker), node, int(worker), None if code is None else int(code),
+                   float(at or 0), (last or "").strip())
+
+
+def first_failure(outcomes: Iterable[Outcome]) -> Outcome | None:
+    """The cause among the workers that failed: a crash if any (the others' exits are reactions to it), else the
+    first to end; None when no worker ended with a failure."""
+    failed = [o for o in outcomes if o.code not in (None, 0, REQUEUE_EXIT_CODE)]
+    crashed = [o for o in failed if o.code is not None and o.code - 128 in CRASHES]
+    candidates = crashed or failed
+    return min(candidates, key=lambda o: (o.ended_at, o.process)) if candidates else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """A run that ended with an exit code other than 0 or 75 on a slice that is still there."""
+
+    code: int  # the failing worker's exit code (worker 0's when no worker said)
+    cause: Outcome | None  # the worker that failed first; None when no worker said
+    multislice: bool = False  # name the slice as well
+
+    @property
+    def configuration_error(self) -> bool:
+        """Exit 2: bad input, found the same way on every rerun."""
+        return self.code == BAD_INPUT_EXIT_CODE
+
+    def describe(self) -> str:
+        """'exit code 1 on worker 2: ValueError: ...' (the failing worker's last log line)."""
+        if self.cause is None:
+            return f"exit code {code_text(self.code)} (no worker said which failed first: see every worker's log)"
+        where = f"worker {self.cause.process}"
+        if self.multislice:
+            where += f" (worker {self.cause.worker} of {self.cause.node})"
+        return f"exit code {code_text(self.code)} on {where}" + (f": {self.cause.last_line}"
+                                                                   if self.cause.last_line else "")
+
+
+def find_failure(cfg: TpuConfig, runner: Runner, code: int) -> Failure:
+    """Ask every worker of every slice how its job ended; the failure that caused the others."""
+    outcomes: list[Outcome] = []
+    for index, node in enumerate(cfg.slice_names):
+        argv = gcloud.ssh_all(cfg, remote.outcome_script(cfg), node)
+        proc = runner.run(argv, check=False, capture=True, mutating=False)
+        outcomes += [o for line in (proc.stdout or "").splitlines()
+                     if (o := Outcome.parse(line, node, index * cfg.workers)) is not None]
+    cause = first_failure(outcomes)
+    return Failure(cause.code if cause is not None and cause.code is not None else code, cause,
+                   multislice=len(cfg.slice_names) > 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryBudget:
+    """RETRIES: how many times a failed run is rerun from its newest checkpoint. A preemption (exit 75, or a
+    preempted slice) never spends it; a configuration error (exit 2) is never retried."""
+
+    retries: int  # 0 turns retries off
+    used: int = 0
+
+    @property
+    def spent(self) -> bool:
+        return self.used >= self.retries
+
+    def spend(self) -> RetryBudget:
+        return dataclasses.replace(self, used=self.used + 1)
+
+    def describe(self) -> str:
+        """'1 of 3 retries used', 'retries off (RETRIES=0)'."""
+        return f"{self.used} of {self.retries} retries used" if self.retries else "retries off (RETRIES=0)"

@@ -1,0 +1,234 @@
+"""`python -m deploy.tpu doctor`: what would fail on Cloud TPU, found before anything is created.
+
+    python -m deploy.tpu doctor --name my-pod --zone us-central2-b --accelerator v4-32 --bucket gs://my-bucket/run1
+    make tpu-doctor TPU_NAME=my-pod ZONE=us-central2-b ACCELERATOR=v4-32 BUCKET=gs://my-bucket/run1
+
+takes the flags of `tpu-pod`, prints one line per check (deploy.checks) and exits 1 when any failed:
+
+    ok    request: v4-32: 4 workers; run dir gs://my-bucket/run1
+    ok    gcloud: /usr/bin/gcloud
+    ok    account: me@example.com
+    ok    project: my-project (gcloud's configured project)
+    ok    accelerator type: v4-32 is offered in us-central2-b
+    ok    runtime version: tpu-ubuntu2204-base (the v4 default) is offered in us-central2-b
+    ok    slice: my-pod does not exist yet in us-central2-b: make tpu-pod creates it
+    ok    run dir: this machine can write gs://my-bucket/run1 (...)
+
+The quick part (QUICK: gcloud, account, project, accelerator type, runtime version) asks gcloud read-only
+questions and needs no VM: `make tpu-pod` and `make tpu-create` run it first (`preflight`), and its first
+problem is one error (exit 2) before anything is created. The zone's checks need an account and a
+project, so they are left out until those pass. The rest is the doctor's alone: the slice's own state, and
+writing (then deleting) an object in a gs:// run dir with this machine's credentials.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import subprocess
+from collections.abc import Callable, Iterator, Sequence
+
+from deploy import sweeps
+from deploy.checks import Check, report
+from deploy.runner import Runner
+from deploy.tpu import gcloud
+from deploy.tpu.config import TpuConfig, run_dir_of, validate_job
+from deploy.tpu.slice import Slice, TpuError
+from job.errors import ConfigError
+from job.runs import storage
+
+log = logging.getLogger("deploy.tpu")
+
+REGIONS_PAGE = "https://cloud.google.com/tpu/docs/regions-zones"
+RUNTIMES_PAGE = "https://cloud.google.com/tpu/docs/runtimes"
+SHOWN = 8  # an error lists at most this many of the runtime versions a zone offers
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """One check: `ask` returns what it found when all is well, raises ConfigError (or TpuError) when not."""
+
+    name: str  # on the check's line
+    ask: Callable[[TpuConfig, Runner], str]
+
+    def check(self, cfg: TpuConfig, runner: Runner) -> Check:
+        try:
+            return Check(self.name, True, self.ask(cfg, runner))
+        except ConfigError as e:
+            return Check(self.name, False, f"{e.what}: expected {e.expected}, found {e.found!r}", fix=e.fix)
+        except TpuError as e:
+            return Check(self.name, False, str(e))
+
+
+def _ask(runner: Runner, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """A read-only gcloud question: asked even in a dry run."""
+    return runner.run(argv, check=False, capture=True, mutating=False)
+
+
+def _said(proc: subprocess.CompletedProcess[str]) -> str:
+    """What a failed gcloud call said: the first line of its error (the rest is advice), or its exit code."""
+    lines = [line.strip() for line in (proc.stderr or "").splitlines() if line.strip()]
+    return f"exit code {proc.returncode}: {lines[0]}" if lines else f"exit code {proc.returncode}"
+
+
+# ---------------------------------------------------------------------- the quick part
+def require_gcloud(cfg: TpuConfig, runner: Runner) -> str:
+    path = runner.which(gcloud.GCLOUD)
+    if path is None:
+        raise ConfigError("gcloud", expected="the Google Cloud CLI on PATH", found="no `gcloud` on PATH",
+                          fix=gcloud.INSTALL_HINT)
+    return path
+
+
+def active_account(cfg: TpuConfig, runner: Runner) -> str:
+    proc = _ask(runner, gcloud.active_account())
+    found = (proc.stdout or "").split()
+    if proc.returncode == 0 and found:
+        return found[0]
+    raise ConfigError(
+        "gcloud account", expected="an active account with credentials (`gcloud auth list` marks it ACTIVE)",
+        found="none: gcloud is not logged in" if proc.returncode == 0 else _said(proc),
+        fix="gcloud auth login (without a browser: gcloud auth login --no-browser; a service account: "
+            "gcloud auth activate-service-account --key-file=KEY.json)")
+
+
+def project(cfg: TpuConfig, runner: Runner) -> str:
+    if cfg.project:
+        return f"{cfg.project} (PROJECT)"
+    proc = _ask(runner, gcloud.configured_project())
+    found = (proc.stdout or "").strip()
+    if proc.returncode == 0 and found:
+        return f"{found} (gcloud's configured project; PROJECT overrides it)"
+    raise ConfigError(
+        "PROJECT (--project)", expected="a Google Cloud project: PROJECT, or gcloud's configured project",
+        found=("PROJECT empty and no project configured (`gcloud config get-value project`: (unset))"
+               if proc.returncode == 0 else _said(proc)),
+        fix="PROJECT=my-project, or once for every command: gcloud config set project my-project")
+
+
+def _offered(cfg: TpuConfig, runner: Runner, argv: list[str], what: str) -> list[str]:
+    """One item a line of a `list --format=value(...)`; ConfigError when gcloud cannot say, or lists nothing."""
+    proc = _ask(runner, argv)
+    if proc.returncode != 0:
+        raise ConfigError(
+            "ZONE (--zone)", expected=f"the {what} Cloud TPU offers in {cfg.zone}",
+            found=f"`{' '.join(argv[:6])} ...` failed with {_said(proc)}",
+            fix="check ZONE, that the project has the Cloud TPU API (gcloud services enable tpu.googleapis.com) "
+                "and that your account may use it there (roles/tpu.viewer at least)")
+    offered = [line.strip() for line in (proc.stdout or "").splitlines() if line.strip()]
+    if not offered:
+        raise ConfigError("ZONE (--zone)", expected="a zone with Cloud TPUs", found=f"{cfg.zone}: no {what} there",
+                          fix=f"pick a zone from {REGIONS_PAGE} (v4: us-central2-b; v5e: us-west4-a, ...)")
+    return offered
+
+
+def _types(offered: list[str]) -> str:
+    """'v2-8 .. v2-512 (7 sizes), v5litepod-1 .. v5litepod-256 (8 sizes)': each generation's range."""
+    groups: dict[str, list[str]] = {}
+    for name in offered:
+        groups.setdefault(name.rsplit("-", 1)[0], []).append(name)
+    return ", ".join(g[0] if len(g) == 1 else f"{g[0]} .. {g[-1]} ({len(g)} sizes)" for g in groups.values())
+
+
+def accelerator_type(cfg: TpuConfig, runner: Runner) -> str:
+    offered = _offered(cfg, runner, gcloud.accelerator_types(cfg), "accelerator types")
+    if cfg.accelerator in offered:
+        return f"{cfg.accelerator} is offered in {cfg.zone}"
+    generation = cfg.accel.generation.name
+    sizes = [name for name in offered if name.rsplit("-", 1)[0] == generation]
+    listing = f"gcloud compute tpus tpu-vm accelerator-types list --zone={cfg.zone} lists them all"
+    raise ConfigError(
+        "ACCELERATOR (--accelerator)", expected=f"an accelerator type offered in {cfg.zone} ({_types(offered)})",
+        found=cfg.accelerator,
+        fix=(f"pick a {generation} size offered there ({listing}), or another ZONE" if sizes else
+             f"a ZONE that offers {generation} ({REGIONS_PAGE}), or an ACCELERATOR offered in {cfg.zone}"))
+
+
+def runtime_version(cfg: TpuConfig, runner: Runner) -> str:
+    offered = _offered(cfg, runner, gcloud.runtime_versions(cfg), "runtime versions")
+    generation = cfg.accel.generation.name
+    version = cfg.runtime_version + ("" if cfg.runtime else f" (the {generation} default)")
+    if cfg.runtime_version in offered:
+        return f"{version} is offered in {cfg.zone}"
+    shown = ", ".join(offered[:SHOWN]) + (f", ... ({len(offered)} in all)" if len(offered) > SHOWN else "")
+    raise ConfigError(
+        "RUNTIME (--runtime)", expected=f"a TPU software version offered in {cfg.zone} ({shown})", found=version,
+        fix=(f"RUNTIME=one of those that suits {generation} ({RUNTIMES_PAGE}; gcloud compute tpus tpu-vm versions "
+             f"list --zone={cfg.zone} lists them all)"
+             + (f", or leave RUNTIME empty for the {generation} default" if cfg.runtime else "")))
+
+
+QUICK = (Probe("gcloud", require_gcloud), Probe("account", active_account), Probe("project", project),
+         Probe("accelerator type", accelerator_type), Probe("runtime version", runtime_version))
+
+
+def preflight(cfg: TpuConfig, runner: Runner) -> None:
+    """The quick part, before anything is created: the first problem is raised (ConfigError, exit 2)."""
+    found = [probe.ask(cfg, runner) for probe in QUICK]
+    log.info("checked before creating anything: %s", "; ".join(
+        f"{probe.name} {text}" for probe, text in zip(QUICK[1:], found[1:], strict=True)))  # not gcloud's path
+
+
+# ---------------------------------------------------------------------- the doctor's alone
+def request(cfg: TpuConfig, runner: Runner) -> str:
+    """What `tpu-pod` checks before any gcloud call: the job's arguments, the run dir, every run of a sweep."""
+    validate_job(cfg)
+    runs = f"; sweep of {len(sweeps.check(cfg.sweep, cfg.job_args).runs)} runs" if cfg.sweep is not None else ""
+    slices = f" x {cfg.slices} slices" if cfg.slices > 1 else ""
+    return (f"{cfg.accelerator}{slices}: {cfg.workers * cfg.slices} worker(s); "
+            f"run dir {run_dir_of(cfg.job_args) or 'none'}{runs}")
+
+
+def slice_state(cfg: TpuConfig, runner: Runner) -> str:
+    slice_ = Slice(cfg, runner)
+    status = slice_.status()
+    if status.absent:
+        return f"{cfg.name} does not exist yet in {cfg.zone}: make tpu-pod creates it"
+    slice_.check_type(status)
+    then = ("reuses it" if status.ready else "deletes it and creates it again" if status.broken
+            else "waits until it is READY")
+    return f"{cfg.name} is {status.describe()}: make tpu-pod {then}"
+
+
+def _bucket_url(cfg: TpuConfig) -> str | None:
+    url = run_dir_of(cfg.job_args)
+    return url if url is not None and url.startswith("gs://") else None
+
+
+def bucket_access(cfg: TpuConfig, runner: Runner) -> str:
+    """Write and delete one object in the gs:// run dir (storage.probe) with this machine's credentials."""
+    url = _bucket_url(cfg) or ""
+    problem = storage.url_problem(url)
+    reason = problem or storage.probe(storage.run_path(url), f".job-doctor-{socket.gethostname()}-{os.getpid()}")
+    if reason is None:
+        return (f"this machine can write {url} (the workers' service account is checked by make tpu-pod on every "
+                "worker before the job starts)")
+    fix = storage.explain(url, reason).partition(". Fix: ")[2]
+    raise ConfigError("run dir (BUCKET or ARGS --run-dir)",
+                      expected="a bucket folder this machine's credentials (Application Default Credentials) can "
+                      "write", found=f"{url}: {reason}",
+                      fix=f"{fix}; on this machine: gcloud auth application-default login")
+
+
+def checks(cfg: TpuConfig, runner: Runner) -> Iterator[Check]:
+    """Every check, each as soon as it is made. Without gcloud nothing else is asked of it; the zone and the
+    slice only with an account and a project."""
+    yield Probe("request", request).check(cfg, runner)
+    tool = QUICK[0].check(cfg, runner)
+    yield tool
+    if tool.ok:
+        account = QUICK[1].check(cfg, runner)
+        yield account
+        where = QUICK[2].check(cfg, runner)
+        yield where
+        if account.ok and where.ok:
+            yield from (probe.check(cfg, runner) for probe in (*QUICK[3:], Probe("slice", slice_state)))
+    if _bucket_url(cfg) is not None:
+        yield Probe("run dir", bucket_access).check(cfg, runner)
+
+
+def doctor(cfg: TpuConfig, runner: Runner) -> int:
+    """`python -m deploy.tpu doctor`: every check's line; 0 when all passed, else 1."""
+    return report(checks(cfg, runner))

@@ -1,0 +1,167 @@
+"""`python -m deploy.tpu doctor` and the quick part `tpu-pod` runs first, against the gcloud simulator: each
+broken case made real (no account, no project, a type or version the zone does not offer, a bucket that
+cannot be written: a Cloud Storage emulator), one line naming it and the fix; nothing created."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from tests.gcs_emulator import Emulator
+from tests.tpu import fake_gcloud
+from tests.tpu.harness import ZONE, Cloud, explain
+
+RUN_DIR = "train --run-dir /mnt/bucket/run1"
+SLICE = ("--name=pod-x", f"--zone={ZONE}", "--accelerator=v4-16", f"--args={RUN_DIR}")
+CHECKS = ("request", "gcloud", "account", "project", "accelerator type", "runtime version", "slice")
+
+
+def lines(proc: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    """Each check's line by its name: 'ok    account: ...' -> {'account': 'ok    account: ...'}."""
+    found = (re.match(r"^(?:ok|FAIL)  +([^:]+): ", line) for line in proc.stdout.splitlines())
+    return {m.group(1): m.string for m in found if m}
+
+
+def changes(cloud: Cloud) -> list[list[str]]:
+    """gcloud calls that would change something or reach a VM."""
+    return [c for c in cloud.calls() if any(verb in c for verb in ("create", "delete", "ssh", "scp"))]
+
+
+def test_all_checks_pass_for_a_request_the_zone_can_serve(cloud: Cloud) -> None:
+    proc = cloud.make("tpu-doctor", TPU_NAME="pod-x", ZONE=ZONE, ACCELERATOR="v4-16", ARGS=RUN_DIR)
+    assert proc.returncode == 0, explain(proc)
+    found = lines(proc)
+    assert list(found) == list(CHECKS) and all(line.startswith("ok    ") for line in found.values()), proc.stdout
+    assert found["account"] == "ok    account: tester@example.com"
+    assert found["project"].startswith("ok    project: fake-project (gcloud's configured project")
+    assert found["accelerator type"] == f"ok    accelerator type: v4-16 is offered in {ZONE}"
+    assert found["runtime version"] == ("ok    runtime version: tpu-ubuntu2204-base (the v4 default) is offered in "
+                                        f"{ZONE}")
+    assert "pod-x does not exist yet" in found["slice"]
+    assert changes(cloud) == []
+
+
+@pytest.mark.gcs
+def test_a_bucket_run_dir_this_machine_can_write_passes(cloud: Cloud, gcs: Emulator) -> None:
+    proc = cloud.cli("doctor", *SLICE[:3], "--args=train", f"--bucket=gs://{gcs.bucket}/run1",
+                     env={**cloud.env(), **gcs.env})
+    assert proc.returncode == 0, explain(proc)
+    assert lines(proc)["run dir"].startswith(f"ok    run dir: this machine can write gs://{gcs.bucket}/run1")
+    assert gcs.objects("run1/") == []  # the probe object is gone again
+
+
+@pytest.mark.gcs
+def test_a_bucket_that_cannot_be_written_is_one_line_with_the_fix(cloud: Cloud, gcs: Emulator) -> None:
+    proc = cloud.cli("doctor", *SLICE[:3], "--args=train", "--bucket=gs://no-such-bucket/run1",
+                     env={**cloud.env(), **gcs.env})
+    assert proc.returncode == 1, explain(proc)
+    line = lines(proc)["run dir"]
+    assert line.startswith("FAIL  run dir: run dir (BUCKET or ARGS --run-dir): expected a bucket folder this "
+                           "machine's credentials"), line
+    assert "found 'gs://no-such-bucket/run1: bucket does not exist (404)'" in line
+    assert "Fix: create it (gcloud storage buckets create gs://no-such-bucket)" in line
+    assert all(lines(proc)[name].startswith("ok ") for name in CHECKS)  # the rest is fine
+    assert proc.stdout.rstrip().endswith("1 check(s) failed: fix them before submitting")
+
+
+def refuse_state(cloud: Cloud, case: str) -> tuple[str, ...]:
+    """Make `case` real in the simulated cloud; the flags that go with it."""
+    if case == "not logged in":
+        fake_gcloud.set_login(cloud.state, [])
+    elif case == "logged out of the active account":
+        fake_gcloud.set_login(cloud.state, ["other@example.com"], active="me@example.com")
+    elif case == "no project":
+        fake_gcloud.set_property(cloud.state, "core/project", None)
+    elif case == "accelerator type not in the zone":
+        return ("--accelerator=v5p-8",)
+    elif case == "unknown runtime version":
+        return ("--runtime=tpu-ubuntu2404-nope",)
+    elif case == "the zone withdrew the default runtime":
+        fake_gcloud.set_offer(cloud.state, ZONE, runtime_versions=["tpu-vm-base", "tpu-vm-v4-base"])
+    return ()
+
+
+# case: (the failing check, what its line says)
+BROKEN = {
+    "not logged in": ("account", "gcloud account: expected an active account with credentials (`gcloud auth list` "
+                      "marks it ACTIVE), found 'none: gcloud is not logged in'. Fix: gcloud auth login"),
+    "logged out of the active account": ("account", "found 'none: gcloud is not logged in'"),
+    "no project": ("project", "PROJECT (--project): expected a Google Cloud project: PROJECT, or gcloud's configured "
+                   "project, found 'PROJECT empty and no project configured (`gcloud config get-value project`: "
+                   "(unset))'. Fix: PROJECT=my-project, or once for every command: gcloud config set project"),
+    "accelerator type not in the zone": (
+        "accelerator type", f"ACCELERATOR (--accelerator): expected an accelerator type offered in {ZONE} "
+        "(v4-8 .. v4-4096 (10 sizes)), found 'v5p-8'. Fix: a ZONE that offers v5p "
+        "(https://cloud.google.com/tpu/docs/regions-zones)"),
+    "unknown runtime version": (
+        "runtime version", f"RUNTIME (--runtime): expected a TPU software version offered in {ZONE} "
+        "(tpu-ubuntu2204-base, tpu-vm-base, "),
+    "the zone withdrew the default runtime": (
+        "runtime version", "found 'tpu-ubuntu2204-base (the v4 default)'. Fix: RUNTIME=one of those that suits v4"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_each_broken_case_is_one_failing_line_naming_the_value_and_the_fix(cloud: Cloud, case: str) -> None:
+    flags = refuse_state(cloud, case)
+    proc = cloud.cli("doctor", *SLICE, *flags)
+    assert proc.returncode == 1, explain(proc)
+    check, says = BROKEN[case]
+    found = lines(proc)
+    assert found[check].startswith(f"FAIL  {check}: ") and says in found[check], found[check]
+    assert "Fix: " in found[check]
+    assert [name for name, line in found.items() if line.startswith("FAIL")] == [check], proc.stdout
+    if check in ("account", "project"):  # the zone is not asked without an account and a project
+        assert "accelerator type" not in found and "slice" not in found
+    assert changes(cloud) == []
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_tpu_pod_refuses_each_quick_check_failure_before_creating_anything(cloud: Cloud, case: str) -> None:
+    flags = refuse_state(cloud, case)
+    proc = cloud.cli("pod", *SLICE, *flags)
+    assert proc.returncode == 2, explain(proc)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].count("Fix: ") == 1, proc.stderr
+    assert BROKEN[case][1].split(". Fix:")[0].split("found ")[-1] in errors[0], errors[0]
+    assert changes(cloud) == [] and not any(c[2:4] == ["tpu-vm", "describe"] for c in cloud.calls())  # nor the slice
+
+
+def test_make_tpu_pod_refuses_a_type_the_zone_does_not_offer(cloud: Cloud) -> None:
+    proc = cloud.make("tpu-pod", TPU_NAME="pod-x", ZONE=ZONE, ACCELERATOR="v6e-8", ARGS=RUN_DIR)
+    assert proc.returncode != 0 and "tpu-pod] Error 2" in proc.stderr, explain(proc)
+    assert re.search(r"^error: ACCELERATOR \(--accelerator\): expected an accelerator type offered in us-central2-b "
+                     r".*found 'v6e-8'\. Fix: a ZONE that offers v6e", proc.stderr, re.M), proc.stderr
+    assert changes(cloud) == []
+
+
+def test_an_existing_slice_of_another_type_fails_the_slice_check(cloud: Cloud) -> None:
+    made = cloud.gcloud("compute", "tpus", "tpu-vm", "create", "pod-x", f"--zone={ZONE}", "--accelerator-type=v4-8",
+                        "--version=tpu-ubuntu2204-base")
+    assert made.returncode == 0, explain(made)
+    proc = cloud.cli("doctor", *SLICE)
+    assert proc.returncode == 1, explain(proc)
+    line = lines(proc)["slice"]
+    assert "ACCELERATOR (--accelerator): expected v4-8, the type of the existing slice pod-x" in line, line
+    assert "Fix: use ACCELERATOR=v4-8, another TPU_NAME, or `make tpu-delete` first" in line
+    same = cloud.cli("doctor", *SLICE[:2], "--accelerator=v4-8", f"--args={RUN_DIR}")
+    assert lines(same)["slice"] == "ok    slice: pod-x is READY: make tpu-pod reuses it", same.stdout
+
+
+def test_without_gcloud_only_the_request_is_checked(cloud: Cloud) -> None:
+    proc = cloud.make("tpu-doctor", TPU_NAME="pod-x", ZONE=ZONE, ARGS=RUN_DIR, env=cloud.env(with_gcloud=False))
+    assert proc.returncode != 0
+    found = lines(proc)
+    assert list(found) == ["request", "gcloud"] and found["request"].startswith("ok "), proc.stdout
+    assert found["gcloud"].startswith("FAIL  gcloud: gcloud: expected the Google Cloud CLI on PATH")
+    assert "https://cloud.google.com/sdk/docs/install" in found["gcloud"]
+
+
+def test_a_bad_request_fails_its_line_and_the_rest_is_still_checked(cloud: Cloud) -> None:
+    proc = cloud.cli("doctor", *SLICE[:3], "--args=train --run-dir runs/on-each-worker")
+    assert proc.returncode == 1, explain(proc)
+    found = lines(proc)
+    assert found["request"].startswith("FAIL  request: ARGS --run-dir: expected a folder every one of the 2 workers")
+    assert [name for name, line in found.items() if line.startswith("FAIL")] == ["request"]
