@@ -45,6 +45,7 @@ from deploy.tpu import cli as tpu
 from deploy.tpu import gcloud as tpu_gcloud
 from deploy.tpu import job as tpu_job
 from deploy.tpu import remote as tpu_remote
+from deploy.tpu.accelerators import parse_accelerator
 from deploy.tpu.config import TpuConfig, run_dir_of
 from tests.doubles import RecordingRunner
 
@@ -697,17 +698,21 @@ def test_the_tpu_path_puts_no_secret_in_a_gcloud_command_log_or_archive(
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
     describe = (*tpu_gcloud.TPU_VM, "describe")
-    runner = EnvRecordingRunner(available=("gcloud",), responses={describe: (0, "READY\tv4-8")})
+    runtime = parse_accelerator("v4-8").default_runtime
+    runner = EnvRecordingRunner(available=("gcloud",), responses={  # the quick checks' answers, then the slice's
+        ("gcloud", "auth", "list"): (0, "someone@example.com\n"), ("gcloud", "config", "get-value"): (0, "proj\n"),
+        (*tpu_gcloud.TPU_VM, "accelerator-types"): (0, "v4-8\n"), (*tpu_gcloud.TPU_VM, "versions"): (0, f"{runtime}\n"),
+        describe: (0, "READY\tv4-8")})
     local = tmp_path / "local"
     with caplog.at_level(logging.DEBUG):
         code = tpu.main(["pod", "--name=pod-1", "--zone=us-central2-b", f"--local-dir={local}",
                          f"--source-dir={ROOT}", "--args=train --run-dir /shared/canary-2b9a"], runner=runner)
     assert code == 0, capsys.readouterr().err
-    verbs = [" ".join(call[3:5]) for call in runner.calls]
-    # describe; is a job running?; ship; set up; start detached; follow worker 0's log; fetch the logs
-    assert verbs == ["tpu-vm describe", "tpu-vm ssh", "tpu-vm scp", "tpu-vm ssh", "tpu-vm ssh", "tpu-vm ssh",
-                     "tpu-vm scp"], verbs
-    assert any("canary-2b9a" in item for item in runner.calls[4])  # the job's arguments do travel
+    verbs = [" ".join(call[3:5]) if call[1] == "compute" else " ".join(call[1:3]) for call in runner.calls]
+    # the quick checks; describe; is a job running?; ship; set up; start detached; follow worker 0's log; fetch
+    assert verbs == ["auth list", "config get-value", "tpu-vm accelerator-types", "tpu-vm versions", "tpu-vm describe",
+                     "tpu-vm ssh", "tpu-vm scp", "tpu-vm ssh", "tpu-vm ssh", "tpu-vm ssh", "tpu-vm scp"], verbs
+    assert any("canary-2b9a" in item for item in runner.calls[8])  # the job's arguments do travel
     assert runner.envs == [None] * len(runner.calls)  # gcloud gets this process's environment, nothing added
     out = capsys.readouterr()
     archive = gzip.decompress((local / "pod-1" / tpu_job.ARCHIVE).read_bytes())
