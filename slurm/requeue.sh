@@ -100,6 +100,10 @@ excluded_with() {
 
 after_srun() {
     local code=$1 budget=${JOB_RETRIES:-3} outcome action node=- task=- cause="" failure spent attempt excluded=""
+    if [[ -z ${JOB_ATTEMPTS:-} ]]; then  # no watch_srun before srun: the record still goes to the log folder
+        JOB_ATTEMPTS=$(realpath -m -- "${JOB_LOG_DIR:-.}")/${SLURM_JOB_ID}-attempts.jsonl
+        mkdir -p -- "${JOB_ATTEMPTS%/*}"
+    fi
     [[ $budget =~ ^[0-9]+$ ]] || budget=3
     attempt=$((${SLURM_RESTART_COUNT:-0} + 1))
     if ((code != 0)); then
@@ -163,4 +167,10 @@ requeue_job() {
     if [[ -n $excluded ]] && ! scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="$excluded"; then
         echo "requeue: expected to keep $excluded out of the next attempt, found scontrol update refused (above); it may run there again" >&2
     fi
+}
+
+# The name this step had before retries (it requeued a preempted job only): a fork's own batch script
+# that calls it gets the whole step, retries included.
+requeue_if_preempted() {
+    after_srun "$@"
 }

@@ -614,6 +614,26 @@ def test_the_jobs_code_is_the_first_failing_tasks_not_sruns_own(first: str, code
     assert (recorded[1:] == []) is (outcome != "failed")
 
 
+def test_a_forks_batch_script_calling_the_old_step_still_requeues_and_retries(tmp_path: Path) -> None:
+    """A batch script of its own that sources slurm/requeue.sh and calls requeue_if_preempted after srun
+    (the step's name before retries), without watch_srun."""
+    script = tmp_path / "fork.sbatch"
+    script.write_text(f"#!/bin/bash\nsource {slurm.REQUEUE_SCRIPT}\nsrun python -m job train\n"
+                      'requeue_if_preempted "$?"\n')
+    (tmp_path / "submitit.sbatch").unlink(missing_ok=True)
+    for code, expected in [(75, ["scontrol requeue 4242"]), (1, ["scontrol requeue 4242"])]:
+        _, _, _ = _run_batch("submitit", tmp_path, code)  # the stand-ins in tmp_path/bin
+        env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls"),
+               "SRUN_CODE": str(code), "SLURM_JOB_ID": "4242", "JOB_LOG_DIR": str(tmp_path / "fork-logs"),
+               "SLURM_JOB_PARTITION": "debug", "SLURM_JOB_NUM_NODES": "2"}
+        (tmp_path / "calls").unlink(missing_ok=True)
+        proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == code, proc.stderr
+        assert (tmp_path / "calls").read_text().splitlines()[1:] == expected  # no node known: none excluded
+    records = [json.loads(line) for line in (tmp_path / "fork-logs" / "4242-attempts.jsonl").read_text().splitlines()]
+    assert [r["outcome"] for r in records] == ["preempted", "failed"]
+
+
 def test_retries_are_off_with_a_budget_of_zero(tmp_path: Path) -> None:
     proc, recorded, records = _run_batch("submitit", tmp_path, 137, retries=0)
     assert proc.returncode == 137 and recorded[1:] == []
