@@ -238,7 +238,7 @@ class Training:
             stack.callback(_written, timer.flush, "goodput record")
             # the next 2 batches (rows and transfer) are made on a thread while this step runs; it stops with the loop
             upcoming = stack.enter_context(Prefetch(batch, range(start, cfg.steps)))
-            dog = None
+            watchdog = None
             for step in range(start, cfg.steps):
                 state, stop = self.step(built, state, step, upcoming, first=step == start)
                 if stop:
@@ -248,10 +248,10 @@ class Training:
                     self.report.message("preempted: saved step %d; exiting with %d (requeue)", done,
                                         REQUEUE_EXIT_CODE)
                     return REQUEUE_EXIT_CODE, state
-                if dog is not None:
-                    dog.kick()
+                if watchdog is not None:
+                    watchdog.kick()
                 elif cfg.watchdog_s > 0:  # armed after the first step: compilation may take long
-                    dog = stack.enter_context(Watchdog(cfg.watchdog_s))
+                    watchdog = stack.enter_context(Watchdog(cfg.watchdog_s))
         return 0, state
 
     def step(self, built: Built, state: Any, step: int, upcoming: Any, *, first: bool) -> tuple[Any, bool]:

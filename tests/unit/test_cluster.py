@@ -544,7 +544,7 @@ def test_cloud_tpu_vm_is_not_present_on_this_machine() -> None:
 
 def test_every_kind_jobs_cluster_accepts_is_one_an_environment_detects() -> None:
     # the order itself is proven by behaviour: DETECTION_TABLES below (launcher beats slurm beats tpu)
-    assert set(KINDS) == {cls.kind for cls in DETECTION_ORDER} | {"single"}
+    assert KINDS == ("local", "slurm", "tpu", "single")  # derived from DETECTION_ORDER, in its order
 
 
 # (id, env, expected kind)

@@ -22,9 +22,8 @@ from job.runtime.cluster.tpu import CloudTpuVm, TpuPod
 
 DETECTION_ORDER: tuple[type[ClusterEnv], ...] = (LocalLauncher, SlurmJob, TpuPod, CloudTpuVm)
 FORCE_KIND = "JOB_CLUSTER"
-KINDS = ("local", "slurm", "tpu", "single")
-
 SINGLE = ClusterInfo(kind="single", process_id=0, num_processes=1, coordinator_address=None, local_device_ids=None)
+KINDS = tuple(dict.fromkeys([*(cls.kind for cls in DETECTION_ORDER), SINGLE.kind]))  # what JOB_CLUSTER may force
 
 
 def detect(env: Env) -> ClusterInfo:

@@ -260,7 +260,8 @@ def _flag(field: str) -> str:
     return "--model." + field.replace("_", "-")
 
 
-def _or(values: list[int]) -> str:
+def _alternatives(values: list[int]) -> str:
+    """'2 or 4 or 8': the values a fix may name."""
     return " or ".join(str(v) for v in values)
 
 
@@ -287,7 +288,7 @@ def validate(cfg: ModelConfig, *, rule: str, model_axis: int) -> None:
                               fix=f"pass {_flag(field)} {getattr(ModelConfig, field)}")
     if cfg.dim % cfg.heads:
         raise ConfigError("--model.heads", expected=f"a divisor of --model.dim={cfg.dim}", found=cfg.heads,
-                          fix=f"use --model.heads {_or(_nearest(_divisors(cfg.dim), cfg.heads))}, "
+                          fix=f"use --model.heads {_alternatives(_nearest(_divisors(cfg.dim), cfg.heads))}, "
                           f"or a --model.dim that is a multiple of {cfg.heads}")
     if not isinstance(cfg.scan, bool):
         raise ConfigError("--model.scan", expected="True or False", found=cfg.scan, fix="pass --model.scan or "
@@ -306,10 +307,10 @@ def validate(cfg: ModelConfig, *, rule: str, model_axis: int) -> None:
     if rule not in ("tensor", "fsdp_tensor") or model_axis == 1:
         return
     axis_ok = [d for d in _divisors(cfg.heads) if d > 1 and cfg.mlp_dim % d == 0 and cfg.vocab_size % d == 0]
-    axis_fix = f"use --model-axis {_or(axis_ok)}" if axis_ok else "use --model-axis 1"
+    axis_fix = f"use --model-axis {_alternatives(axis_ok)}" if axis_ok else "use --model-axis 1"
     if cfg.heads % model_axis:
         heads_ok = _nearest([h for h in _divisors(cfg.dim) if h % model_axis == 0], cfg.heads)
-        heads_fix = f", or --model.heads {_or(heads_ok)}" if heads_ok else ""
+        heads_fix = f", or --model.heads {_alternatives(heads_ok)}" if heads_ok else ""
         raise ConfigError("--model.heads",
                           expected=f"a multiple of --model-axis={model_axis} (rule {rule!r} splits heads)",
                           found=cfg.heads, fix=f"{axis_fix}{heads_fix}")
