@@ -26,8 +26,6 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import portpicker
-
 from deploy.checks import Check, report
 from deploy.runner import Runner
 from job import launch
@@ -98,7 +96,7 @@ def coordinator(cfg: launch.LaunchConfig) -> Check:
                          fix="leave --port out (the launcher picks a free one), or another --port")
         return Check(name, True, f"{cfg.host}:{cfg.port} is free")
     try:
-        port = portpicker.pick_unused_port()
+        port = launch.coordinator_port(None)  # as the launcher picks it
     except Exception as exc:  # noqa: BLE001 (portpicker raises NoFreePortFoundError or OSError)
         return Check(name, False, f"no free port on this machine ({exc})", fix="close programs that hold ports")
     problem = port_problem(cfg.host, port)

@@ -40,6 +40,7 @@ from deploy.slurm.submit import (
     make_log_dir,
     parse,
     run_sbatch,
+    said,
     sbatch_argv,
     slurm_refused,
     srun_line,
@@ -215,8 +216,7 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> int:
     try:
         validate(cfg, runner)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return said(exc)
     return submit_sweep(cfg, runner)
 
 
@@ -226,9 +226,9 @@ def submit_sweep(cfg: SlurmConfig, runner: Runner) -> int:
     try:
         todo = sweeps.prepare(cfg.sweep, cfg.args, devices(cfg), save=not cfg.dry_run)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        code = said(exc)
         print("nothing was submitted", file=sys.stderr)
-        return 2
+        return code
     if cfg.dry_run:
         print(sweeps.listing(todo.sweep))
         if todo.indices:
@@ -240,12 +240,8 @@ def submit_sweep(cfg: SlurmConfig, runner: Runner) -> int:
         return 0
     try:
         array = submit(cfg, todo, runner)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except SubmitError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except (ConfigError, SubmitError) as exc:
+        return said(exc)
     limit = f", {cfg.sweep_parallel} at once" if cfg.sweep_parallel else ""
     print(f"submitted Slurm job array {array.job_id}: {len(array.runs)} run(s){limit}, each {cfg.nodes} node(s) x "
           f"{cfg.ntasks_per_node} task(s)")

@@ -50,7 +50,7 @@ from deploy.slurm.options import (
     time_minutes,
 )
 from job.core import internals
-from job.errors import ConfigError, JobError, refuse_dash_values
+from job.errors import BAD_INPUT_EXIT_CODE, ConfigError, JobError, refuse_dash_values
 from job.runtime.cluster.base import SKIP_GPU_CHECK, skips_gpu_check
 
 log = logging.getLogger("deploy.slurm")
@@ -311,6 +311,12 @@ def _show_failures(sub: Submission) -> None:
             print(f"--- {path} (last lines) ---\n{tail}", file=sys.stderr)
 
 
+def said(exc: ConfigError | SubmitError) -> int:
+    """`exc` on one line of stderr; the exit code it means: 2 for bad input, 1 for a refusal by Slurm."""
+    print(f"error: {exc}", file=sys.stderr)
+    return BAD_INPUT_EXIT_CODE if isinstance(exc, ConfigError) else 1
+
+
 def parse(argv: list[str]) -> SlurmConfig:
     parser = argparse.ArgumentParser(prog="python -m deploy.slurm", description="Submit the job to Slurm.")
     parser.add_argument("--nodes", default="1")
@@ -367,12 +373,8 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> int:
             print("# DRY_RUN=1: nothing submitted", file=sys.stderr)
             return 0
         sub = submit(cfg, runner)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except SubmitError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except (ConfigError, SubmitError) as exc:
+        return said(exc)
     print(f"submitted Slurm job {sub.job_id}: {cfg.nodes} node(s) x {cfg.ntasks_per_node} task(s), "
           f"python -m job {' '.join(cfg.args)}")
     print(f"  process 0 log: {sub.log}\n  all task logs: {sub.logs}")

@@ -8,7 +8,7 @@ import signal
 import sys
 
 from job.core.errors import BAD_INPUT_EXIT_CODE
-from job.runtime.preemption import REQUEUE_EXIT_CODE, SIGNALS, hear_notices_early
+from job.runtime.preemption import REQUEUE_EXIT_CODE, hear_notices_early
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +32,8 @@ class JobTask:
     def __call__(self, args: list[str]) -> int:
         from job.__main__ import main
 
-        for sig in SIGNALS:
-            signal.signal(sig, signal.SIG_DFL)
-        hear_notices_early()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        hear_notices_early()  # USR1, USR2: remembered for the loop's guard
         code = main(list(args))
         if code in (REQUEUE_EXIT_CODE, BAD_INPUT_EXIT_CODE):  # the batch script acts on both (slurm/requeue.sh)
             if code == REQUEUE_EXIT_CODE:

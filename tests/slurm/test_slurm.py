@@ -15,7 +15,7 @@ import pytest
 
 from deploy.runner import Runner
 from deploy.slurm.submit import Submission, wait
-from tests.launching import ROOT, explain, launcher_argv, run
+from tests.launching import ROOT, explain, launcher_argv, run, wait_for_line
 
 pytestmark = pytest.mark.slurm
 SMALL = ["--model.layers", "1", "--model.dim", "32", "--model.mlp-dim", "64", "--eval-every", "1000"]
@@ -61,12 +61,7 @@ def test_submitit_trains_on_4_nodes_and_a_preempted_job_is_requeued_to_match_an_
         deploy_argv(tmp_path, "--wait", job=["train", "--run-dir", str(tmp_path / "run"), *flags]),
         env=task_env(slurm_env), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
-    assert proc.stdout is not None
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "step 5/60" in line:
-            break
+    seen = wait_for_line(proc, "step 5/60", timeout=300)
     jid = job_id("".join(seen))
     subprocess.run(["scancel", "--signal=USR2", jid], env=slurm_env, check=True)
     out, _ = proc.communicate(timeout=300)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launching import ROOT, explain
+from tests.launching import ROOT, explain, wait_for_line
 from tests.slurm.test_slurm import SMALL, deploy_argv, task_env
 
 pytestmark = pytest.mark.slurm
@@ -39,12 +39,7 @@ def test_a_sweep_is_one_array_two_at_once_and_a_preempted_element_is_requeued_al
     argv = deploy_argv(tmp_path, "--sweep", "seed=0,1,2,3", "--sweep-parallel", "2", "--wait", job=job, nodes=2)
     proc = subprocess.Popen(argv, env=task_env(slurm_env), cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "submitted Slurm job array" in line:
-            break
+    seen = wait_for_line(proc, "submitted Slurm job array", timeout=240)
     array_id = re.search(r"submitted Slurm job array (\d+): 4 run\(s\), 2 at once", "".join(seen))
     assert array_id, "".join(seen)
     array_id = array_id.group(1)

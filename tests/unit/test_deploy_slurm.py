@@ -22,6 +22,7 @@ from deploy.slurm import task as slurm_task
 from deploy.slurm.partitions import PARTITION_ARGV
 from job.errors import ConfigError
 from job.runtime.cluster.base import SKIP_GPU_CHECK
+from job.runtime.preemption import SIGNALS
 from tests.doubles import PARTITION, RecordingRunner
 from tests.golden import check_golden
 
@@ -597,7 +598,7 @@ def test_the_retry_budget_is_counted_across_requeues_and_preemptions_spend_none(
 @pytest.mark.parametrize("route", ["sbatch", "submitit"])
 def test_a_failure_is_retried_without_excluding_its_node_when_too_few_nodes_would_be_left(
         route: str, tmp_path: Path) -> None:
-    proc, recorded, records = _run_batch(route, tmp_path, 1, excluded="node1,node3")
+    proc, recorded, _ = _run_batch(route, tmp_path, 1, excluded="node1,node3")
     assert recorded[1:] == ["scontrol requeue 4242"]  # node1, node2 and node3 out: one node left for two
     assert "requeued without excluding node2" in proc.stderr
 
@@ -663,7 +664,7 @@ print("went on", flush=True)
 """
 
 
-@pytest.mark.parametrize("sig", list(slurm_task.SIGNALS), ids=lambda s: s.name)
+@pytest.mark.parametrize("sig", list(SIGNALS), ids=lambda s: s.name)
 def test_the_submitit_task_drops_submitits_own_handlers_so_a_signal_acts_as_under_train_sbatch(sig: int) -> None:
     """SIGTERM ends the task by its default action; a notice (USR1, USR2) is remembered for the loop's guard
     (job.runtime.preemption.EarlyNotice), as `python -m job` does under slurm/train.sbatch."""
