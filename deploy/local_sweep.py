@@ -37,7 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", required=True, help="NAME=V1,V2 words in one argument, or a sweep file")
     p.add_argument("-n", "--nproc", type=local_count, required=True, help="processes per run")
     p.add_argument("--devices-per-process", type=local_count, default=None, help="CPU devices per process")
-    p.add_argument("--dry-run", nargs="?", const="1", default="", help="list the runs, run nothing")
+    p.add_argument("--dry-run", type=values.for_argparse(values.switch, fix="DRY_RUN=1, or leave it unset"),
+                   nargs="?", const=True, default=False, help="list the runs, run nothing")
     return p
 
 
@@ -86,18 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     refuse_dash_values(parser, argv[:cut])
     a, base = parser.parse_args(argv[:cut]), argv[cut + 1:]
-    try:
-        dry = values.switch(a.dry_run)
-    except values.BadValue as exc:
-        parser.error(f"--dry-run: expected {exc.expected}, found {a.dry_run!r}. Fix: DRY_RUN=1, or leave it unset")
     devices = a.nproc * (a.devices_per_process or 1)
     try:
-        todo = sweeps.prepare(a.sweep, base, devices, save=not dry)
+        todo = sweeps.prepare(a.sweep, base, devices, save=not a.dry_run)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         print("nothing was run", file=sys.stderr)
         return 2
-    if dry:
+    if a.dry_run:
         print(sweeps.listing(todo.sweep))
         for run in todo.runs:
             print(f"# {run.name}: {shlex.join(launch_argv(run, a.nproc, a.devices_per_process))}")

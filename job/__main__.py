@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return entry.command(trained.eval_command if command == "eval" else trained.export_command, rest)
     if command == "check-run-dir":
-        from job.runs.storage import check_run_dir_command
+        from job.core.storage import check_run_dir_command
 
         return entry.command(check_run_dir_command, rest)
     if command == "plot":

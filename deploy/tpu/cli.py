@@ -44,7 +44,7 @@ from deploy.tpu.attempts import RetryBudget, find_failure
 from deploy.tpu.config import DEFAULT_SHIP, TpuConfig, validate_job, with_bucket
 from deploy.tpu.slice import Slice, TpuError
 from job.core import values
-from job.errors import ConfigError, positive_seconds, refuse_dash_values
+from job.errors import ConfigError, refuse_dash_values
 from job.runs.sweep import save_plan
 from job.runtime.preemption import REQUEUE_EXIT_CODE
 
@@ -245,18 +245,9 @@ def dispatch(command: str, cfg: TpuConfig, runner: Runner) -> int:
 
 
 # ---------------------------------------------------------------------- command line
-def _flag(text: str) -> bool:
-    try:
-        return values.switch(text)
-    except values.BadValue as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _count(text: str) -> int:
-    try:
-        return values.whole(text, minimum=0)
-    except values.BadValue as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+_on_off = values.for_argparse(values.switch)  # SPOT=1, QUEUED=true, ...: an on/off word
+_count = values.for_argparse(values.whole, minimum=0)
+_positive_seconds = values.for_argparse(values.positive_seconds)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -269,14 +260,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--accelerator", default="v4-8", help="ACCELERATOR type, e.g. v4-32 (default v4-8)")
     p.add_argument("--runtime", default="", help="RUNTIME: TPU software version (default: per generation)")
     p.add_argument("--project", default="", help="PROJECT (default: gcloud's configured project)")
-    p.add_argument("--spot", type=_flag, nargs="?", const=True, default=False, help="SPOT=1: Spot capacity")
-    p.add_argument("--queued", type=_flag, nargs="?", const=True, default=False,
+    p.add_argument("--spot", type=_on_off, nargs="?", const=True, default=False, help="SPOT=1: Spot capacity")
+    p.add_argument("--queued", type=_on_off, nargs="?", const=True, default=False,
                    help="QUEUED=1: create through queued resources")
     p.add_argument("--image", default="", help="IMAGE to pull and run instead of shipping the code")
     p.add_argument("--retries", type=_count, default=3,
                    help="RETRIES: reruns of a failed job (not exit 2) from its newest checkpoint (default 3; 0: "
                         "none); a preemption never spends one")
-    p.add_argument("--dry-run", type=_flag, nargs="?", const=True, default=False,
+    p.add_argument("--dry-run", type=_on_off, nargs="?", const=True, default=False,
                    help="DRY_RUN=1: print gcloud commands that change something")
     p.add_argument("--bucket", default="", help="BUCKET: gs://BUCKET/PATH, the run dir (--run-dir) of the job")
     p.add_argument("--args", type=shell_words, default=None, help="ARGS of `python -m job`, one shell-style string")
@@ -286,12 +277,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--source-dir", default=".", help="the checkout to ship (default: .)")
     p.add_argument("--ship", nargs="+", default=list(DEFAULT_SHIP), help="paths to ship")
     p.add_argument("--setup", default=None, help="shell lines run on every worker before the job")
-    p.add_argument("--poll-seconds", type=positive_seconds, default=10.0, help="between state queries")
-    p.add_argument("--ready-timeout", type=positive_seconds, default=3600.0, help="seconds to wait for READY")
+    p.add_argument("--poll-seconds", type=_positive_seconds, default=10.0, help="between state queries")
+    p.add_argument("--ready-timeout", type=_positive_seconds, default=3600.0, help="seconds to wait for READY")
     p.add_argument("--stop-grace", type=_count, default=60, help="seconds between SIGTERM and SIGKILL")
-    p.add_argument("--reserved", type=_flag, nargs="?", const=True, default=False,
+    p.add_argument("--reserved", type=_on_off, nargs="?", const=True, default=False,
                    help="RESERVED=1: use the project's reserved capacity")
-    p.add_argument("--internal-ip", type=_flag, nargs="?", const=True, default=False,
+    p.add_argument("--internal-ip", type=_on_off, nargs="?", const=True, default=False,
                    help="INTERNAL_IP=1: workers without external IPs, reached through internal ones")
     p.add_argument("--network", default="", help="NETWORK: the workers' VPC network")
     p.add_argument("--subnetwork", default="", help="SUBNETWORK: the workers' subnetwork")
@@ -300,7 +291,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--slices", type=_count, default=1, help="SLICES: slices of one queued resource (needs QUEUED=1)")
     p.add_argument("--create-deadline", type=duration_seconds, default=capacity.DEFAULT_DEADLINE_S,
                    help="CREATE_DEADLINE: how long stock-outs are retried, e.g. 2h (default)")
-    p.add_argument("--stockout-backoff", type=positive_seconds, default=capacity.DEFAULT_BACKOFF_S,
+    p.add_argument("--stockout-backoff", type=_positive_seconds, default=capacity.DEFAULT_BACKOFF_S,
                    help="seconds before the first retry after a stock-out (doubles, at most 600)")
     return p
 

@@ -17,9 +17,8 @@ from pathlib import Path
 
 from deploy.tpu.accelerators import Accelerator, parse_accelerator
 from deploy.tpu.capacity import DEFAULT_BACKOFF_S, DEFAULT_DEADLINE_S
-from job.core import flags
+from job.core import flags, storage
 from job.errors import ConfigError, require
-from job.runs import storage
 
 log = logging.getLogger("deploy.tpu")
 

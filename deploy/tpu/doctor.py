@@ -36,8 +36,8 @@ from deploy.runner import Runner
 from deploy.tpu import gcloud
 from deploy.tpu.config import TpuConfig, run_dir_of, validate_job
 from deploy.tpu.slice import Slice, TpuError
+from job.core import storage
 from job.errors import ConfigError
-from job.runs import storage
 
 log = logging.getLogger("deploy.tpu")
 

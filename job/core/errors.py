@@ -1,11 +1,15 @@
 """Errors that say what was expected, what was found, and how to fix it, and the checks that raise them
-(`require` for a config value, `seconds` and `positive_seconds` for a duration flag)."""
+(`require` for a config value, `as_config_error` for a value read by job.core.values)."""
 
 from __future__ import annotations
 
 import argparse
-import math
+import contextlib
 from collections.abc import Sequence
+from types import TracebackType
+
+from job.core import values
+from job.core.values import BadValue
 
 BAD_INPUT_EXIT_CODE = 2  # a ConfigError, wherever it is found: before the start or inside the run
 
@@ -47,6 +51,33 @@ def require(ok: bool, what: str, expected: str, found: object, fix: str) -> None
         raise ConfigError(what, expected=expected, found=found, fix=fix)
 
 
+_AS_READ = object()  # as_config_error's default found: the text the parser refused
+
+
+class as_config_error(contextlib.AbstractContextManager[None]):  # lower case, as contextlib.suppress
+    """A BadValue raised inside becomes `ConfigError(what, ...)`: with its own expected and found unless
+    given (a whole text of which a part was refused, a message of its own), and `fix`.
+
+        with as_config_error("NODES", fix="e.g. NODES=4"):
+            nodes = values.whole(text, minimum=1)
+    """
+
+    def __init__(self, what: str, *, fix: str, expected: str | None = None, found: object = _AS_READ) -> None:
+        self.what, self.fix, self.expected, self.found = what, fix, expected, found
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if isinstance(exc, BadValue):
+            raise ConfigError(self.what, expected=exc.expected if self.expected is None else self.expected,
+                              found=exc.found if self.found is _AS_READ else self.found, fix=self.fix) from None
+
+
+# argparse types of a duration flag (job.core.values.seconds, positive_seconds), for the scripts that
+# import them from job.errors
+seconds = values.for_argparse(values.seconds)
+positive_seconds = values.for_argparse(values.positive_seconds)
+
+
 class InitOrderError(JobError, RuntimeError):
     """`job.initialize` was called after JAX had already started its backends."""
 
@@ -61,23 +92,3 @@ def refuse_dash_values(parser: argparse.ArgumentParser, argv: Sequence[str]) -> 
             parser.error(f"{option}: expected a value, found '--'. Fix: give {option} a real value, "
                          "or leave it out for the default")
 
-
-def seconds(text: str) -> float:
-    """A duration flag: a finite number of seconds >= 0 (NaN, inf and negatives are typos)."""
-    return _duration(text, positive=False)
-
-
-def positive_seconds(text: str) -> float:
-    """A duration flag that cannot be 0 (a poll interval, a timeout): a finite number of seconds > 0."""
-    return _duration(text, positive=True)
-
-
-def _duration(text: str, *, positive: bool) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds {'>' if positive else '>='} 0, "
-                                         f"found {text!r}")
-    return value

@@ -5,12 +5,14 @@ is where a rerun writes and what a TPU job mounts. tyro, the config's parser, ta
 `--name VALUE` and `--name=VALUE`, each hyphen of a name also as an underscore
 (`--run_dir`), and the last one given wins. Everything that reads or rewrites one of
 these flags in a command line (the task loader, `python -m job rerun`, the TPU side)
-goes through here, so no reader drifts from the parser.
+goes through here, so no reader drifts from the parser. `flatten` names a saved config's fields
+as its nested flags are named (`optim.lr`), for the readers that compare or show them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 
 def spellings(flag: str) -> tuple[str, ...]:
@@ -62,4 +64,16 @@ def with_value(args: Sequence[str], flag: str, new: str) -> list[str]:
     return out
 
 
-__all__ = ["spellings", "value", "with_value", "without"]
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}."""
+    flat: dict[str, Any] = {}
+    for key, field in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(field, Mapping):
+            flat.update(flatten(field, name + "."))
+        else:
+            flat[name] = field
+    return flat
+
+
+__all__ = ["flatten", "spellings", "value", "with_value", "without"]

@@ -4,14 +4,22 @@ variables that job.initialize reads.
     whole("4", minimum=1)     -> 4        whole(" 4"), whole("+4"), whole("٤"), whole("1e3"): BadValue
     integer("-3")             -> -3       the config's integer flags (their ranges are the config's checks)
     switch("yes")             -> True     "", 0/1, true/false, yes/no, on/off in any case; else BadValue
+    seconds("2.5")            -> 2.5      a finite number >= 0; positive_seconds: > 0
 
-A BadValue says what was expected and what was found; each side turns it into its own error
-(argparse's usage error, or a ConfigError naming the variable and the fix) with the same words.
+A BadValue says what was expected and what was found; each side turns it into its own error with the
+same words: `for_argparse(parse)` makes argparse's usage error of it, `job.core.errors.as_config_error`
+a ConfigError naming the variable and the fix.
 """
 
 from __future__ import annotations
 
+import argparse
+import math
 import re
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 ON = ("1", "true", "yes", "on")
 OFF = ("", "0", "false", "no", "off")
@@ -55,4 +63,38 @@ def switch(text: str) -> bool:
     raise BadValue("1 or 0 (or true/false)", text)
 
 
-__all__ = ["OFF", "ON", "BadValue", "integer", "switch", "whole"]
+def seconds(text: str) -> float:
+    """A duration: a finite number of seconds >= 0 (NaN, inf and negatives are typos)."""
+    return _duration(text, positive=False)
+
+
+def positive_seconds(text: str) -> float:
+    """A duration that cannot be 0 (a poll interval, a timeout): a finite number of seconds > 0."""
+    return _duration(text, positive=True)
+
+
+def _duration(text: str, *, positive: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
+        raise BadValue(f"a number of seconds {'>' if positive else '>='} 0", text)
+    return value
+
+
+def for_argparse(parse: Callable[..., T], *, fix: str = "", **bounds: Any) -> Callable[[str], T]:
+    """`parse` (with `bounds`, e.g. minimum=1) as an argparse `type=`: a BadValue becomes argparse's usage
+    error in the same words, then ". Fix: `fix`" when one is given."""
+
+    def typed(text: str) -> T:
+        try:
+            return parse(text, **bounds)
+        except BadValue as exc:
+            raise argparse.ArgumentTypeError(f"{exc}. Fix: {fix}" if fix else str(exc)) from None
+
+    typed.__name__ = typed.__qualname__ = parse.__name__
+    return typed
+
+
+__all__ = ["OFF", "ON", "BadValue", "for_argparse", "integer", "positive_seconds", "seconds", "switch", "whole"]

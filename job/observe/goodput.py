@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from job.core import storage
 from job.runs import attempts as attempt_records
-from job.runs import storage
 
 PARTS = ("startup", "compile", "steps", "input_wait", "checkpoint", "eval", "profile", "logging")
 RECORD = "goodput.jsonl"

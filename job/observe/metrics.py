@@ -7,7 +7,8 @@
 - `JsonlWriter`: RUN_DIR/metrics.jsonl, one JSON record per call (what `python -m job plot` reads).
 - `TensorBoardWriter`: TensorBoard event files in RUN_DIR (tensorboardX; no TensorFlow needed),
   tags `train/loss`, `eval/loss`, ...: `tensorboard --logdir RUN_DIR`.
-- `WandbWriter`: the same scalars and the resolved config to Weights & Biases (`--wandb.project`).
+- `WandbWriter`: the same scalars and the resolved config to Weights & Biases (`--wandb.project`,
+  `WandbConfig`: `TrainConfig.wandb`).
 
 A resumed run starts at its checkpoint's step: records of later steps (written
 before a crash, then redone) are dropped from metrics.jsonl, TensorBoard is
@@ -17,6 +18,7 @@ kept in RUN_DIR/wandb_run_id).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -26,13 +28,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from job.core import storage
 from job.core.errors import ConfigError
-from job.runs import storage
-from job.train.config import WandbConfig
 
 log = logging.getLogger("job.train")
 
 WANDB_ID_FILE = "wandb_run_id"
+
+
+@dataclasses.dataclass(frozen=True)
+class WandbConfig:
+    project: str = ""  # also log to this Weights & Biases project ("" = off; needs the `wandb` extra)
+    entity: str = ""  # W&B team or user ("" = your default)
+    name: str = ""  # display name of the run ("" = W&B picks one)
 
 
 class MetricWriter(Protocol):

@@ -79,8 +79,8 @@ def render(records: list[dict[str, Any]], out: Path, title: str) -> None:
 
 def eval_curves(folder: str) -> list[tuple[str, list[int], list[float]]]:
     """(label, steps, eval losses) of every run in `folder` that has evaluated, labelled by its values."""
+    from job.core import storage
     from job.observe.status import find_runs
-    from job.runs import storage
     from job.runs.sweep import short_names
 
     found = find_runs(folder)
@@ -120,7 +120,7 @@ def _holds_runs(folder: str) -> bool:
 
 def _plot_runs(folder: str, out: Path | None) -> int:
     """`python -m job plot SWEEP_DIR`: every run's eval loss on one figure (SWEEP_DIR/eval_loss.png)."""
-    from job.runs import storage
+    from job.core import storage
 
     curves = eval_curves(folder)
     if not curves:

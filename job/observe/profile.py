@@ -20,23 +20,19 @@ from pathlib import Path
 from typing import Any
 
 from job.core import values
-from job.core.errors import ConfigError
+from job.core.errors import as_config_error
 
 log = logging.getLogger("job.train")
 
 def parse_steps(text: str, total_steps: int) -> tuple[int, int]:
     """"A:B" -> (A, B): steps A..B, both included, 1 <= A <= B <= total_steps."""
     first_text, _, last_text = text.partition(":")
-    try:  # spaces around either number are fine; the numbers are plain digits
-        first, last = values.whole(first_text.strip()), values.whole(last_text.strip())
-    except values.BadValue:
-        first, last = 0, 0
-    if not 1 <= first <= last <= total_steps:
-        raise ConfigError(
-            "--profile.steps", expected=f"A:B with 1 <= A <= B <= {total_steps} (--steps), both steps included",
-            found=text, fix=f"pass --profile.steps {min(10, total_steps)}:{min(15, total_steps)}",
-        )
-    return first, last
+    with as_config_error(
+        "--profile.steps", expected=f"A:B with 1 <= A <= B <= {total_steps} (--steps), both steps included",
+        found=text, fix=f"pass --profile.steps {min(10, total_steps)}:{min(15, total_steps)}",
+    ):  # spaces around either number are fine; the numbers are plain digits
+        first = values.whole(first_text.strip(), minimum=1, maximum=total_steps)
+        return first, values.whole(last_text.strip(), minimum=first, maximum=total_steps)
 
 
 def trace_dir(run_dir: Any, process_index: int) -> Any:
@@ -65,7 +61,7 @@ class StepProfiler:
 
         began = time.perf_counter()
         if not self.active:
-            from job.runs import storage
+            from job.core import storage
 
             storage.make_dirs(self.folder)
             jax.profiler.start_trace(str(self.folder), create_perfetto_trace=True)

@@ -17,8 +17,8 @@ from typing import Any
 
 from etils import epath
 
+from job.observe.metrics import WandbConfig, open_writers
 from job.parallel.multihost import only_specific_processes
-from job.train.config import WandbConfig
 
 log = logging.getLogger("job.train")
 
@@ -42,8 +42,6 @@ class Reporter:
 
     @only_specific_processes()
     def _open(self, start_step: int) -> None:
-        from job.observe.metrics import open_writers
-
         self._writers = open_writers(self.run_dir, start_step=start_step, wandb=self._wandb, config=self._config)
         if sys.stdout.isatty():
             from tqdm import tqdm

@@ -19,7 +19,8 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
-from job.core.errors import ConfigError, positive_seconds
+from job.core import values
+from job.core.errors import ConfigError
 from job.observe.status import STALE_S, RunStatus, State, find_runs, state_of
 from job.runs.sweep import Values, short_names
 
@@ -104,7 +105,7 @@ def main(argv: list[str]) -> int:
     order.add_argument("--min", dest="higher", action="store_false", help="lower is better (the default)")
     order.add_argument("--max", dest="higher", action="store_true", help="higher is better (accuracy)")
     parser.set_defaults(higher=False)  # --min's store_false would otherwise make True the default
-    parser.add_argument("--stale-s", type=positive_seconds, default=STALE_S,
+    parser.add_argument("--stale-s", type=values.for_argparse(values.positive_seconds), default=STALE_S,
                         help="an attempt quiet for this long that did not end reads as stopped (3600)")
     args = parser.parse_args(argv)
     table = rows(args.folder, stale_s=args.stale_s)

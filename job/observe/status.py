@@ -35,12 +35,12 @@ from typing import Any
 
 from etils import epath
 
+from job.core import storage
+from job.core.flags import flatten
 from job.observe.goodput import RECORD as GOODPUT_RECORD
 from job.observe.goodput import read_records
 from job.runs import attempts as attempt_records
-from job.runs import storage
 from job.runs.sweep import Run, Sweep, Values, load_plan
-from job.runtime.preflight import flatten
 
 STALE_S = 3600.0  # an attempt that wrote nothing for this long and did not end has stopped
 NOT_VALUES = ("run_dir",)  # config fields that differ between any two runs: not shown as their values

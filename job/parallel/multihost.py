@@ -7,6 +7,7 @@
 
     @multihost.only_specific_processes()                  # process 0 only
     def log_summary(...): ...
+    multihost.on_process_zero(log_summary, step)          # the same, said at the call
 
 Every function that talks to other processes is collective: all processes
 call it, in the same order.
@@ -14,7 +15,6 @@ call it, in the same order.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import json
@@ -28,14 +28,16 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from job.core import internals
-from job.core.errors import ConfigError, JobError, positive_seconds
+from job.core import internals, values
+from job.core.errors import JobError, as_config_error
 from job.parallel.mesh import hybrid_mesh, spans_slices
 from job.parallel.trees import is_array, path_str
 
 DATA_PARALLELISM_AXIS_NAME = "devices"
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+_PROCESS_ZERO = frozenset({0})
 
 
 class BarrierTimeout(JobError, TimeoutError):
@@ -67,23 +69,36 @@ def create_dp_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(names[0] if len(names) == 1 else tuple(names)))
 
 
-def only_specific_processes(processes: int | list[int] = 0) -> Callable[[F], F]:
-    """Decorator: run the function only on these process indices; elsewhere return None.
+def on_process_zero(func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T | None:
+    """`func(*args, **kwargs)` on process 0, and its result there; None on every other process.
 
-    This is the one place the project says "process 0 only".
+    This is the one place the project says "process 0 only" (`only_specific_processes()` says
+    it as a decorator, through the same check); `func` is called straight from here, so a
+    warning it raises with `stacklevel=2` names the line that called `on_process_zero`:
+
+        on_process_zero(log.info, "saved step %d", step)
+        on_process_zero(storage.make_dirs, run_dir)
     """
+    return func(*args, **kwargs) if _runs_here(_PROCESS_ZERO) else None
+
+
+def only_specific_processes(processes: int | list[int] = 0) -> Callable[[F], F]:
+    """Decorator: run the function only on these process indices; elsewhere return None."""
     chosen = frozenset([processes] if isinstance(processes, int) else processes)
 
     def decorator(func: F) -> F:
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if jax.process_index() in chosen:
-                return func(*args, **kwargs)
-            return None
+            return func(*args, **kwargs) if _runs_here(chosen) else None
 
         return wrapper  # type: ignore[return-value]
 
     return decorator
+
+
+def _runs_here(chosen: frozenset[int]) -> bool:
+    """Whether this process is one of `chosen` (process indices)."""
+    return jax.process_index() in chosen
 
 
 def sync_string(value: str | None) -> str:
@@ -134,12 +149,9 @@ _BARRIER_FIX = "read those processes' logs: they died, hung, or took another pat
 
 
 def _barrier_timeout_s() -> float:
-    text = os.environ.get(BARRIER_TIMEOUT, "300")
-    try:
-        return positive_seconds(text)
-    except argparse.ArgumentTypeError:
-        raise ConfigError(BARRIER_TIMEOUT, expected="a finite number of seconds > 0", found=text,
-                          fix=f"set {BARRIER_TIMEOUT}=300 (or any number of seconds > 0), or unset it") from None
+    with as_config_error(BARRIER_TIMEOUT, expected="a finite number of seconds > 0",
+                         fix=f"set {BARRIER_TIMEOUT}=300 (or any number of seconds > 0), or unset it"):
+        return values.positive_seconds(os.environ.get(BARRIER_TIMEOUT, "300"))
 
 
 def coordination_client() -> Any:

@@ -1,2 +1,2 @@
-"""A run's lasting record: checkpoints and where they are stored (a folder or a bucket), picking up
-where a run stopped, and the provenance that lets a run be rerun bitwise."""
+"""A run's lasting record: checkpoints and their config, picking up where a run stopped, and the
+provenance that lets a run be rerun bitwise."""

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 from jax.experimental import multihost_utils
 from orbax.checkpoint.type_handlers import (
     ArrayHandler,
@@ -31,13 +32,18 @@ from orbax.checkpoint.type_handlers import (
     supported_types,
 )
 
-from job.core import internals
+from job.core import internals, storage
 from job.core.errors import ConfigError, JobError
-from job.parallel.multihost import barrier, coordination_client, only_specific_processes
+from job.parallel.multihost import (
+    barrier,
+    coordination_client,
+    on_process_zero,
+    only_specific_processes,
+)
 from job.parallel.trees import leaf_specs
-from job.runs import headroom, storage
+from job.runs import headroom
+from job.runs.config import CheckpointConfig
 from job.runtime import priority
-from job.train.config import CheckpointConfig
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +104,7 @@ class Checkpointer:
             create=processes == 1,
         )
         if processes > 1:
-            if jax.process_index() == 0:
-                storage.make_dirs(self.directory)
+            on_process_zero(storage.make_dirs, self.directory)
             barrier(f"checkpoint folder {self.directory}")
         self._writing: int | None = None  # the step an async save may still be writing
         self._failure: BaseException | None = None  # why this process's last write failed, the moment it did
@@ -236,13 +241,7 @@ class Checkpointer:
     def _quarantine(self, step: int) -> None:
         """Move an unreadable step aside (kept for inspection, never listed again).
         In gs:// its commit marker is deleted first, then its objects are copied and deleted."""
-        import jax
-
-        source = self.directory / str(step)
-        if jax.process_index() == 0 and source.exists():
-            target = source.with_name(f"{step}{SET_ASIDE}{int(time.time())}")
-            storage.move_aside(source, target)
-            log.warning("moved the unreadable checkpoint to %s", target)
+        on_process_zero(_set_aside, self.directory / str(step), step)
         barrier(f"checkpoint quarantine {step}")  # a dead peer here is a named timeout, not a hang
         storage.forget_listings(self.directory)  # the others listed the step before it moved
 
@@ -317,6 +316,14 @@ def _first_line(exc: BaseException) -> str:
 @only_specific_processes()
 def _say(message: str) -> None:
     log.info("%s", message)
+
+
+def _set_aside(source: epath.Path, step: int) -> None:
+    """Move the unreadable step folder `source` aside, if it is there (process 0's part of `_quarantine`)."""
+    if source.exists():
+        target = source.with_name(f"{step}{SET_ASIDE}{int(time.time())}")
+        storage.move_aside(source, target)
+        log.warning("moved the unreadable checkpoint to %s", target)
 
 
 @jax.jit

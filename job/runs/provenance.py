@@ -29,9 +29,8 @@ from typing import Any
 
 from etils import epath
 
-from job.core import flags
+from job.core import flags, storage
 from job.core.errors import ConfigError
-from job.runs import storage
 from job.runtime import preflight
 from job.runtime.cluster.local import COORDINATOR, NUM_PROCESSES, PROCESS_ID
 

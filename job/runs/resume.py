@@ -25,15 +25,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import jax
 from etils import epath
 
+from job.core import storage
 from job.core.errors import ConfigError
-from job.parallel.multihost import barrier
+from job.core.flags import flatten
+from job.parallel.multihost import barrier, on_process_zero
 from job.parallel.trees import leaf_specs
-from job.runs import storage
 from job.runs.checkpoint import SET_ASIDE
-from job.runtime.preflight import flatten
 
 log = logging.getLogger(__name__)
 
@@ -155,9 +154,13 @@ def move_aside_for_fresh_start(directory: epath.Path) -> epath.Path | None:
     # whatever it found (a process that looked after the move would skip a barrier the others wait in)
     barrier(f"fresh start: looked in {directory}")
     target = directory.with_name(f"{FRESH_START}{int(time.time())}")
-    if found and jax.process_index() == 0:
-        storage.move_aside(directory, target)
-        log.warning("--no-resume: moved the checkpoints of the earlier run to %s", target)
+    if found:
+        on_process_zero(_move_earlier_run_aside, directory, target)
     barrier(f"fresh start: moved {directory} aside")
     storage.forget_listings(directory.parent)
     return target if found else None
+
+
+def _move_earlier_run_aside(directory: epath.Path, target: epath.Path) -> None:
+    storage.move_aside(directory, target)
+    log.warning("--no-resume: moved the checkpoints of the earlier run to %s", target)

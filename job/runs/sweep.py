@@ -29,9 +29,8 @@ import shlex
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
-from job.core import flags, values
-from job.core.errors import ConfigError
-from job.runs import storage
+from job.core import flags, storage, values
+from job.core.errors import ConfigError, as_config_error
 
 Values = tuple[tuple[str, str], ...]  # (dotted config name, value as given), in the order given
 
@@ -210,11 +209,9 @@ def run_flags(base: Sequence[str], own: Values, run_dir: str, switches: Collecti
             off = f"{head}.no-{last}" if head else f"no-{last}"
             gone = {*flags.spellings(f"--{name}"), *flags.spellings(f"--{off}")}
             out = [word for word in out if word not in gone]
-            try:
+            with as_config_error(f"SWEEP value {name}={value}",
+                                 fix=f"--{name} is on or off: write {name}=true,false"):
                 on = values.switch(value)
-            except values.BadValue as exc:
-                raise ConfigError(f"SWEEP value {name}={value}", expected=f"{exc.expected}: --{name} is on or off",
-                                  found=value, fix=f"write {name}=true,false") from None
             out.append(f"--{_key(name)}" if on else f"--{_key(off)}")
         else:
             out = [*flags.without(out, f"--{name}"), f"--{_key(name)}", value]
@@ -282,11 +279,10 @@ def element_flags(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
     if sweep is None:
         raise ConfigError("sweep-run SWEEP_DIR", expected=f"a folder with the {PLAN_FILE} its submission wrote",
                           found=argv[0], fix="submit the sweep again (make submit-slurm SWEEP=...), which writes it")
-    if not index.isdigit() or int(index) >= len(sweep.runs):
-        raise ConfigError("sweep-run INDEX" if len(argv) == 2 else ARRAY_INDEX,
-                          expected=f"a run's index, 0..{len(sweep.runs) - 1}", found=index or "none",
-                          fix=f"pass an index, or run it as an element of sbatch --array=0-{len(sweep.runs) - 1}")
-    return sweep.runs[int(index)].flags
+    with as_config_error("sweep-run INDEX" if len(argv) == 2 else ARRAY_INDEX,
+                         expected=f"a run's index, 0..{len(sweep.runs) - 1}", found=index or "none",
+                         fix=f"pass an index, or run it as an element of sbatch --array=0-{len(sweep.runs) - 1}"):
+        return sweep.runs[values.whole(index, maximum=len(sweep.runs) - 1)].flags
 
 
 __all__ = ["ARRAY_INDEX", "MAX_NAME", "PLAN_FILE", "Run", "Sweep", "Values", "element_flags", "grid", "listing", "load_plan", "parse", "plan",

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from job.runs.storage import bucket_of, is_remote
+from job.core.storage import bucket_of, is_remote
 
 log = logging.getLogger("job.train")
 

@@ -38,7 +38,7 @@ def run(cfg: DemoConfig) -> float:
     from flax import nnx
 
     from job.parallel import sharding
-    from job.train.batches import row_span
+    from job.parallel.rows import row_span
 
     flat_mesh = multihost.create_device_mesh()
     model_axis = cfg.model_axis if jax.device_count() % cfg.model_axis == 0 else 1

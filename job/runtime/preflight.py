@@ -29,9 +29,9 @@ from typing import Any
 
 from etils import epath
 
-from job.core import internals
+from job.core import internals, storage
 from job.core.errors import JobError
-from job.runs import storage
+from job.core.flags import flatten
 from job.runtime.cluster.base import SKIP_GPU_CHECK, skips_gpu_check, visible_gpus
 from job.runtime.cluster.slurm import SlurmJob
 
@@ -129,18 +129,6 @@ def gpu_check(given: int | None, backend: str, found: int, env: Mapping[str, str
     return f"expected {given} GPU(s), found {found} {backend} device(s)"
 
 
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(flatten(value, name + "."))
-        else:
-            flat[name] = value
-    return flat
-
-
 def local_facts(config: Mapping[str, Any], run_dir: epath.Path,
                 env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """This process's facts (needs jax initialised: it reads the local devices)."""
@@ -173,7 +161,7 @@ def exchange(facts: dict[str, Any], run_dir: epath.Path, decide: Callable[[list[
     """
     import jax
 
-    from job.parallel.multihost import barrier, coordination_client
+    from job.parallel.multihost import barrier, coordination_client, on_process_zero
 
     me, count = jax.process_index(), jax.process_count()
     client = coordination_client()
@@ -181,15 +169,19 @@ def exchange(facts: dict[str, Any], run_dir: epath.Path, decide: Callable[[list[
     facts["run dir shared"] = sees_process_0(run_dir) if facts["run dir"] == WRITABLE else "-"
     client.key_value_set(f"job/preflight/facts/{me}", json.dumps(facts, default=str), allow_overwrite=True)
     barrier("preflight: facts")
-    if me == 0:
-        found = dict(client.key_value_dir_get("job/preflight/facts/"))
-        rows = [json.loads(found[f"job/preflight/facts/{i}"]) for i in range(count)]
-        client.key_value_set("job/preflight/verdict", json.dumps(decide(rows)), allow_overwrite=True)
+    on_process_zero(_post_verdict, client, count, decide)
     barrier("preflight: verdict")
     verdict = json.loads(client.blocking_key_value_get("job/preflight/verdict", 60_000))
     barrier("preflight: done")  # nobody removes a probe (or overwrites a key) before all have read
     remove_probe(run_dir, me)
     return verdict
+
+
+def _post_verdict(client: Any, count: int, decide: Callable[[list[dict[str, Any]]], Any]) -> None:
+    """Process 0's part of `exchange`: every process's facts read, `decide(rows)` posted for all."""
+    found = dict(client.key_value_dir_get("job/preflight/facts/"))
+    rows = [json.loads(found[f"job/preflight/facts/{i}"]) for i in range(count)]
+    client.key_value_set("job/preflight/verdict", json.dumps(decide(rows)), allow_overwrite=True)
 
 
 def problems(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -209,7 +201,7 @@ def _order(field: str) -> tuple[int, str]:
 def report(rows: Sequence[Mapping[str, Any]], fields: Sequence[str], run_dir: epath.Path) -> str:
     """A line per differing fact: a column per process, or (above COLUMNS_UP_TO processes) the
     processes grouped by value, the most common first. A bucket that no process can write,
-    for the same reason on all, is the one line of job.runs.storage (expected, found, fix)."""
+    for the same reason on all, is the one line of job.core.storage (expected, found, fix)."""
     reasons = {str(row.get("run dir")) for row in rows}
     if storage.is_remote(run_dir) and list(fields) == ["run dir"] and len(reasons) == 1:
         return (f"preflight: stopping before training: all {len(rows)} process(es) cannot write the run dir. "

@@ -4,9 +4,9 @@
     with Prefetch(lambda s: source.rows("train", s, *span), range(start, steps)) as upcoming:
         rows = upcoming.get(step)                                # made while the previous step ran
 
-The rows a process needs come from the sharding itself, so any device order
-works as long as each process's rows are one contiguous block, and processes
-of one model group (tensor parallelism across processes) make the same rows.
+The rows a process needs come from the sharding itself (`row_span`, job/parallel/rows.py),
+so any device order works as long as each process's rows are one contiguous block, and
+processes of one model group (tensor parallelism across processes) make the same rows.
 
 The rows themselves are the task's, a pure function of (split, step, row range); the
 randomness they are drawn from is `job.random` (job/train/random.py). This module imports
@@ -23,21 +23,12 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from job.core.errors import ConfigError
+from job.parallel.rows import row_span
 from job.runtime import priority
 from job.train.task import Rows
 
 T = TypeVar("T")
 PREFETCH_NICE = 10  # the prefetch thread gives way to the loop and the step (bench.pipeline)
-
-
-def row_span(sharding: Any, size: int) -> tuple[int, int]:
-    """[start, stop) of the global rows this process's devices hold under `sharding`."""
-    spans = sorted({idx[0].indices(size)[:2] for idx in sharding.addressable_devices_indices_map((size,)).values()})
-    start, stop = spans[0][0], max(end for _, end in spans)
-    if not all(a_end >= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:])):
-        raise ConfigError("batch sharding", expected="each process's rows in one contiguous block", found=spans,
-                          fix="order the mesh's devices by process (job.sharding.make_mesh does)")
-    return start, stop
 
 
 def to_global(rows: Mapping[str, Any], sharding: Any, size: int) -> dict[str, Any]:

@@ -18,7 +18,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from job.core.errors import ConfigError
-from job.runs.storage import url_problem
+from job.core.storage import url_problem
+from job.observe.metrics import WandbConfig
+from job.runs.config import CheckpointConfig
 
 if TYPE_CHECKING:
     from job.train.task import Task
@@ -49,21 +51,6 @@ class OptimConfig:
     clip_norm: float = 1.0  # global gradient norm clip (0 = no clipping)
     b1: float = 0.9  # Adam's and Lion's beta1; SGD's momentum
     b2: float = 0.98  # Adam's and Lion's beta2
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointConfig:
-    every: int = 50  # save every N steps (and always at the end and on preemption)
-    keep: int = 3  # how many of the newest checkpoints to keep
-    async_save: bool = True  # write in the background while training continues
-    background: bool = True  # copy the state on its devices (2x device memory) when that fits; save from a thread
-
-
-@dataclasses.dataclass(frozen=True)
-class WandbConfig:
-    project: str = ""  # also log to this Weights & Biases project ("" = off; needs the `wandb` extra)
-    entity: str = ""  # W&B team or user ("" = your default)
-    name: str = ""  # display name of the run ("" = W&B picks one)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,13 +119,11 @@ def defaults(task: Task) -> TrainConfig:
 
 def validate(cfg: TrainConfig, task: Task) -> None:
     """Every check that needs no devices (run before anything starts); raises ConfigError on the first bad value."""
-    from job.parallel.sharding import TRAIN_RULES
+    from job.parallel.sharding import rule_table
     from job.train.evaluation import check_splits
 
     check_splits(task.eval_splits, task.name)
-    if cfg.rule not in TRAIN_RULES:
-        raise ConfigError("--rule", expected=f"one of {', '.join(TRAIN_RULES)}", found=cfg.rule,
-                          fix="pass --rule replicated (safe), fsdp, tensor or fsdp_tensor")
+    rule_table(cfg.rule)  # an unknown --rule: its ConfigError
     task.validate(cfg.model, cfg.data, rule=cfg.rule, model_axis=cfg.model_axis)
     optim, run_dir = cfg.optim, cfg.run_dir
     checks = (  # (ok, flag, expected, found, fix); comparisons are written so that NaN fails them

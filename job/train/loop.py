@@ -27,6 +27,7 @@ from etils import epath
 from flax import nnx
 from jax.experimental import multihost_utils
 
+from job.core import storage
 from job.core.errors import ConfigError
 from job.observe.goodput import Goodput, describe
 from job.observe.profile import StepProfiler
@@ -34,8 +35,8 @@ from job.observe.report import Reporter
 from job.observe.stragglers import StragglerWatch
 from job.parallel import sharding
 from job.parallel.fingerprint import fingerprint
-from job.parallel.multihost import barrier, only_specific_processes
-from job.runs import attempts, provenance, resume, storage
+from job.parallel.multihost import barrier, on_process_zero
+from job.runs import attempts, provenance, resume
 from job.runs.checkpoint import Checkpointer
 from job.runtime import compile_cache, preflight
 from job.runtime.cluster import ClusterInfo
@@ -43,7 +44,7 @@ from job.runtime.compile_cache import CacheEvents
 from job.runtime.distributed import initialize
 from job.runtime.preemption import NOTICES, REQUEUE_EXIT_CODE, PreemptionGuard
 from job.runtime.watchdog import Watchdog
-from job.train import config, optimizers
+from job.train import optimizers
 from job.train import state as state_plan
 from job.train.batches import Prefetch, global_batch
 from job.train.config import TrainConfig, to_dict, to_json
@@ -57,8 +58,8 @@ log = logging.getLogger("job.train")
 def run(cfg: TrainConfig, task: Task, argv: list[str] | None = None) -> int:
     """Train `task` to cfg.steps (resuming if possible). Returns 0, or REQUEUE_EXIT_CODE when preempted.
 
-    `argv` is the command line that made `cfg` (`python -m job ARGV`), recorded for `python -m job rerun`."""
-    config.validate(cfg, task)
+    `argv` is the command line that made `cfg` (`python -m job ARGV`), recorded for `python -m job rerun`.
+    `cfg` has passed `config.validate(cfg, task)`: `entry.train` runs it before anything starts."""
     timer = Goodput()
     # a preemption signal is heard in every phase: joining, start-up, the first compilation, evaluation and
     # saves end with the last finished step saved and REQUEUE_EXIT_CODE. USR1 and USR2 from here; SIGTERM
@@ -120,8 +121,7 @@ class Training:
         built = self.build()
         start, state = self.restore(built)
         if start >= self.cfg.steps:
-            only_specific_processes()(log.info)("already complete at step %d; use a new --run-dir or raise --steps",
-                                                start)
+            on_process_zero(log.info, "already complete at step %d; use a new --run-dir or raise --steps", start)
             self.checkpoints.close()
             return 0
         self.open_records(built, start)
@@ -167,8 +167,8 @@ class Training:
         newest = checkpoints.newest_specs() if cfg.resume else None
         if newest is not None:
             self.changed = resume.check(run_dir, to_dict(cfg), *newest, built.planned.abstract)
-        only_specific_processes()(_save_config)(run_dir, cfg)
-        only_specific_processes()(provenance.record)(run_dir, self.argv, _topology(self.info, built.mesh))
+        on_process_zero(_save_config, run_dir, cfg)
+        on_process_zero(provenance.record, run_dir, self.argv, _topology(self.info, built.mesh))
         if cfg.resume and checkpoints.all_steps():  # read back first: an unreadable newest step is set aside
             start, state = checkpoints.restore_newest(built.planned.abstract)
         else:
@@ -184,8 +184,8 @@ class Training:
         self.report = report = Reporter(
             run_dir, start_step=start, total_steps=cfg.steps, shown=task.shown, unit=task.unit,
             items_per_step=cfg.data.global_batch * task.items_per_row(cfg.model), wandb=cfg.wandb, config=to_dict(cfg))
-        only_specific_processes()(self.timer.resume)(run_dir, start)
-        only_specific_processes()(attempts.note_start)(run_dir, self.timer.previous.get("attempt", 1))
+        on_process_zero(self.timer.resume, run_dir, start)
+        on_process_zero(attempts.note_start, run_dir, self.timer.previous.get("attempt", 1))
         self.profiler = StepProfiler(cfg.profile.steps, cfg.steps, run_dir, self.info.process_id)
         if start:
             report.message("resumed from step %d (%s)", start, run_dir / "checkpoints")
@@ -275,7 +275,7 @@ class Training:
                 values = {k: float(v) for k, v in jax.device_get(self.metrics).items()}
                 report.train(done, values, float(built.schedule(step)))
                 report.hosts(done, self.watch.share())  # one all-gather of one number, on log steps only
-                only_specific_processes()(timer.progress)(built.run_dir, done)
+                on_process_zero(timer.progress, built.run_dir, done)
         interrupted = False  # by a preemption signal during the evaluation: save this step and stop
         if evaluates:
             interrupted = not self.evaluate(built, state, done)
@@ -315,7 +315,7 @@ class Training:
         mine = np.array([self.cache_events.hits, self.cache_events.misses, self.compile_s], np.float32)
         counts = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 3)  # one small all-gather
         split = {**timer.finish(), "compile_cache": compile_cache.record(built.cache_dir, counts.tolist())}
-        only_specific_processes()(timer.progress)(built.run_dir, self.last_saved, "end")
+        on_process_zero(timer.progress, built.run_dir, self.last_saved, "end")
         self.report.message("%s", describe(split))
         final = jax.device_get(self.metrics)
         trained = nnx.state(nnx.merge(built.planned.graphdef, state)["model"], nnx.Param)

@@ -24,7 +24,7 @@ from jax.sharding import Mesh
 
 from job.core.errors import ConfigError
 from job.parallel import sharding
-from job.parallel.multihost import only_specific_processes
+from job.parallel.multihost import on_process_zero
 
 
 def count_params(model: nnx.Module) -> int:
@@ -98,9 +98,9 @@ def plan(task: Any, cfg: Any, mesh: Mesh, tx: Any) -> Plan:
     logical_axes = getattr(task, "logical_axes", None)
     shardings, fallbacks = sharding.placement(abstract_state, mesh, cfg.rule, logical_axes)
     if fallbacks:  # one warning for the run, from process 0
-        only_specific_processes()(warnings.warn)(
-            sharding.fallback_warning(f"--rule {cfg.rule}", fallbacks, mesh,
-                                      sharding.rule_table(cfg.rule, logical_axes)), UserWarning, stacklevel=2)
+        message = sharding.fallback_warning(f"--rule {cfg.rule}", fallbacks, mesh,
+                                            sharding.rule_table(cfg.rule, logical_axes))
+        on_process_zero(warnings.warn, message, UserWarning, stacklevel=2)
     abstract = placed(abstract_state, shardings)
 
     def create() -> nnx.State:

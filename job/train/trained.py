@@ -24,10 +24,11 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
+from job.core import storage
 from job.core.errors import BAD_INPUT_EXIT_CODE, ConfigError
 from job.parallel import sharding
-from job.parallel.multihost import only_specific_processes
-from job.runs import resume, storage
+from job.parallel.multihost import on_process_zero
+from job.runs import resume
 from job.runs.checkpoint import Checkpointer
 from job.runtime.distributed import initialize
 from job.train import config, loop, state
@@ -109,11 +110,11 @@ def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None) -
         results = evaluator.run(restored) or {}
     record = {"step": chosen, "splits": {split: {"rows": evaluator.rows(split), "batches": len(evaluator.plan[split]),
                                                  **metrics} for split, metrics in results.items()}}
-    only_specific_processes()(_write_json)(run_dir / f"eval-{chosen}.json", record)
+    on_process_zero(_write_json, run_dir / f"eval-{chosen}.json", record)
     for split, metrics in results.items():
-        only_specific_processes()(log.info)("eval of step %d on %s: %s", chosen, split, ", ".join(
+        on_process_zero(log.info, "eval of step %d on %s: %s", chosen, split, ", ".join(
             f"{k} {v:.6g}" for k, v in metrics.items()))
-    only_specific_processes()(log.info)("wrote %s", run_dir / f"eval-{chosen}.json")
+    on_process_zero(log.info, "wrote %s", run_dir / f"eval-{chosen}.json")
     return 0
 
 

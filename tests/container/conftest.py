@@ -56,7 +56,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
             terminalreporter.write_line(f"{name}: {seconds:.1f} s")
 
 
-def build(context: Path, tag: str, base: str, env: dict[str, str], timeout: float = 600) -> Built:
+def build_image(context: Path, tag: str, base: str, env: dict[str, str], timeout: float = 600) -> Built:
     """docker/build.sh of `context` (a repository root), CPU flavour, offline base."""
     argv = ["bash", str(context / "docker" / "build.sh"), "cpu", tag, "--pull=never", f"--build-arg=BASE={base}"]
     began = time.monotonic()

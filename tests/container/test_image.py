@@ -4,7 +4,6 @@ layer cache, and two containers that train the example job as one cluster."""
 from __future__ import annotations
 
 import io
-import json
 import shutil
 import subprocess
 import sys
@@ -14,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.container.conftest import ROOT, Built, build, figure, podman
+from tests.container.conftest import ROOT, Built, build_image, figure, podman
 from tests.launching import explain, launcher_argv, run
+from tests.records import summary
 from tests.unit.test_security import KEPT_OUT, dockerignore, ignored
 
 # The first test to ask for the image may also make the base and build it: minutes on a busy machine.
@@ -31,10 +31,6 @@ def run_local(env: dict[str, str], image: str, runs: Path, *job_args: str, n: in
     argv = [sys.executable, str(ROOT / "docker" / "run_local.py"), "--engine", "podman", "-n", str(n),
             "--devices-per-process", "1", "--image", image, "--runs", str(runs), "--", *job_args]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-
-
-def summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
 
 
 def test_the_job_runs_as_a_fixed_non_root_user(cpu_image: Built, podman_env: dict[str, str]) -> None:
@@ -107,7 +103,7 @@ def test_a_code_only_change_reuses_the_dependency_layer(cpu_image: Built, podman
     (context / "job" / "_rebuild_probe.py").write_text('TOKEN = "rebuilt after a code change"\n')
     tag = cpu_image.tag.replace(":cpu", ":rebuild")
     try:
-        rebuilt = build(context, tag, base_image, podman_env, timeout=300)
+        rebuilt = build_image(context, tag, base_image, podman_env, timeout=300)
         figure(pytestconfig, "code-only rebuild", rebuilt.seconds)
         step = next(line for line in rebuilt.log.splitlines() if line.startswith("STEP") and "pip install" in line)
         after = rebuilt.log.split(step, 1)[1].lstrip().splitlines()[0]

@@ -1,4 +1,4 @@
-"""The Cloud Storage tier: an emulator per test (tests/gcs_emulator.py); skips when it is not installed."""
+"""The Cloud Storage tier: an emulator per test (the fixture `gcs`, tests/conftest.py); skips when it is not installed."""
 
 from __future__ import annotations
 
@@ -6,20 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from job.runs import storage
-from tests.gcs_emulator import Emulator, EmulatorUnavailable, emulator
-
-BUCKET = "job-test"
-
-
-@pytest.fixture
-def gcs() -> Iterator[Emulator]:
-    """A fresh, empty emulator with one bucket; its `.env` is for the processes a test starts."""
-    try:
-        with emulator(BUCKET) as started:
-            yield started
-    except EmulatorUnavailable as exc:
-        pytest.skip(f"no Cloud Storage emulator: {exc}")
+from job.core import storage
+from tests.gcs_emulator import BUCKET, Emulator
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""job/runs/storage.py: run directory names, the writable check and its one-line errors, and the
+"""job/core/storage.py: run directory names, the writable check and its one-line errors, and the
 gs:// stand-ins for append and rename, against the Cloud Storage emulator and a local disk."""
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from job.runs import storage
+from job.core import storage
 from job.runtime import preflight
-from tests.gcs.conftest import BUCKET
-from tests.gcs_emulator import Emulator
+from tests.gcs_emulator import BUCKET, Emulator
 from tests.launching import ROOT, child_env
 
 pytestmark = pytest.mark.gcs

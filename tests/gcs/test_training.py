@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.gcs.conftest import BUCKET
-from tests.gcs_emulator import Emulator
-from tests.launching import ROOT, child_env, explain, launcher_argv, rank_pids, run, wait_for_line
+from tests.gcs_emulator import BUCKET, Emulator
+from tests.launching import ROOT, child_env, explain, launcher_argv, rank_pids, run, train, wait_for_line
+from tests.records import summary
 
 pytestmark = [pytest.mark.gcs, pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -27,19 +27,12 @@ FLAGS = ("--steps", "12", "--ckpt.every", "2", "--ckpt.keep", "10", "--log-every
 RUN = f"gs://{BUCKET}/run1"
 
 
-def train(run_dir: str, *flags: str, env: dict[str, str] | None = None, n: int = 2,
-          fails: bool = False) -> subprocess.CompletedProcess[str]:
-    proc = run(launcher_argv(n, [*JOB, "--run-dir", run_dir, *FLAGS, *flags], devices=1), timeout=300,
-               **(env or {}))
-    assert (proc.returncode != 0) if fails else (proc.returncode == 0), explain(proc, proc.stdout, proc.stderr)
-    return proc
-
-
 def objects(gcs: Emulator, under: str = "run1/") -> list[str]:
     return gcs.objects(under)
 
 
-def summary(gcs: Emulator) -> dict:
+def bucket_summary(gcs: Emulator) -> dict:
+    """summary.json of the run in gs://BUCKET/run1, read through the emulator."""
     return json.loads(gcs.read("run1/summary.json"))
 
 
@@ -51,14 +44,15 @@ def committed(gcs: Emulator) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory: pytest.TempPathFactory) -> str:
+def straight_params(tmp_path_factory: pytest.TempPathFactory) -> str:
     """params_sha256 of the same run, uninterrupted, on a local disk."""
     run_dir = tmp_path_factory.mktemp("straight")
-    train(str(run_dir))
-    return json.loads((run_dir / "summary.json").read_text())["params_sha256"]
+    train(2, 1, run_dir, *FLAGS)
+    return summary(run_dir)["params_sha256"]
 
 
-def test_preempted_run_resumes_from_the_bucket_bitwise_equal_to_a_local_run(gcs: Emulator, straight: str) -> None:
+def test_preempted_run_resumes_from_the_bucket_bitwise_equal_to_a_local_run(gcs: Emulator,
+                                                                            straight_params: str) -> None:
     argv = launcher_argv(2, [*JOB, "--run-dir", RUN, *FLAGS], devices=1)
     proc = subprocess.Popen(argv, env=child_env(**gcs.env), cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -67,15 +61,15 @@ def test_preempted_run_resumes_from_the_bucket_bitwise_equal_to_a_local_run(gcs:
     out, _ = proc.communicate(timeout=120)
     output = "".join(lines) + out
     assert proc.returncode == REQUEUE, output
-    stopped = summary(gcs)
+    stopped = bucket_summary(gcs)
     assert stopped["completed"] is False and 5 <= stopped["final_step"] < 12, output
     assert stopped["final_step"] in committed(gcs)
 
-    resumed = train(RUN, env=gcs.env)
+    resumed = train(2, 1, RUN, *FLAGS, **gcs.env)
     assert f"resumed from step {stopped['final_step']}" in resumed.stderr
-    final = summary(gcs)
+    final = bucket_summary(gcs)
     assert final["completed"] is True and final["final_step"] == 12
-    assert final["params_sha256"] == straight
+    assert final["params_sha256"] == straight_params
     assert json.loads(gcs.read("run1/config.json"))["run_dir"] == RUN
     records = [json.loads(line) for line in gcs.read("run1/metrics.jsonl").decode().splitlines()]
     assert max(r["step"] for r in records if r["split"] == "train") == 12
@@ -84,7 +78,7 @@ def test_preempted_run_resumes_from_the_bucket_bitwise_equal_to_a_local_run(gcs:
     assert not [n for n in objects(gcs) if ".preflight-" in n]  # every probe removed
 
 
-def test_a_save_killed_mid_commit_is_never_restored(gcs: Emulator, straight: str) -> None:
+def test_a_save_killed_mid_commit_is_never_restored(gcs: Emulator, straight_params: str) -> None:
     command = [sys.executable, str(Path(__file__).with_name("kill_in_commit.py")), "6", "--", "train",
                "--run-dir", RUN, *FLAGS]
     killed = run(launcher_argv(2, command, devices=1), timeout=300, **gcs.env)
@@ -94,9 +88,9 @@ def test_a_save_killed_mid_commit_is_never_restored(gcs: Emulator, straight: str
     assert any(n.startswith("run1/checkpoints/6/default/") for n in objects(gcs))
     assert 6 not in committed(gcs) and 4 in committed(gcs)
 
-    resumed = train(RUN, env=gcs.env)
+    resumed = train(2, 1, RUN, *FLAGS, **gcs.env)
     assert "resumed from step 4" in resumed.stderr, resumed.stderr
-    assert summary(gcs)["params_sha256"] == straight
+    assert bucket_summary(gcs)["params_sha256"] == straight_params
     assert committed(gcs) == [2, 4, 6, 8, 10, 12]  # step 6 written again over what the kill left
 
 
@@ -107,7 +101,7 @@ def test_a_save_killed_mid_commit_is_never_restored(gcs: Emulator, straight: str
 def test_a_bucket_the_job_cannot_use_is_one_error_on_every_process(gcs: Emulator, run_dir: str, says: str,
                                                                    where: str) -> None:
     # the emulator has no permissions to refuse with (403): a missing bucket and an invalid name stand in
-    proc = train(run_dir, env=gcs.env, fails=True)
+    proc = train(2, 1, run_dir, *FLAGS, expect=None, **gcs.env)
     output = proc.stdout + proc.stderr
     assert "Fix:" in output and says in output, output
     for rank in (0, 1):
@@ -120,15 +114,15 @@ def test_a_bucket_the_job_cannot_use_is_one_error_on_every_process(gcs: Emulator
 
 
 def test_an_unreadable_checkpoint_in_the_bucket_is_moved_aside(gcs: Emulator) -> None:
-    train(RUN, "--steps", "8", "--ckpt.every", "4", env=gcs.env)
+    train(2, 1, RUN, *FLAGS, "--steps", "8", "--ckpt.every", "4", **gcs.env)
     arrays = [n for n in objects(gcs, "run1/checkpoints/8/") if "/d/" in n]
     assert arrays
     for name in arrays:
         gcs.write(name, b"\0garbage" * 4)
-    proc = train(RUN, "--steps", "12", "--ckpt.every", "4", env=gcs.env)
+    proc = train(2, 1, RUN, *FLAGS, "--steps", "12", "--ckpt.every", "4", **gcs.env)
     assert "checkpoint step 8 in" in proc.stderr and "is unreadable" in proc.stderr
     assert "resumed from step 4" in proc.stderr
-    assert summary(gcs)["final_step"] == 12
+    assert bucket_summary(gcs)["final_step"] == 12
     aside = {n.split("/")[2] for n in objects(gcs, "run1/checkpoints/") if ".unreadable-" in n}
     assert len(aside) == 1 and aside.pop().startswith("8.unreadable-")
     moved = [n for n in objects(gcs, "run1/checkpoints/") if ".unreadable-" in n and "/d/" in n]

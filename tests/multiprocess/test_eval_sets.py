@@ -17,7 +17,7 @@ import pytest
 
 from tests.events import scalars
 from tests.launching import ROOT, child_env, explain, launcher_argv, run
-from tests.multiprocess.test_train import summary
+from tests.records import records, summary
 
 pytestmark = pytest.mark.multiprocess
 
@@ -26,10 +26,6 @@ FLAGS = ("--steps", "20", "--eval-every", "10", "--log-every", "10", "--ckpt.eve
 RULES = {"replicated": (), "fsdp": ("--rule", "fsdp"), "tensor": ("--rule", "tensor", "--model-axis", "2"),
          "fsdp_tensor": ("--rule", "fsdp_tensor", "--model-axis", "2")}
 SPLITS = {"eval": 50, "test": 37}  # rows: 3 x 16 + 2 and 2 x 16 + 5, neither a multiple of 4 data shards
-
-
-def records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def whole_split_metrics(run_dirs: list[Path]) -> list[dict]:
@@ -52,7 +48,8 @@ def whole_split_metrics(run_dirs: list[Path]) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def rule_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]]:
+def digits_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]]:
+    """The user's classifier trained 20 steps on 2 processes x 2 devices under each rule: {rule: (run dir, output)}."""
     root = tmp_path_factory.mktemp("eval-sets")
     out = {}
     for rule, flags in RULES.items():
@@ -63,9 +60,9 @@ def rule_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path,
 
 
 def test_every_split_is_one_full_pass_equal_to_the_model_on_all_its_rows_under_every_rule(
-        rule_runs: dict[str, tuple[Path, str]]) -> None:
-    expected = whole_split_metrics([run_dir for run_dir, _ in rule_runs.values()])
-    for (rule, (run_dir, output)), reference in zip(rule_runs.items(), expected):
+        digits_runs: dict[str, tuple[Path, str]]) -> None:
+    expected = whole_split_metrics([run_dir for run_dir, _ in digits_runs.values()])
+    for (rule, (run_dir, output)), reference in zip(digits_runs.items(), expected):
         assert "fell back" not in output, (rule, output)  # its annotations fit every rule
         assert "eval split eval: 50 rows in 4 batches" in output and "eval split test: 37 rows in" in output
         result = summary(run_dir)
@@ -82,15 +79,15 @@ def test_every_split_is_one_full_pass_equal_to_the_model_on_all_its_rows_under_e
         assert tags["test/loss"][-1][1] == pytest.approx(result["test_loss"], rel=1e-6)
 
 
-def test_the_rules_train_alike(rule_runs: dict[str, tuple[Path, str]]) -> None:
+def test_the_rules_train_alike(digits_runs: dict[str, tuple[Path, str]]) -> None:
     losses = {rule: [r["loss"] for r in records(run_dir) if r["split"] == "train"]
-              for rule, (run_dir, _) in rule_runs.items()}
+              for rule, (run_dir, _) in digits_runs.items()}
     for rule, values in losses.items():  # the same dropout masks and batch statistics on every layout
         assert values == pytest.approx(losses["replicated"], rel=1e-4), rule
 
 
-def test_eval_of_the_checkpoint_on_one_device_gives_the_runs_figures(rule_runs: dict[str, tuple[Path, str]]) -> None:
-    run_dir = rule_runs["fsdp"][0]
+def test_eval_of_the_checkpoint_on_one_device_gives_the_runs_figures(digits_runs: dict[str, tuple[Path, str]]) -> None:
+    run_dir = digits_runs["fsdp"][0]
     proc = run(launcher_argv(1, [sys.executable, "-m", "job", "eval", "--run-dir", str(run_dir)], devices=1),
                timeout=300)
     assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
@@ -106,7 +103,7 @@ def test_eval_of_the_checkpoint_on_one_device_gives_the_runs_figures(rule_runs: 
 
 @pytest.mark.parametrize("rule", list(RULES))
 def test_the_users_task_saves_and_resumes_bitwise_under_every_rule(
-        rule: str, rule_runs: dict[str, tuple[Path, str]], tmp_path: Path) -> None:
+        rule: str, digits_runs: dict[str, tuple[Path, str]], tmp_path: Path) -> None:
     # stopped by its checkpoint at step 10, then resumed to 20: the same dropout keys, batch statistics
     # and Adam moments come back, so the parameters and every split's figures are the uninterrupted run's
     flags = (*FLAGS, *RULES[rule])
@@ -115,7 +112,7 @@ def test_the_users_task_saves_and_resumes_bitwise_under_every_rule(
         proc = run(launcher_argv(2, argv, devices=2), timeout=300)
         assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
     assert "resumed from step 10" in proc.stderr
-    straight, resumed = summary(rule_runs[rule][0]), summary(tmp_path)
+    straight, resumed = summary(digits_runs[rule][0]), summary(tmp_path)
     assert resumed["params_sha256"] == straight["params_sha256"], rule
     for name in ("train_loss", "eval_loss", "eval_accuracy", "test_loss", "test_accuracy"):
         assert resumed[name] == straight[name], (rule, name)

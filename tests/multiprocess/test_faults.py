@@ -12,7 +12,6 @@ prints the table (README: Reliability).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -28,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.launching import ROOT, child_env, launcher_argv, rank_pids, run, scenario
+from tests.launching import ROOT, child_env, launcher_argv, rank_pids, scenario, train
+from tests.records import train_losses
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -86,28 +86,16 @@ def faulty(run_dir: Path, rank: int, fault: str, *flags: str, **env: str) -> Out
                   **env)
 
 
-def train(run_dir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    proc = run(launcher_argv(2, [*JOB, "--run-dir", str(run_dir), *FLAGS, *flags], devices=1), timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc
-
-
 def complete_steps(run_dir: Path) -> list[int]:
     folder = run_dir / "checkpoints"
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.exists() else []
-
-
-def train_losses(run_dir: Path) -> dict[int, float]:
-    """Each step's logged training loss (a resumed run's own, where it redid a step)."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in records if r["split"] == "train"}
 
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same run with no fault: every checkpoint 2..12 kept, and the final parameters."""
     run_dir = tmp_path_factory.mktemp("straight")
-    train(run_dir)
+    train(2, 1, run_dir, *FLAGS)
     assert complete_steps(run_dir) == [2, 4, 6, 8, 10, 12]
     return run_dir
 
@@ -139,7 +127,7 @@ def check_resume(run_dir: Path, straight: Path, saved: list[int], record: pytest
     """The next run starts from the newest complete checkpoint and takes its first step as a clean run does."""
     assert saved, "no complete checkpoint survived the fault"
     first = saved[-1] + 1
-    proc = train(run_dir, "--steps", str(first))
+    proc = train(2, 1, run_dir, *FLAGS, "--steps", str(first))
     assert f"resumed from step {saved[-1]}" in proc.stderr, proc.stderr
     assert train_losses(run_dir)[first] == train_losses(straight)[first]
     record("resumed_from", saved[-1])

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.events import event_files, scalars, wandb_history, wandb_run
-from tests.launching import ROOT, child_env, explain, launcher_argv, rank_pids, run, wait_for_line
+from tests.launching import ROOT, child_env, explain, launcher_argv, rank_pids, run, train, wait_for_line
+from tests.records import records, summary
 
 pytestmark = pytest.mark.multiprocess
 
@@ -27,20 +28,8 @@ FLAGS = ("--steps", "8", "--log-every", "1", "--eval-every", "4", "--ckpt.every"
 PARTS = ("startup_s", "compile_s", "steps_s", "input_wait_s", "checkpoint_s", "eval_s", "profile_s", "logging_s")
 
 
-def train(run_dir: Path, *flags: str, cache: Path, n: int = 2, **env: str) -> subprocess.CompletedProcess[str]:
-    proc = run(launcher_argv(n, [*JOB, "--run-dir", str(run_dir), "--compile-cache", str(cache), *flags],
-                             devices=2), timeout=300, **env)
-    assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
-    return proc
-
-
-def summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
-
-
 def jsonl_steps(run_dir: Path, split: str) -> list[int]:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["step"] for r in records if r["split"] == split]
+    return [r["step"] for r in records(run_dir) if r["split"] == split]
 
 
 def traced_steps(folder: Path) -> set[int]:
@@ -62,7 +51,7 @@ def test_metrics_profiles_goodput_and_a_resume_that_redoes_steps(tmp_path: Path)
     (tmp_path / "wandb").mkdir()
     wandb = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb")}
     flags = (*FLAGS, "--wandb.project", "job-tests")
-    train(run_dir, *flags, cache=cache, **wandb)
+    train(2, 2, run_dir, "--compile-cache", str(cache), *flags, **wandb)
 
     # TensorBoard: one event file (process 0 writes; the other process none), every scalar at its step
     assert len(event_files(run_dir)) == 1, sorted(p.name for p in run_dir.iterdir())
@@ -71,8 +60,7 @@ def test_metrics_profiles_goodput_and_a_resume_that_redoes_steps(tmp_path: Path)
     assert [s for s, _ in got["eval/loss"]] == [4, 8]
     for tag in ("train/lr", "train/step_time_s", "train/tok_per_s"):
         assert [s for s, _ in got[tag]] == list(range(1, 9)), tag
-    jsonl_loss = [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-                  if json.loads(line)["split"] == "train"]
+    jsonl_loss = [r["loss"] for r in records(run_dir) if r["split"] == "train"]
     assert [v for _, v in got["train/loss"]] == pytest.approx(jsonl_loss, rel=1e-6)
 
     # profiles: one folder per process, each holding exactly steps 3..5
@@ -89,7 +77,7 @@ def test_metrics_profiles_goodput_and_a_resume_that_redoes_steps(tmp_path: Path)
 
     # a crash after step 8 but before its checkpoint committed: the next attempt resumes from 4, redoes 5..8
     shutil.rmtree(run_dir / "checkpoints" / "8")
-    proc = train(run_dir, *flags, cache=cache, **wandb)
+    proc = train(2, 2, run_dir, "--compile-cache", str(cache), *flags, **wandb)
     assert "resumed from step 4" in proc.stdout + proc.stderr
     split = summary(run_dir)["goodput"]
     assert split["attempt"] == 2 and split["redone_steps"] == 4 and split["redone_s"] > 0
@@ -114,7 +102,7 @@ def test_metrics_profiles_goodput_and_a_resume_that_redoes_steps(tmp_path: Path)
 
     # a third start: nothing to do, said in one line, exit 0, nothing written
     before = (run_dir / "metrics.jsonl").read_text(), (run_dir / "summary.json").read_text()
-    proc = train(run_dir, *FLAGS, cache=cache)
+    proc = train(2, 2, run_dir, "--compile-cache", str(cache), *FLAGS)
     out = proc.stdout + proc.stderr
     assert "already complete at step 8; use a new --run-dir or raise --steps" in out
     assert "done:" not in out and "step 1/8" not in out
@@ -152,8 +140,9 @@ def test_a_rerun_with_a_warm_cache_waits_for_the_process_that_compiles_and_recor
     compiled while process 0 loaded them). Without compiling ahead and meeting at the barrier "compiled",
     process 0 waited for process 1 in its first collective, and gloo ended the run after 30 s (exit 1)."""
     cache = tmp_path / "cache"
-    cold_run = train(tmp_path / "cold", *DEEP, cache=cache, JAX_LOG_COMPILES="1")
-    warm_run = train(tmp_path / "warm", *DEEP, cache=cache, JAX_LOG_COMPILES="1", DEEP_TRACE_DELAY_S=str(SLOWER_S))
+    cold_run = train(2, 2, tmp_path / "cold", "--compile-cache", str(cache), *DEEP, JAX_LOG_COMPILES="1")
+    warm_run = train(2, 2, tmp_path / "warm", "--compile-cache", str(cache), *DEEP, JAX_LOG_COMPILES="1",
+                     DEEP_TRACE_DELAY_S=str(SLOWER_S))
     cold, warm = (summary(tmp_path / name)["goodput"]["compile_cache"] for name in ("cold", "warm"))
     for record in (cold, warm):
         assert record["dir"] == str(cache)
@@ -212,9 +201,9 @@ def test_goodput_of_a_run_preempted_by_sigterm_then_requeued(tmp_path: Path) -> 
     # the preempted attempt saved the step it stopped at: nothing is redone; the time down is counted
     assert split["attempt"] == 2 and split["redone_steps"] == 0 and split["redone_s"] == 0
     assert split["restart_s"] > 0
-    records = [json.loads(line) for line in (run_dir / "goodput.jsonl").read_text().splitlines()]
-    assert [r["event"] for r in records if r["event"] != "progress"] == ["attempt", "end", "attempt", "end"]
-    assert [r["step"] for r in records if r["event"] == "attempt"] == [0, stopped["final_step"]]
+    events = [json.loads(line) for line in (run_dir / "goodput.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in events if r["event"] != "progress"] == ["attempt", "end", "attempt", "end"]
+    assert [r["step"] for r in events if r["event"] == "attempt"] == [0, stopped["final_step"]]
     assert jsonl_steps(run_dir, "train") == list(range(1, 61))
 
 
@@ -315,5 +304,4 @@ def test_a_host_whose_rows_cost_more_is_named_as_the_straggler_and_no_other(tmp_
         assert line.startswith("[rank 0] ") and "process 1 (" in line, line  # only process 0 reports it
         assert "process 0 (" not in line and "process 2 (" not in line, line
     assert [host["process"] for host in summary(tmp_path)["slowest_hosts"]] == [1]
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert {r["slowest_process"] for r in records if r["split"] == "hosts"} == {1.0}
+    assert {r["slowest_process"] for r in records(tmp_path) if r["split"] == "hosts"} == {1.0}

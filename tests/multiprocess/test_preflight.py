@@ -15,7 +15,8 @@ pytestmark = pytest.mark.multiprocess
 SMALL = ("--steps", "4", "--model.layers", "1", "--model.dim", "32", "--model.mlp-dim", "64")
 
 
-def faulty(run_dir: Path, rank: int, fault: str) -> str:
+def stopped_in_preflight(run_dir: Path, rank: int, fault: str) -> str:
+    """tests/scenarios/faulty.py with `fault` on `rank` of 3: the job exits 1 before its first step; its stderr."""
     argv = launcher_argv(3, scenario("faulty.py", str(rank), fault, "--", "train", "--run-dir", str(run_dir), *SMALL),
                          devices=1)
     proc = run(argv, timeout=180)
@@ -29,7 +30,7 @@ def report_lines(stderr: str) -> list[str]:
 
 
 def test_a_host_with_another_jax_version_is_named(tmp_path: Path) -> None:
-    err = faulty(tmp_path, 2, "version=jax:0.4.1")
+    err = stopped_in_preflight(tmp_path, 2, "version=jax:0.4.1")
     assert "[rank 0] PreflightError: preflight: stopping before training: 3 processes" in err
     table = report_lines(err)
     assert [table[0].split()[i] for i in (0, 1, 3, 4, 6, 7)] == ["process", "0", "process", "1", "process", "2"]
@@ -41,7 +42,7 @@ def test_a_host_with_another_jax_version_is_named(tmp_path: Path) -> None:
 
 
 def test_a_host_started_with_other_flags_names_each_field(tmp_path: Path) -> None:
-    err = faulty(tmp_path, 1, "flag=--seed:7")
+    err = stopped_in_preflight(tmp_path, 1, "flag=--seed:7")
     seed_row = next(line.split() for line in report_lines(err) if line.split()[0] == "config.seed")
     assert seed_row[1:] == ["0", "7", "0"]
     assert "Fix: pass the same flags to every process" in err

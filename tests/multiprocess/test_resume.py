@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.launching import ROOT, child_env, explain, launcher_argv, rank_pids, run, scenario, wait_for_line
-from tests.multiprocess.test_train import JOB, REQUEUE, SMALL, summary, train
+from tests.launching import ROOT, child_env, explain, launcher_argv, rank_pids, run, scenario, train, wait_for_line
+from tests.multiprocess.test_train import JOB, REQUEUE, SMALL
+from tests.records import records, summary
 
 pytestmark = pytest.mark.multiprocess
 
@@ -104,8 +105,7 @@ def test_sigterm_in_the_middle_of_a_long_evaluation_saves_the_step_and_requeues(
     assert proc.returncode == REQUEUE, output
     assert "preempted: saved step 10" in output
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["10"]
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert not [r for r in records if r["split"] == "eval"], "the evaluation at step 10 was not cut short"
+    assert not [r for r in records(tmp_path) if r["split"] == "eval"], "the evaluation at step 10 was not cut short"
     resumed = train(2, 1, tmp_path, *flags, "--data.eval-batches", "2")
     assert "resumed from step 10" in resumed.stderr and summary(tmp_path)["final_step"] == 20
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.launching import explain, launcher_argv, run, scenario
-from tests.multiprocess.test_train import SMALL, summary, train_losses
+from tests.multiprocess.test_train import SMALL
+from tests.records import records, summary, train_losses
 
 pytestmark = pytest.mark.multiprocess
 
@@ -40,7 +41,8 @@ def held_train(n: int, devices: int, run_dir: Path, *flags: str) -> str:
     return proc.stdout + proc.stderr
 
 
-def held(run_dir: Path, n: int) -> list[dict]:
+def held_shapes(run_dir: Path, n: int) -> list[dict]:
+    """What held.py recorded on each of n processes: the shapes of the shards it held."""
     return [json.loads((run_dir / f"held-{rank}.json").read_text()) for rank in range(n)]
 
 
@@ -56,7 +58,7 @@ def assert_held(records: list[dict], moment: str, q: tuple[int, int], down: tupl
 
 
 @pytest.fixture(scope="module")
-def rule_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]]:
+def lm_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]]:
     """The LM trained 30 steps on 2 processes x 2 devices under each rule: {rule: (run dir, output)}."""
     root = tmp_path_factory.mktemp("rules")
     return {rule: (root / rule, held_train(2, 2, root / rule, *FLAGS, *flags))
@@ -65,12 +67,12 @@ def rule_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path,
 
 @pytest.mark.parametrize("rule", list(RULES))
 def test_the_lm_state_is_created_as_its_shards_and_trains_alike_under_every_rule(
-        rule: str, rule_runs: dict[str, tuple[Path, str]]) -> None:
-    run_dir, output = rule_runs[rule]
+        rule: str, lm_runs: dict[str, tuple[Path, str]]) -> None:
+    run_dir, output = lm_runs[rule]
     _, q, down = RULES[rule]
-    assert_held(held(run_dir, 2), "init", q, down)
+    assert_held(held_shapes(run_dir, 2), "init", q, down)
     assert "experimental" not in output and "fell back" not in output, output  # first-class: no warning
-    reference = train_losses(rule_runs["replicated"][0])
+    reference = train_losses(lm_runs["replicated"][0])
     losses = train_losses(run_dir)
     assert sorted(losses) == list(range(1, STEPS + 1))
     for step, loss in reference.items():
@@ -80,17 +82,17 @@ def test_the_lm_state_is_created_as_its_shards_and_trains_alike_under_every_rule
 
 @pytest.mark.parametrize(("n", "devices"), [(4, 1), (1, 4)])
 def test_an_fsdp_run_resumes_on_another_topology_with_the_losses_of_one_uninterrupted(
-        n: int, devices: int, rule_runs: dict[str, tuple[Path, str]], tmp_path: Path) -> None:
-    straight = rule_runs["fsdp"][0]
+        n: int, devices: int, lm_runs: dict[str, tuple[Path, str]], tmp_path: Path) -> None:
+    straight = lm_runs["fsdp"][0]
     shutil.copytree(straight, tmp_path / "run")
     shutil.rmtree(tmp_path / "run" / "checkpoints" / str(STEPS))  # as if stopped after the save at step 15
     for copied in [tmp_path / "run" / "metrics.jsonl", *(tmp_path / "run").glob("held-*.json")]:
         copied.unlink()
     output = held_train(n, devices, tmp_path / "run", *FLAGS, "--rule", "fsdp")
     assert "resumed from step 15" in output
-    records = held(tmp_path / "run", n)
-    assert all(record["restore"]["step"] == 15 and "init" not in record for record in records)
-    assert_held(records, "restore", (8, 32), (64, 8))  # "embed" over data = 4 on either topology
+    held = held_shapes(tmp_path / "run", n)
+    assert all(record["restore"]["step"] == 15 and "init" not in record for record in held)
+    assert_held(held, "restore", (8, 32), (64, 8))  # "embed" over data = 4 on either topology
     resumed, reference = train_losses(tmp_path / "run"), train_losses(straight)
     assert sorted(resumed) == list(range(16, STEPS + 1))
     for step, loss in resumed.items():
@@ -98,9 +100,9 @@ def test_an_fsdp_run_resumes_on_another_topology_with_the_losses_of_one_uninterr
 
 
 def test_gradient_accumulation_gives_the_losses_of_the_whole_batch(
-        rule_runs: dict[str, tuple[Path, str]], tmp_path: Path) -> None:
+        lm_runs: dict[str, tuple[Path, str]], tmp_path: Path) -> None:
     held_train(2, 2, tmp_path, *FLAGS, "--rule", "fsdp", "--accum-steps", "4")  # 32 rows: 4 x 8, 2 per device
-    reference, accumulated = train_losses(rule_runs["fsdp"][0]), train_losses(tmp_path)
+    reference, accumulated = train_losses(lm_runs["fsdp"][0]), train_losses(tmp_path)
     assert sorted(accumulated) == sorted(reference)
     for step, loss in reference.items():
         assert accumulated[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), step
@@ -118,16 +120,12 @@ def test_a_global_batch_that_micro_batches_cannot_split_over_the_data_shards_is_
 USER = ("--task", "tests.user_tasks.minigpt:TASK", "--log-every", "1", "--eval-every", "6", "--ema.decay", "0.9")
 
 
-def records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_a_users_dropout_model_with_its_own_optimizer_axis_state_and_step_trains_under_fsdp(tmp_path: Path) -> None:
     output = held_train(2, 2, tmp_path, *USER, "--steps", "12", "--rule", "fsdp")
     assert "fell back" not in output, output
     losses = train_losses(tmp_path)
     assert losses[12] < 0.85 * losses[1], losses  # it learns its counting sequences
-    for record in held(tmp_path, 2):  # "embed" (32) over data = 4, its own "hidden" kept whole under fsdp
+    for record in held_shapes(tmp_path, 2):  # "embed" (32) over data = 4, its own "hidden" kept whole under fsdp
         shapes = record["init"]["shapes"]
         assert shapes["model/blocks/0/qkv/kernel/value"] == shapes["ema/model/blocks/0/qkv/kernel/value"]
         assert shapes["model/blocks/0/qkv/kernel/value"] == [[32, 96], [8, 96]]
@@ -144,7 +142,7 @@ def test_a_users_dropout_model_with_its_own_optimizer_axis_state_and_step_trains
 def test_a_users_dropout_model_resumes_bitwise_under_tensor_parallelism(tmp_path: Path) -> None:
     flags = (*USER, "--rule", "tensor", "--model-axis", "2")
     held_train(2, 2, tmp_path / "straight", *flags, "--steps", "12")
-    for record in held(tmp_path / "straight", 2):  # its own "hidden" over model = 2
+    for record in held_shapes(tmp_path / "straight", 2):  # its own "hidden" over model = 2
         assert record["init"]["shapes"]["model/blocks/0/qkv/kernel/value"] == [[32, 96], [32, 48]]
     held_train(2, 2, tmp_path / "resumed", *flags, "--steps", "6")
     output = held_train(2, 2, tmp_path / "resumed", *flags, "--steps", "12")

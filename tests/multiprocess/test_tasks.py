@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.multiprocess.test_train import summary, train
+from tests.launching import train
+from tests.records import records, summary
 
 pytestmark = pytest.mark.multiprocess
 
@@ -38,8 +39,8 @@ def test_a_users_task_outside_the_package_with_its_own_optimizer_learns_and_resu
     train(2, 2, tmp_path / "straight", *USER_TASK, "--steps", "20")
     result = summary(tmp_path / "straight")
     assert result["task"] == "regression" and result["eval_loss"] < 0.2, result
-    records = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["lr"] for r in records if r["split"] == "train"] == pytest.approx([0.05, 0.025])  # its own schedule
+    lrs = [r["lr"] for r in records(tmp_path / "straight") if r["split"] == "train"]
+    assert lrs == pytest.approx([0.05, 0.025])  # its own schedule
     metadata = (tmp_path / "straight" / "checkpoints" / "20" / "default" / "_METADATA").read_text()
     assert '"trace"' in metadata and '"mu"' not in metadata  # SGD's momentum, not AdamW's moments
     train(2, 2, tmp_path / "resumed", *USER_TASK, "--steps", "10")

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.launching import ROOT, child_env, explain, launcher_argv, rank_pids, run, wait_for_line
+from tests.launching import ROOT, child_env, explain, launcher_argv, rank_pids, run, train, wait_for_line
+from tests.records import records, summary, train_losses
 
 pytestmark = pytest.mark.multiprocess
 
@@ -23,21 +24,6 @@ JOB = [sys.executable, "-m", "job", "train"]
 REQUEUE = 75
 # A smaller model where learning is not the point: compile time dominates these tests.
 SMALL = ("--model.layers", "1", "--model.dim", "32", "--model.mlp-dim", "64")
-
-
-def train(n: int, devices: int, run_dir: Path, *flags: str, expect: int = 0) -> subprocess.CompletedProcess[str]:
-    proc = run(launcher_argv(n, [*JOB, "--run-dir", str(run_dir), *flags], devices=devices), timeout=300)
-    assert proc.returncode == expect, explain(proc, proc.stdout, proc.stderr)
-    return proc
-
-
-def summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
-
-
-def train_losses(run_dir: Path) -> dict[int, float]:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in records if r["split"] == "train"}
 
 
 @pytest.mark.smoke
@@ -134,8 +120,7 @@ def test_an_interrupted_save_is_never_restored(tmp_path: Path) -> None:
     (checkpoints / "12.orbax-checkpoint-tmp" / "commit_success.txt").unlink(missing_ok=True)
     proc = train(1, 2, tmp_path, "--steps", "12", "--ckpt.every", "4", "--eval-every", "12", *SMALL)
     assert "resumed from step 8" in proc.stderr
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if r["split"] == "train"] == [8, 10, 12]  # resumed after step 8
+    assert [r["step"] for r in records(tmp_path) if r["split"] == "train"] == [8, 10, 12]  # resumed after step 8
     assert summary(tmp_path)["final_step"] == 12
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.launching import explain, launcher_argv, run
-from tests.multiprocess.test_train import SMALL, summary, train
+from tests.launching import explain, launcher_argv, run, train
+from tests.multiprocess.test_train import SMALL
+from tests.records import records, summary
 
 pytestmark = pytest.mark.multiprocess
 
@@ -28,8 +29,7 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def final_eval(run_dir: Path) -> dict:
-    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-            if r["split"] == "eval"][-1]
+    return [r for r in records(run_dir) if r["split"] == "eval"][-1]
 
 
 @pytest.mark.parametrize(("n", "devices"), [(2, 2), (1, 1)])

@@ -29,7 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 from job import sharding  # noqa: E402
 from job.runs.checkpoint import Checkpointer  # noqa: E402
-from job.train.config import CheckpointConfig  # noqa: E402
+from job.runs.config import CheckpointConfig  # noqa: E402
 
 collectives: list[str] = []  # "function on thread" for every device collective called
 

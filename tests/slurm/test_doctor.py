@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.launching import ROOT
+from tests.records import check_lines
 from tests.slurm.test_slurm import deploy_argv, task_env
 
 pytestmark = pytest.mark.slurm
@@ -35,16 +36,6 @@ def doctor(slurm_env: dict[str, str], tmp_path: Path, *flags: str, run_dir: Path
     run = run_dir or tmp_path / "run"
     argv = [sys.executable, "-m", "deploy.slurm.doctor", "--nodes", "4", *flags, "--", "train", "--run-dir", str(run)]
     return subprocess.run(argv, cwd=ROOT, env=task_env(slurm_env), capture_output=True, text=True, timeout=300)
-
-
-def lines(out: str) -> dict[str, str]:
-    """Check name -> its line ('ok    NAME: ...' / 'FAIL  NAME: ...')."""
-    found = {}
-    for line in out.splitlines():
-        m = re.match(r"(ok|FAIL) +([^:]+): ", line)
-        if m:
-            found[m.group(2)] = line
-    return found
 
 
 def failing(proc: subprocess.CompletedProcess[str]) -> list[str]:
@@ -72,7 +63,7 @@ def partition(slurm_env: dict[str, str]) -> Iterator[Callable[..., str]]:
 def test_make_doctor_on_the_local_cluster_passes_every_check(slurm_env: dict[str, str], tmp_path: Path) -> None:
     proc = make_doctor(slurm_env, NODES="4", ARGS=f"train --run-dir {tmp_path / 'run'}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    found = lines(proc.stdout)
+    found = check_lines(proc.stdout)
     assert set(found) == {"partition", "access", "GPUs per node", "CPUs per node", "memory per node", "nodes",
                           "time limit", "probe job", "submit folder on a compute node", "run dir on a compute node",
                           "interpreter on a compute node"}, proc.stdout
@@ -100,7 +91,7 @@ def test_make_doctor_names_a_time_over_the_partitions_max_time_and_the_fix(slurm
     assert failing(proc) == ["FAIL  time limit: TIME: expected at most partition debug's MaxTime 7-00:00:00, found "
                              "'99-00:00:00'. Fix: TIME=7-00:00:00 or less (the job saves and requeues itself at its "
                              "limit)"], proc.stdout
-    assert lines(proc.stdout)["probe job"].startswith("ok")  # the rest is still checked: every problem at once
+    assert check_lines(proc.stdout)["probe job"].startswith("ok")  # the rest is still checked: every problem at once
 
 
 def test_a_partition_set_down_is_one_line_with_an_up_one_to_use(slurm_env: dict[str, str], tmp_path: Path,
@@ -181,7 +172,8 @@ def test_an_image_whose_runtime_the_nodes_lack_is_one_line(slurm_env: dict[str, 
                              "installed, `module load apptainer` in the shell that runs make, or unset IMAGE to run "
                              "from the shared venv"], proc.stdout
     podman = doctor(slurm_env, tmp_path, "--image", "docker://example/job:cpu", "--container-runtime", "podman")
-    assert lines(podman.stdout)["container runtime"].startswith("ok    container runtime: podman at "), podman.stdout
+    runtime = check_lines(podman.stdout)["container runtime"]
+    assert runtime.startswith("ok    container runtime: podman at "), podman.stdout
 
 
 @pytest.mark.parametrize("request_flags", [["--partition", "nosuch"], ["--time", "99-00:00:00"], ["--nodes", "5"]])

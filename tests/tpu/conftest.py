@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.gcs_emulator import Emulator, EmulatorUnavailable, emulator
 from tests.tpu import fake_gcloud
 from tests.tpu.fake_gcloud import ssh as fake_ssh
 from tests.tpu.harness import Cloud
@@ -28,14 +26,3 @@ def cloud(tmp_path: Path) -> Iterator[Cloud]:
     yield simulated
     fake_gcloud.kill_leftovers(simulated.state)
     fake_ssh.kill_vms(simulated.state)  # what a test left running detached on the simulated VMs
-
-
-@pytest.fixture
-def gcs() -> Iterator[Emulator]:
-    """A GCS emulator holding the bucket gs://job-test (a test without one skips, which CI refuses)."""
-    with contextlib.ExitStack() as stack:
-        try:
-            found = stack.enter_context(emulator("job-test"))
-        except EmulatorUnavailable as e:
-            pytest.skip(str(e))
-        yield found

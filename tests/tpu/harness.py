@@ -27,10 +27,6 @@ def makefile_flags() -> list[str]:
     return ["-f", str(ROOT / "Makefile")]
 
 
-def explain(proc: subprocess.CompletedProcess[str]) -> str:
-    return f"exit code {proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
-
-
 @dataclasses.dataclass
 class Cloud:
     """One simulated cloud (a state folder) and a local folder for logs, per test."""

@@ -14,8 +14,9 @@ from deploy.tpu.cli import duration_seconds, tag_list
 from deploy.tpu.config import TpuConfig, slice_names
 from deploy.tpu.slice import Slice, TpuError
 from job.errors import ConfigError
+from tests.launching import explain
 from tests.tpu import fake_gcloud
-from tests.tpu.harness import ROOT, ZONE, Cloud, explain
+from tests.tpu.harness import ROOT, ZONE, Cloud
 from tests.tpu.sim_runner import SimRunner
 
 GOOD = {"name": "pod-1", "zone": ZONE, "accelerator": "v4-8", "source_dir": str(ROOT)}

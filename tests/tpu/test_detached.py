@@ -10,30 +10,23 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.launching import explain, wait_for
+from tests.records import summary
 from tests.tpu.fake_gcloud import ssh as fake_ssh
-from tests.tpu.harness import ROOT, ZONE, Cloud, explain
-from tests.tpu.test_pod import summary, train_args
+from tests.tpu.harness import ROOT, ZONE, Cloud
+from tests.tpu.test_pod import train_args
 
 pytestmark = pytest.mark.slow
 
 
-def follows(cloud: Cloud) -> int:
+def worker0_follows(cloud: Cloud) -> int:
     """How many times worker 0's log was followed (ssh --worker=0 with `tail -F`)."""
     return sum(c[3] == "ssh" and "--worker=0" in c and any(" -F logs/job.log" in a for a in c)
                for c in cloud.tpu_calls())
-
-
-def wait_for(path: Path, proc: subprocess.Popen[str], timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert proc.poll() is None, f"tpu-pod ended ({proc.returncode}) before {path} appeared"
-        assert time.monotonic() < deadline, f"{path} did not appear within {timeout_s} s"
-        time.sleep(0.2)
 
 
 def test_dropped_connections_are_reattached_while_the_workers_keep_training(cloud: Cloud, tmp_path: Path) -> None:
@@ -48,7 +41,7 @@ def test_dropped_connections_are_reattached_while_the_workers_keep_training(clou
                                                proc.stderr)]
     assert len(drops) == 2 and len(reattached) == 2, explain(proc)
     print(f"drop to re-attach: {', '.join(f'{s:.1f} s' for s in reattached)}")  # a figure, not an assertion
-    assert follows(cloud) == 3 and "step 20/20" in proc.stdout and "done: " in proc.stdout  # the summary
+    assert worker0_follows(cloud) == 3 and "step 20/20" in proc.stdout and "done: " in proc.stdout  # the summary
     assert "resumed from step" not in proc.stdout  # one run, never restarted
     assert cloud.verbs().count("tpu-vm create") == 1 and "preempted" not in proc.stderr
     assert "must be the same shared mount (gcsfuse, Filestore) on all 2 workers" in proc.stderr  # a /tmp path
@@ -63,11 +56,11 @@ def test_a_second_pod_attaches_and_stop_and_logs_work_from_other_machines(cloud:
     first = subprocess.Popen(cloud.make_argv("tpu-pod", **slice_), cwd=ROOT, env=cloud.env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(run_dir / "checkpoints" / "5", first)
+        wait_for(run_dir / "checkpoints" / "5", timeout_s=300, proc=first)
         second = subprocess.Popen(cloud.make_argv("tpu-pod", **slice_, TPU_LOCAL_DIR=str(tmp_path / "laptop")),
                                   cwd=ROOT, env=cloud.env(), stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
-        wait_for(run_dir / "checkpoints" / "10", second)
+        wait_for(run_dir / "checkpoints" / "10", timeout_s=300, proc=second)
         stop = cloud.make("tpu-stop", **slice_, TPU_LOCAL_DIR=str(tmp_path / "desktop"))
         assert stop.returncode == 0, explain(stop)
         outs = [p.communicate(timeout=120) for p in (first, second)]

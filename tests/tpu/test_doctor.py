@@ -5,23 +5,18 @@ cannot be written: a Cloud Storage emulator), one line naming it and the fix; no
 from __future__ import annotations
 
 import re
-import subprocess
 
 import pytest
 
 from tests.gcs_emulator import Emulator
+from tests.launching import explain
+from tests.records import check_lines
 from tests.tpu import fake_gcloud
-from tests.tpu.harness import ZONE, Cloud, explain
+from tests.tpu.harness import ZONE, Cloud
 
 RUN_DIR = "train --run-dir /mnt/bucket/run1"
 SLICE = ("--name=pod-x", f"--zone={ZONE}", "--accelerator=v4-16", f"--args={RUN_DIR}")
 CHECKS = ("request", "gcloud", "account", "project", "accelerator type", "runtime version", "slice")
-
-
-def lines(proc: subprocess.CompletedProcess[str]) -> dict[str, str]:
-    """Each check's line by its name: 'ok    account: ...' -> {'account': 'ok    account: ...'}."""
-    found = (re.match(r"^(?:ok|FAIL)  +([^:]+): ", line) for line in proc.stdout.splitlines())
-    return {m.group(1): m.string for m in found if m}
 
 
 def changes(cloud: Cloud) -> list[list[str]]:
@@ -32,7 +27,7 @@ def changes(cloud: Cloud) -> list[list[str]]:
 def test_all_checks_pass_for_a_request_the_zone_can_serve(cloud: Cloud) -> None:
     proc = cloud.make("tpu-doctor", TPU_NAME="pod-x", ZONE=ZONE, ACCELERATOR="v4-16", ARGS=RUN_DIR)
     assert proc.returncode == 0, explain(proc)
-    found = lines(proc)
+    found = check_lines(proc.stdout)
     assert list(found) == list(CHECKS) and all(line.startswith("ok    ") for line in found.values()), proc.stdout
     assert found["account"] == "ok    account: tester@example.com"
     assert found["project"].startswith("ok    project: fake-project (gcloud's configured project")
@@ -48,7 +43,8 @@ def test_a_bucket_run_dir_this_machine_can_write_passes(cloud: Cloud, gcs: Emula
     proc = cloud.cli("doctor", *SLICE[:3], "--args=train", f"--bucket=gs://{gcs.bucket}/run1",
                      env={**cloud.env(), **gcs.env})
     assert proc.returncode == 0, explain(proc)
-    assert lines(proc)["run dir"].startswith(f"ok    run dir: this machine can write gs://{gcs.bucket}/run1")
+    line = check_lines(proc.stdout)["run dir"]
+    assert line.startswith(f"ok    run dir: this machine can write gs://{gcs.bucket}/run1")
     assert gcs.objects("run1/") == []  # the probe object is gone again
 
 
@@ -57,12 +53,12 @@ def test_a_bucket_that_cannot_be_written_is_one_line_with_the_fix(cloud: Cloud, 
     proc = cloud.cli("doctor", *SLICE[:3], "--args=train", "--bucket=gs://no-such-bucket/run1",
                      env={**cloud.env(), **gcs.env})
     assert proc.returncode == 1, explain(proc)
-    line = lines(proc)["run dir"]
+    line = check_lines(proc.stdout)["run dir"]
     assert line.startswith("FAIL  run dir: run dir (BUCKET or ARGS --run-dir): expected a bucket folder this "
                            "machine's credentials"), line
     assert "found 'gs://no-such-bucket/run1: bucket does not exist (404)'" in line
     assert "Fix: create it (gcloud storage buckets create gs://no-such-bucket)" in line
-    assert all(lines(proc)[name].startswith("ok ") for name in CHECKS)  # the rest is fine
+    assert all(check_lines(proc.stdout)[name].startswith("ok ") for name in CHECKS)  # the rest is fine
     assert proc.stdout.rstrip().endswith("1 check(s) failed: fix them before submitting")
 
 
@@ -109,7 +105,7 @@ def test_each_broken_case_is_one_failing_line_naming_the_value_and_the_fix(cloud
     proc = cloud.cli("doctor", *SLICE, *flags)
     assert proc.returncode == 1, explain(proc)
     check, says = BROKEN[case]
-    found = lines(proc)
+    found = check_lines(proc.stdout)
     assert found[check].startswith(f"FAIL  {check}: ") and says in found[check], found[check]
     assert "Fix: " in found[check]
     assert [name for name, line in found.items() if line.startswith("FAIL")] == [check], proc.stdout
@@ -143,17 +139,17 @@ def test_an_existing_slice_of_another_type_fails_the_slice_check(cloud: Cloud) -
     assert made.returncode == 0, explain(made)
     proc = cloud.cli("doctor", *SLICE)
     assert proc.returncode == 1, explain(proc)
-    line = lines(proc)["slice"]
+    line = check_lines(proc.stdout)["slice"]
     assert "ACCELERATOR (--accelerator): expected v4-8, the type of the existing slice pod-x" in line, line
     assert "Fix: use ACCELERATOR=v4-8, another TPU_NAME, or `make tpu-delete` first" in line
     same = cloud.cli("doctor", *SLICE[:2], "--accelerator=v4-8", f"--args={RUN_DIR}")
-    assert lines(same)["slice"] == "ok    slice: pod-x is READY: make tpu-pod reuses it", same.stdout
+    assert check_lines(same.stdout)["slice"] == "ok    slice: pod-x is READY: make tpu-pod reuses it", same.stdout
 
 
 def test_without_gcloud_only_the_request_is_checked(cloud: Cloud) -> None:
     proc = cloud.make("tpu-doctor", TPU_NAME="pod-x", ZONE=ZONE, ARGS=RUN_DIR, env=cloud.env(with_gcloud=False))
     assert proc.returncode != 0
-    found = lines(proc)
+    found = check_lines(proc.stdout)
     assert list(found) == ["request", "gcloud"] and found["request"].startswith("ok "), proc.stdout
     assert found["gcloud"].startswith("FAIL  gcloud: gcloud: expected the Google Cloud CLI on PATH")
     assert "https://cloud.google.com/sdk/docs/install" in found["gcloud"]
@@ -162,6 +158,6 @@ def test_without_gcloud_only_the_request_is_checked(cloud: Cloud) -> None:
 def test_a_bad_request_fails_its_line_and_the_rest_is_still_checked(cloud: Cloud) -> None:
     proc = cloud.cli("doctor", *SLICE[:3], "--args=train --run-dir runs/on-each-worker")
     assert proc.returncode == 1, explain(proc)
-    found = lines(proc)
+    found = check_lines(proc.stdout)
     assert found["request"].startswith("FAIL  request: ARGS --run-dir: expected a folder every one of the 2 workers")
     assert [name for name, line in found.items() if line.startswith("FAIL")] == ["request"]

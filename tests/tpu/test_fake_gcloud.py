@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.launching import explain
 from tests.tpu import fake_gcloud
-from tests.tpu.harness import ZONE, Cloud, explain
+from tests.tpu.harness import ZONE, Cloud
 
 TPU_VM = ("compute", "tpus", "tpu-vm")
 QR = ("compute", "tpus", "queued-resources")
@@ -25,7 +26,7 @@ def create(cloud: Cloud, name: str = "pod-1", accelerator: str = "v4-32", *extra
     assert proc.returncode == 0, explain(proc)
 
 
-def state(cloud: Cloud, name: str = "pod-1") -> str:
+def node_state(cloud: Cloud, name: str = "pod-1") -> str:
     proc = cloud.gcloud(*TPU_VM, "describe", name, Z, "--format=value(state)")
     return proc.stdout.strip() if proc.returncode == 0 else "NOT_FOUND"
 
@@ -149,19 +150,19 @@ def test_each_zone_offers_its_own_types_and_versions_and_creates_nothing_else(cl
     assert unknown.returncode == 1 and f"runtime version v was not found in zone {ZONE}" in unknown.stderr
     default_type = cloud.gcloud(*TPU_VM, "create", "pod-1", Z, V)  # gcloud's default type, v2-8: not in us-central2-b
     assert default_type.returncode == 1 and "v2-8 was not found" in default_type.stderr
-    assert (state(cloud), state(cloud, "q1")) == ("NOT_FOUND", "NOT_FOUND")
+    assert (node_state(cloud), node_state(cloud, "q1")) == ("NOT_FOUND", "NOT_FOUND")
 
     fake_gcloud.set_offer(cloud.state, ZONE, runtime_versions=["tpu-vm-base"])
     withdrawn = cloud.gcloud(*TPU_VM, "create", "pod-1", Z, "--accelerator-type=v4-8", V)
     assert withdrawn.returncode == 1 and "runtime version tpu-ubuntu2204-base was not found" in withdrawn.stderr
     offered = cloud.gcloud(*TPU_VM, "create", "pod-1", Z, "--accelerator-type=v4-8", "--version=tpu-vm-base")
-    assert offered.returncode == 0 and state(cloud) == "READY", explain(offered)
+    assert offered.returncode == 0 and node_state(cloud) == "READY", explain(offered)
 
 
 def test_node_lifecycle_and_api_errors(cloud: Cloud) -> None:
-    assert state(cloud) == "NOT_FOUND"
+    assert node_state(cloud) == "NOT_FOUND"
     create(cloud, "pod-1", "v4-32", "--spot", "--project=my-project")
-    assert state(cloud) == "NOT_FOUND"  # another project
+    assert node_state(cloud) == "NOT_FOUND"  # another project
     proc = cloud.gcloud(*TPU_VM, "describe", "pod-1", Z, "--project=my-project", "--format=json")
     view = json.loads(proc.stdout)
     assert (view["state"], view["acceleratorType"], view["schedulingConfig"]["spot"]) == ("READY", "v4-32", True)
@@ -182,9 +183,9 @@ def test_node_lifecycle_and_api_errors(cloud: Cloud) -> None:
 def test_creation_takes_time_when_asked(cloud: Cloud, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_GCLOUD_CREATE_SECONDS", "1.5")
     create(cloud, "pod-1", "v4-8", "--async")
-    assert state(cloud) == "CREATING"
+    assert node_state(cloud) == "CREATING"
     time.sleep(1.6)
-    assert state(cloud) == "READY"
+    assert node_state(cloud) == "READY"
 
 
 def test_queued_resource_waits_for_capacity_then_suspends_when_preempted(cloud: Cloud,
@@ -197,17 +198,17 @@ def test_queued_resource_waits_for_capacity_then_suspends_when_preempted(cloud: 
     def qr_state() -> str:
         return cloud.gcloud(*QR, "describe", "q1", Z, "--format=value(state.state)").stdout.strip()
 
-    assert (qr_state(), state(cloud, "q1")) == ("ACCEPTED", "NOT_FOUND")
+    assert (qr_state(), node_state(cloud, "q1")) == ("ACCEPTED", "NOT_FOUND")
     until = time.monotonic() + 30
     while qr_state() == "ACCEPTED" and time.monotonic() < until:
         time.sleep(0.5)
-    assert (qr_state(), state(cloud, "q1")) == ("ACTIVE", "READY")
+    assert (qr_state(), node_state(cloud, "q1")) == ("ACTIVE", "READY")
     assert fake_gcloud.preempt(cloud.state, "q1", ZONE)
-    assert (qr_state(), state(cloud, "q1")) == ("SUSPENDED", "PREEMPTED")
+    assert (qr_state(), node_state(cloud, "q1")) == ("SUSPENDED", "PREEMPTED")
     refused = cloud.gcloud(*QR, "delete", "q1", Z, "--quiet")
     assert refused.returncode == 1 and "--force" in refused.stderr
     assert cloud.gcloud(*QR, "delete", "q1", Z, "--quiet", "--force").returncode == 0
-    assert (state(cloud, "q1"), cloud.gcloud(*QR, "list", Z, "--format=json").stdout.strip()) == ("NOT_FOUND", "[]")
+    assert (node_state(cloud, "q1"), cloud.gcloud(*QR, "list", Z, "--format=json").stdout.strip()) == ("NOT_FOUND", "[]")
 
 
 def test_ssh_runs_one_tpu_worker_per_host_each_in_its_own_home(cloud: Cloud) -> None:
@@ -247,7 +248,7 @@ def test_preemption_terms_the_workers_and_drops_the_connection(cloud: Cloud) -> 
     script = "trap 'echo saved >term-$TPU_WORKER_ID; exit 75' TERM; while :; do sleep 0.05; done"
     proc = cloud.gcloud(*TPU_VM, "ssh", "pod-1", Z, "--worker=all", f"--command={script}")
     assert proc.returncode == 255 and "closed by remote host" in proc.stderr, explain(proc)
-    assert state(cloud) == "PREEMPTED"
+    assert node_state(cloud) == "PREEMPTED"
     homes = cloud.state / "homes" / "fake-project" / ZONE / "pod-1"
     assert sorted(p.name for p in homes.glob("worker-*/term-*")) == ["term-0", "term-1"]
     assert fake_gcloud.kill_leftovers(cloud.state) == []
@@ -303,18 +304,18 @@ def test_node_count_and_prefix_create_several_slices_named_prefix_dash_index(clo
     assert fake_gcloud.preempt(cloud.state, "ms-1", ZONE)
     assert cloud.gcloud(*QR, "describe", "multi", Z, "--format=value(state.state)").stdout.strip() == "SUSPENDED"
     assert cloud.gcloud(*QR, "delete", "multi", Z, "--force", "--quiet").returncode == 0
-    assert [state(cloud, f"ms-{i}") for i in range(3)] == ["NOT_FOUND"] * 3
+    assert [node_state(cloud, f"ms-{i}") for i in range(3)] == ["NOT_FOUND"] * 3
 
 
 def test_a_stockout_fails_a_create_and_fails_a_queued_resource_with_its_reason(cloud: Cloud) -> None:
     fake_gcloud.schedule_capacity_failures(cloud.state, ZONE, [fake_gcloud.STOCKOUT_MESSAGE, "Quota exceeded"])
     refused = cloud.gcloud(*TPU_VM, "create", "pod-1", Z, "--accelerator-type=v4-8", V, "--spot")
-    assert refused.returncode == 1 and state(cloud) == "NOT_FOUND"
+    assert refused.returncode == 1 and node_state(cloud) == "NOT_FOUND"
     assert refused.stderr.startswith("ERROR: (gcloud.compute.tpus.tpu-vm.create) {\"code\": 8, ")
     assert f'There is no more capacity in the zone \\"{ZONE}\\"' in refused.stderr
     proc = cloud.gcloud(*QR, "create", "q1", Z, "--node-id=q1", "--accelerator-type=v4-8", RV)
     assert proc.returncode == 0, explain(proc)
     fmt = "--format=value(state.state,state.failedData.error.message)"
     assert cloud.gcloud(*QR, "describe", "q1", Z, fmt).stdout.strip().split("\t") == ["FAILED", "Quota exceeded"]
-    assert state(cloud, "q1") == "NOT_FOUND"
+    assert node_state(cloud, "q1") == "NOT_FOUND"
     create(cloud, "pod-1", "v4-8")  # no more failures scheduled

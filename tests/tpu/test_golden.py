@@ -32,7 +32,7 @@ def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # the code archive and logs land in ./runs/tpu/NAME, a fixed relative path
 
 
-def run(command: str, cfg: TpuConfig, runner: SimRunner) -> int:
+def dispatch(command: str, cfg: TpuConfig, runner: SimRunner) -> int:
     runner.dry_run = cfg.dry_run
     return tpu.dispatch(command, cfg, runner)
 
@@ -80,7 +80,7 @@ def test_gcloud_argv_matches_golden_file(name: str) -> None:
     command, changes, state = CASES[name]
     cfg = dataclasses.replace(BASE, **changes)
     runner = SimRunner(**state)
-    assert run(command, cfg, runner) == 0
+    assert dispatch(command, cfg, runner) == 0
     check_golden(GOLDEN / f"{name}.json", json.dumps(runner.calls, indent=1) + "\n")
 
 
@@ -95,7 +95,7 @@ def test_ssh_and_scp_reach_a_slice_by_its_internal_ip() -> None:
 def test_user_arguments_travel_as_one_quoted_argv_element() -> None:
     cfg = dataclasses.replace(BASE, job_args=HOSTILE)
     runner = SimRunner(node="READY")
-    run("run", cfg, runner)
+    dispatch("run", cfg, runner)
     ssh_run = [c for c in runner.calls if c[4] == "ssh"][2]  # probe, setup, start
     assert sum(a.startswith("--command=") for a in ssh_run) == 1
     script = next(a for a in ssh_run if a.startswith("--command="))

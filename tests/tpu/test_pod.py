@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from pathlib import Path
 
 import pytest
 
+from tests.launching import explain
+from tests.records import summary
 from tests.tpu import fake_gcloud
-from tests.tpu.harness import SMALL, ZONE, Cloud, explain
+from tests.tpu.harness import SMALL, ZONE, Cloud
 
 REQUEUE = 75
 
@@ -18,10 +19,6 @@ REQUEUE = 75
 def train_args(run_dir: Path, steps: int) -> str:
     return (f"train --run-dir {shlex.quote(str(run_dir))} --steps {steps} --ckpt.every 5 --log-every 5 "
             f"--eval-every {steps} {SMALL}")
-
-
-def summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
 
 
 @pytest.mark.slow

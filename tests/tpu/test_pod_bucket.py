@@ -8,19 +8,20 @@ import json
 import pytest
 
 from tests.gcs_emulator import Emulator
-from tests.tpu.harness import SMALL, ZONE, Cloud, explain
+from tests.launching import explain
+from tests.tpu.harness import SMALL, ZONE, Cloud
 
 pytestmark = pytest.mark.gcs
 
 
-def worker_env(cloud: Cloud, gcs: Emulator) -> dict[str, str]:
+def bucket_env(cloud: Cloud, gcs: Emulator) -> dict[str, str]:
     """The simulated workers reach Cloud Storage at the emulator."""
     return cloud.env(FAKE_GCLOUD_WORKER_ENV=json.dumps(gcs.env))
 
 
 def test_a_bucket_the_workers_cannot_write_is_one_error_naming_the_service_account(cloud: Cloud, gcs: Emulator) -> None:
     proc = cloud.make("tpu-pod", TPU_NAME="pod-k", ZONE=ZONE, ACCELERATOR="v4-16", BUCKET="gs://no-such-bucket/run1",
-                      ARGS=f"train --steps 5 {SMALL}", env=worker_env(cloud, gcs))
+                      ARGS=f"train --steps 5 {SMALL}", env=bucket_env(cloud, gcs))
     assert proc.returncode != 0 and "tpu-pod] Error 1" in proc.stderr, explain(proc)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, proc.stderr
@@ -44,7 +45,7 @@ def test_two_bucket_run_dirs_are_refused_before_any_gcloud_call(cloud: Cloud) ->
 def test_a_two_worker_run_keeps_its_checkpoints_in_the_bucket(cloud: Cloud, gcs: Emulator) -> None:
     proc = cloud.make("tpu-pod", TPU_NAME="pod-l", ZONE=ZONE, ACCELERATOR="v4-16", BUCKET=f"gs://{gcs.bucket}/run1",
                       ARGS=f"train --steps 10 --ckpt.every 5 --log-every 5 --eval-every 10 {SMALL}",
-                      env=worker_env(cloud, gcs), timeout=400)
+                      env=bucket_env(cloud, gcs), timeout=400)
     assert proc.returncode == 0, explain(proc)
     assert "checking that every worker can write to gs://job-test/run1" in proc.stderr
     assert json.loads(gcs.read("run1/summary.json"))["final_step"] == 10

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.tpu.harness import ZONE, Cloud, explain
-from tests.tpu.test_pod import summary, train_args
+from tests.launching import explain
+from tests.records import summary
+from tests.tpu.harness import ZONE, Cloud
+from tests.tpu.test_pod import train_args
 
 
 @pytest.mark.slow

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.tpu.harness import SMALL, ZONE, Cloud, explain
+from tests.launching import explain
+from tests.tpu.harness import SMALL, ZONE, Cloud
 
 
 @pytest.mark.slow

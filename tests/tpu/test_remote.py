@@ -11,13 +11,13 @@ import os
 import shlex
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from deploy.tpu import remote as tpu_remote
 from deploy.tpu.config import TpuConfig
+from tests.launching import wait_for
 from tests.tpu.harness import ROOT
 
 HOSTILE = ("train", "--name", "a b; touch {pwned} $(touch {pwned}) `touch {pwned}`", "it's \"q\" \\ $HOME *",
@@ -66,15 +66,6 @@ def received(home: Path) -> list[str]:
 
 
 LOGS = ("jax-cluster-job", "logs")
-
-
-def wait_for(path: Path, text: str = "", timeout_s: float = 30) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists() and text in path.read_text():
-            return path.read_text()
-        time.sleep(0.05)
-    raise AssertionError(f"{path} never held {text!r}: {path.read_text() if path.exists() else 'missing'}")
 
 
 def test_every_argument_reaches_the_job_verbatim_and_none_runs_as_shell(worker: Path, tmp_path: Path) -> None:

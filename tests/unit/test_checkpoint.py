@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from job.runs import checkpoint, headroom
 from job.runs.checkpoint import Checkpointer, CheckpointError
-from job.train.config import CheckpointConfig
+from job.runs.config import CheckpointConfig
 
 
 def _state(offset: float = 0.0) -> dict:

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from job.parallel import fingerprint as fp
@@ -34,11 +34,6 @@ def reference_sums(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def mesh() -> jax.sharding.Mesh:
-    return jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
-
-
-@pytest.fixture(scope="module")
 def params() -> dict[str, jax.Array]:
     keys = jax.random.split(jax.random.key(7), 3)
     return {"embed": jax.random.normal(keys[0], (64, 48)), "bias": jax.random.normal(keys[1], (48,)),
@@ -52,11 +47,11 @@ def test_device_sums_follow_the_host_definition(params: dict[str, jax.Array]) ->
 
 @pytest.mark.parametrize("spec", [P(), P("data"), P("data", "model"), P("model", "data"), P(None, ("data", "model"))])
 def test_equal_values_give_one_fingerprint_however_they_are_sharded(
-        params: dict[str, jax.Array], mesh: jax.sharding.Mesh, spec: P) -> None:
+        params: dict[str, jax.Array], mesh42: jax.sharding.Mesh, spec: P) -> None:
     on_one_device = fp.fingerprint(params)
-    sharded = {"embed": jax.device_put(params["embed"], NamedSharding(mesh, spec)),
-               "bias": jax.device_put(params["bias"], NamedSharding(mesh, P(spec[0]) if spec else P())),
-               "scale": jax.device_put(params["scale"], NamedSharding(mesh, P("data")))}
+    sharded = {"embed": jax.device_put(params["embed"], NamedSharding(mesh42, spec)),
+               "bias": jax.device_put(params["bias"], NamedSharding(mesh42, P(spec[0]) if spec else P())),
+               "scale": jax.device_put(params["scale"], NamedSharding(mesh42, P("data")))}
     assert fp.fingerprint(sharded) == on_one_device
 
 
@@ -91,14 +86,14 @@ def test_narrow_and_boolean_leaves_are_fingerprinted(params: dict[str, jax.Array
     assert fp.fingerprint({"i": jnp.arange(5, dtype=jnp.int8)}) != fp.fingerprint({"i": jnp.arange(5, dtype=jnp.int16)})
 
 
-def test_nothing_is_gathered(params: dict[str, jax.Array], mesh: jax.sharding.Mesh,
+def test_nothing_is_gathered(params: dict[str, jax.Array], mesh42: jax.sharding.Mesh,
                              monkeypatch: pytest.MonkeyPatch) -> None:
     from jax.experimental import multihost_utils
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("fingerprint must not gather leaves")
 
-    sharded = jax.device_put(params["embed"], NamedSharding(mesh, P("data", "model")))
+    sharded = jax.device_put(params["embed"], NamedSharding(mesh42, P("data", "model")))
     expected = fp.fingerprint({"w": params["embed"]})
     monkeypatch.setattr(multihost_utils, "process_allgather", refuse)
     monkeypatch.setattr(jax, "device_get", refuse)

@@ -59,3 +59,7 @@ def test_the_task_is_the_last_one_given_and_its_command_gets_the_rest(argv: list
 def test_a_flag_is_taken_in_both_spellings_of_its_name() -> None:
     assert flags.spellings("--run-dir") == ("--run-dir", "--run_dir")
     assert flags.spellings("--task") == ("--task",)
+
+
+def test_a_saved_config_flattens_to_the_dotted_names_of_its_flags() -> None:
+    assert flags.flatten({"a": {"b": 1, "c": {"d": "x"}}, "e": None}) == {"a.b": 1, "a.c.d": "x", "e": None}

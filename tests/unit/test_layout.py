@@ -7,7 +7,11 @@
 - A public module is a face: it hands on the names of the sub-package module behind it, all of them.
 - No module of a sub-package imports a public module (or the `job` package) that it serves, nor an
   example task; no two modules of `job/` or `deploy/` import each other in a circle.
+- The rooms stand one above another (`FLOORS`, from the ground up): a room imports only its own floor and
+  those below, so a config lives in the room of the code that reads it and `TrainConfig` composes them.
 - `docs/layout.md` names every module.
+- A test helper is defined once: what two test files need lives in `tests/launching.py` (launch runs),
+  `tests/records.py` (read what they leave) or a conftest.
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ DEPRECATED = {"job/batches.py", "job/entry.py", "job/trained.py", "job/values.py
 FACES = {"job.multihost": "job.parallel.multihost", "job.sharding": "job.parallel.sharding",
          "job.task": "job.train.task", "job.errors": "job.core.errors", "job.random": "job.train.random"}
 ROLES = {"core", "observe", "parallel", "runs", "runtime", "train"}
+# the rooms from the ground up, the example tasks on top: each imports only its own floor and those below
+FLOORS = ("core", "parallel", "runtime", "runs", "observe", "train", "tasks")
+# Programs written as a user writes them (each its own `loss`, `optimizer`), not test helpers.
+STANDALONE = {"tests/user_tasks", "tests/scenarios"}
 
 
 def _modules() -> dict[str, Path]:
@@ -105,6 +113,34 @@ def test_no_room_imports_the_public_modules_it_serves_nor_an_example_task() -> N
     assert not wrong, wrong
 
 
+def _floor(name: str) -> int | None:
+    """The floor of the room a module of job/ lives in (`FLOORS`); None for the top level and deploy/."""
+    parts = name.split(".")
+    return FLOORS.index(parts[1]) if parts[0] == "job" and len(parts) > 1 and parts[1] in FLOORS else None
+
+
+def test_no_room_imports_a_room_above_it() -> None:
+    assert set(FLOORS) == ROLES | {"tasks"}, "every room has its floor"
+    upward = {}
+    for name, path in MODULES.items():
+        floor = _floor(name)
+        if floor is None:
+            continue
+        above = sorted(m for m in _imports(path) if (_floor(m) or 0) > floor)
+        if above:
+            upward[_rel(path)] = above
+    assert not upward, f"a room imports a room above it (FLOORS: {', '.join(FLOORS)}): {upward}"
+
+
+def test_the_configs_kept_in_their_rooms_still_import_from_the_train_config() -> None:
+    from job.observe.metrics import WandbConfig
+    from job.runs.config import CheckpointConfig
+    from job.train import config
+
+    assert config.CheckpointConfig is CheckpointConfig
+    assert config.WandbConfig is WandbConfig
+
+
 def test_no_two_modules_import_each_other_in_a_circle() -> None:
     graph = {name: _imports(path) - set(_parents(name)) - {name} for name, path in MODULES.items()}
     # A package's __init__ that imports its own modules is not a circle with them: drop parent edges.
@@ -137,3 +173,18 @@ def test_the_layout_page_names_every_module() -> None:
         if not named:
             missing.append(rel)
     assert not missing, f"docs/layout.md names no {missing}"
+
+
+def test_no_test_helper_is_defined_in_two_test_files() -> None:
+    # pytest_* hooks are exempt: pytest calls each conftest's own (tests/conftest.py prints each tier's time,
+    # tests/container/conftest.py the container tier's figures).
+    files: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        if any(_rel(path).startswith(f"{folder}/") for folder in STANDALONE):
+            continue
+        for node in ast.parse(path.read_text(), str(path)).body:
+            helper = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if helper and not node.name.startswith(("test_", "pytest_")):
+                files.setdefault(node.name, []).append(_rel(path))
+    twice = {name: where for name, where in files.items() if len(where) > 1}
+    assert not twice, f"one definition each (tests/launching.py, tests/records.py), or another name: {twice}"

@@ -15,16 +15,17 @@ import pytest
 from deploy import local_doctor
 from deploy.local_doctor import Machine
 from tests.doubles import RecordingRunner
+from tests.records import check_lines
 
 ROOMY = Machine(cores=16, available=64 << 30)
 
 
-def run(argv: list[str], capsys: pytest.CaptureFixture[str], *, machine: Machine = ROOMY,
-        runner: RecordingRunner | None = None) -> tuple[int, dict[str, str]]:
+def run_local_doctor(argv: list[str], capsys: pytest.CaptureFixture[str], *, machine: Machine = ROOMY,
+                     runner: RecordingRunner | None = None) -> tuple[int, dict[str, str]]:
+    """The local doctor's exit code and each check's line by its name."""
     runner = runner or RecordingRunner(responses={(sys.executable,): (0, "3.11.7 0.10.2 /repo/job/__init__.py\n")})
     code = local_doctor.main(argv, runner=runner, machine=machine)
-    out = capsys.readouterr().out.splitlines()
-    return code, {line[6:].split(":")[0]: line for line in out if line[:4] in ("ok  ", "FAIL")}
+    return code, check_lines(capsys.readouterr().out)
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ def held_port() -> Iterator[int]:
 
 def test_the_default_request_passes_on_a_roomy_machine(cpu_only: None, capsys: pytest.CaptureFixture[str]) -> None:
     runner = RecordingRunner(responses={(sys.executable,): (0, "3.11.7 0.10.2 /repo/job/__init__.py\n")})
-    code, lines = run(["-n", "4", "--devices-per-process", "2"], capsys, runner=runner)
+    code, lines = run_local_doctor(["-n", "4", "--devices-per-process", "2"], capsys, runner=runner)
     assert code == 0, lines
     assert list(lines) == ["coordinator port", "/dev/shm", "cores", "memory", "venv"]
     assert lines["cores"] == "ok    cores: 4 processes x 2 CPU device(s) on 16 usable core(s)"
@@ -52,7 +53,7 @@ def test_the_default_request_passes_on_a_roomy_machine(cpu_only: None, capsys: p
 
 def test_a_coordinator_port_already_taken_is_one_line(cpu_only: None, held_port: int,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    code, lines = run(["-n", "2", "--port", str(held_port)], capsys)
+    code, lines = run_local_doctor(["-n", "2", "--port", str(held_port)], capsys)
     assert code == 1
     assert lines["coordinator port"] == (
         f"FAIL  coordinator port: --port {held_port} on 127.0.0.1: {os.strerror(errno.EADDRINUSE)} (another program "
@@ -61,23 +62,26 @@ def test_a_coordinator_port_already_taken_is_one_line(cpu_only: None, held_port:
 
 
 def test_a_host_that_is_not_this_machine_is_one_line(cpu_only: None, capsys: pytest.CaptureFixture[str]) -> None:
-    code, lines = run(["-n", "2", "--host", "192.0.2.1"], capsys)  # TEST-NET-1: never an address of this machine
+    # TEST-NET-1: never an address of this machine
+    code, lines = run_local_doctor(["-n", "2", "--host", "192.0.2.1"], capsys)
     assert code == 1 and "FAIL  coordinator port: --host 192.0.2.1: cannot listen there" in lines["coordinator port"]
 
 
 def test_more_processes_than_the_cores_carry_is_one_line(cpu_only: None, capsys: pytest.CaptureFixture[str]) -> None:
-    code, lines = run(["-n", "17", "--devices-per-process", "1"], capsys, machine=Machine(cores=2, available=64 << 30))
+    code, lines = run_local_doctor(["-n", "17", "--devices-per-process", "1"], capsys,
+                                   machine=Machine(cores=2, available=64 << 30))
     assert code == 1
     assert lines["cores"].startswith("FAIL  cores: 17 processes x 1 CPU device(s) on 2 usable core(s): over 8 "
                                      "processes per core")
     assert lines["cores"].endswith("Fix: NPROC=16 or fewer (-n 16)")
-    code, lines = run(["-n", "16", "--devices-per-process", "2"], capsys, machine=Machine(cores=2, available=64 << 30))
+    code, lines = run_local_doctor(["-n", "16", "--devices-per-process", "2"], capsys,
+                                   machine=Machine(cores=2, available=64 << 30))
     assert lines["cores"] == ("ok    cores: 16 processes x 2 CPU device(s) on 2 usable core(s) (16.0 devices per "
                               "core: slower than one each, works)")
 
 
 def test_too_little_memory_for_the_processes_is_one_line(cpu_only: None, capsys: pytest.CaptureFixture[str]) -> None:
-    code, lines = run(["-n", "8"], capsys, machine=Machine(cores=16, available=1 << 30))
+    code, lines = run_local_doctor(["-n", "8"], capsys, machine=Machine(cores=16, available=1 << 30))
     assert code == 1
     assert lines["memory"] == ("FAIL  memory: 1.0 GiB available, under the 2.3 GiB that 8 processes of jax need before "
                                "the model (about 300 MiB each). Fix: NPROC=3 or fewer, or free memory")
@@ -85,7 +89,8 @@ def test_too_little_memory_for_the_processes_is_one_line(cpu_only: None, capsys:
 
 def test_no_shared_memory_folder_is_one_line(cpu_only: None, tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    code, lines = run(["-n", "2"], capsys, machine=Machine(cores=16, available=64 << 30, shm=tmp_path / "none"))
+    machine = Machine(cores=16, available=64 << 30, shm=tmp_path / "none")
+    code, lines = run_local_doctor(["-n", "2"], capsys, machine=machine)
     assert code == 1 and lines[str(tmp_path / "none")].startswith(f"FAIL  {tmp_path / 'none'}: ")
     assert "Fix: mount it" in lines[str(tmp_path / "none")]
 
@@ -100,7 +105,7 @@ def test_gpus_need_a_gigabyte_of_shared_memory(monkeypatch: pytest.MonkeyPatch, 
         f_frsize = 4096
 
     monkeypatch.setattr(local_doctor.os, "statvfs", lambda _path: Small)
-    code, lines = run(["-n", "2"], capsys, machine=Machine(cores=16, available=64 << 30, shm=tmp_path))
+    code, lines = run_local_doctor(["-n", "2"], capsys, machine=Machine(cores=16, available=64 << 30, shm=tmp_path))
     assert code == 1
     assert lines[str(tmp_path)] == (f"FAIL  {tmp_path}: 64 MiB, 64 MiB free: under the 1.0 GiB NCCL needs between the "
                                     "GPUs of 2 processes. Fix: docker run --shm-size=8g, or mount -o remount,size=8g "
@@ -109,7 +114,7 @@ def test_gpus_need_a_gigabyte_of_shared_memory(monkeypatch: pytest.MonkeyPatch, 
 
 def test_a_venv_without_jax_is_one_line(cpu_only: None, capsys: pytest.CaptureFixture[str]) -> None:
     runner = RecordingRunner(responses={("/venv/bin/python",): (1, "")})
-    code, lines = run(["-n", "2", "--python", "/venv/bin/python"], capsys, runner=runner)
+    code, lines = run_local_doctor(["-n", "2", "--python", "/venv/bin/python"], capsys, runner=runner)
     assert code == 1
     assert lines["venv"] == ("FAIL  venv: /venv/bin/python cannot `import job, jax` (exit 1: no message). Fix: make "
                              "venv (again: it installs requirements.lock and this checkout)")

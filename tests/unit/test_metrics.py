@@ -9,11 +9,11 @@ import pytest
 
 from job.errors import ConfigError
 from job.observe.goodput import Goodput, describe
-from job.observe.metrics import WANDB_ID_FILE, WandbWriter, open_writers
+from job.observe.metrics import WANDB_ID_FILE, WandbConfig, WandbWriter, open_writers
 from job.observe.profile import parse_steps
 from job.runtime import compile_cache
-from job.train.config import WandbConfig
 from tests.events import event_files, scalars, wandb_history, wandb_run
+from tests.records import records
 
 
 def write_steps(run_dir: Path, start: int, steps: range, offset: float = 0.0) -> None:
@@ -27,10 +27,6 @@ def write_steps(run_dir: Path, start: int, steps: range, offset: float = 0.0) ->
         writer.close()
 
 
-def jsonl(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_tensorboard_event_files_hold_every_scalar_at_its_step(tmp_path: Path) -> None:
     write_steps(tmp_path, 0, range(1, 5))
     assert len(event_files(tmp_path)) == 1
@@ -38,14 +34,14 @@ def test_tensorboard_event_files_hold_every_scalar_at_its_step(tmp_path: Path) -
     assert got["train/loss"] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]
     assert got["train/lr"] == [(s, 0.5) for s in (1, 2, 3, 4)]
     assert got["eval/loss"] == [(2, 20.0), (4, 40.0)]
-    assert [(r["step"], r["split"]) for r in jsonl(tmp_path)] == [
+    assert [(r["step"], r["split"]) for r in records(tmp_path)] == [
         (1, "train"), (2, "train"), (2, "eval"), (3, "train"), (4, "train"), (4, "eval")]
 
 
 def test_a_resumed_run_replaces_the_steps_it_redoes_in_jsonl_and_tensorboard(tmp_path: Path) -> None:
     write_steps(tmp_path, 0, range(1, 7))  # reached step 6, but the newest checkpoint is step 4
     write_steps(tmp_path, 4, range(5, 9), offset=100.0)
-    train = [(r["step"], r["loss"]) for r in jsonl(tmp_path) if r["split"] == "train"]
+    train = [(r["step"], r["loss"]) for r in records(tmp_path) if r["split"] == "train"]
     assert train == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 105.0), (6, 106.0), (7, 107.0), (8, 108.0)]
     assert len(event_files(tmp_path)) == 2
     got = scalars(tmp_path)
@@ -58,7 +54,7 @@ def test_a_torn_last_line_does_not_stop_a_resume(tmp_path: Path) -> None:
     with (tmp_path / "metrics.jsonl").open("a") as out:
         out.write('{"step": 4, "spl')  # killed mid-write
     write_steps(tmp_path, 3, range(4, 5))
-    assert [(r["step"], r["split"]) for r in jsonl(tmp_path)[-3:]] == [(3, "train"), (4, "train"), (4, "eval")]
+    assert [(r["step"], r["split"]) for r in records(tmp_path)[-3:]] == [(3, "train"), (4, "train"), (4, "eval")]
 
 
 def test_wandb_offline_logs_the_scalars_and_a_requeued_attempt_resumes_the_same_run(

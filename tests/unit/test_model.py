@@ -38,12 +38,6 @@ jit_loss = nnx.jit(loss_fn)
 
 
 @pytest.fixture(scope="module")
-def mesh42() -> Mesh:
-    assert jax.device_count() == 8, "needs 8 devices: tests/conftest.py sets XLA_FLAGS"
-    return sh.make_mesh(model_axis=2)
-
-
-@pytest.fixture(scope="module")
 def model() -> Transformer:
     return Transformer(ModelConfig(), rngs=nnx.Rngs(0))
 

@@ -56,10 +56,6 @@ def test_a_large_job_is_reported_by_groups_the_rarest_named() -> None:
     assert max(len(line) for line in text.splitlines()) < 200
 
 
-def test_flatten_nests_with_dots() -> None:
-    assert preflight.flatten({"a": {"b": 1, "c": {"d": "x"}}, "e": None}) == {"a.b": 1, "a.c.d": "x", "e": None}
-
-
 def test_writable_probe(tmp_path: Path) -> None:
     assert preflight.writable(tmp_path / "new" / "dir", 3) == preflight.WRITABLE
     assert list((tmp_path / "new" / "dir").iterdir()) == []  # the probe is removed

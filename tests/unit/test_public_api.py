@@ -89,7 +89,7 @@ def test_job_batches_warns_and_still_gives_row_bits_below_and_uniform() -> None:
         assert hasattr(sys.modules["job.batches"], name), name
 
 
-def _imports(path: Path) -> list[tuple[str, str | None]]:
+def _imported_names(path: Path) -> list[tuple[str, str | None]]:
     """(module, name) for each `from module import name`, (module, None) for each `import module`."""
     found: list[tuple[str, str | None]] = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -101,7 +101,8 @@ def _imports(path: Path) -> list[tuple[str, str | None]]:
 
 
 def test_the_users_task_imports_only_listed_names() -> None:
-    used = [(module, name) for module, name in _imports(USER_TASK) if module == "job" or module.startswith("job.")]
+    used = [(module, name) for module, name in _imported_names(USER_TASK)
+            if module == "job" or module.startswith("job.")]
     assert used, "the task imports from job"
     unlisted = [(module, name) for module, name in used
                 if not (module in LISTED and (name is None or name in LISTED[module])
@@ -115,7 +116,7 @@ def test_nothing_in_the_repository_imports_an_old_path() -> None:
         for path in sorted((ROOT / top).rglob("*.py")):
             if path == Path(__file__).resolve():
                 continue
-            if any(module in MOVED or f"{module}.{name}" in MOVED for module, name in _imports(path)):
+            if any(module in MOVED or f"{module}.{name}" in MOVED for module, name in _imported_names(path)):
                 users.append(str(path.relative_to(ROOT)))
     assert not users, f"import the new paths instead: {users}"
 

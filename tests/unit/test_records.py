@@ -18,29 +18,29 @@ TEXT = np.random.default_rng(0).integers(0, 256, 3800, dtype=np.uint8).tobytes()
 
 
 @pytest.fixture
-def records(tmp_path: Path) -> Path:
+def record_file(tmp_path: Path) -> Path:
     (tmp_path / "text.txt").write_bytes(TEXT)
     data.tokenize_text(tmp_path / "text.txt", tmp_path / "tok.arrayrecord", record_tokens=256)
     return tmp_path / "tok.arrayrecord"
 
 
-def source(path: Path, **kw: object) -> data.RecordFile:
+def record_source(path: Path, **kw: object) -> data.RecordFile:
     return data.RecordFile(path, **{"seq_len": 32, "global_batch": 16, "seed": 0, "eval_fraction": 0.1, **kw})
 
 
-def test_tokenize_writes_whole_records_and_their_description(records: Path) -> None:
-    described = json.loads(data.sidecar(records).read_text())
+def test_tokenize_writes_whole_records_and_their_description(record_file: Path) -> None:
+    described = json.loads(data.sidecar(record_file).read_text())
     assert described == {"tokens": 14 * 256, "record_tokens": 256, "records": 14, "left_out_tokens": 3800 - 14 * 256,
                          "vocab_size": 256, "dtype": "uint16", "tokenizer": "bytes"}
     import grain
 
-    read = grain.sources.ArrayRecordDataSource([str(records)])
+    read = grain.sources.ArrayRecordDataSource([str(record_file)])
     assert len(read) == 14
     assert np.array_equal(np.frombuffer(read[3], np.uint16), np.frombuffer(TEXT[3 * 256:4 * 256], np.uint8))
 
 
-def test_train_rows_are_a_pure_function_of_step_and_row_range(records: Path) -> None:
-    one, other = source(records), source(records)
+def test_train_rows_are_a_pure_function_of_step_and_row_range(record_file: Path) -> None:
+    one, other = record_source(record_file), record_source(record_file)
     whole = one.rows("train", 5, 0, 16)["tokens"]
     parts = np.concatenate([other.rows("train", 5, a, b)["tokens"] for a, b in ((0, 4), (4, 11), (11, 16))])
     assert np.array_equal(whole, parts)  # any split of the batch over processes sees the same rows
@@ -48,8 +48,8 @@ def test_train_rows_are_a_pure_function_of_step_and_row_range(records: Path) -> 
     assert np.array_equal(one.rows("train", 5, 0, 16)["mask"], np.ones((16, 32), np.float32))
 
 
-def test_each_epoch_covers_every_train_window_once_in_its_own_order(records: Path) -> None:
-    s = source(records)
+def test_each_epoch_covers_every_train_window_once_in_its_own_order(record_file: Path) -> None:
+    s = record_source(record_file)
     windows = s.train_windows  # 13 train records x 8 windows of 32 tokens
     assert windows == 13 * 8
     text = np.frombuffer(TEXT[:14 * 256], np.uint8).reshape(-1, 32).astype(np.int32)  # window w of the file
@@ -61,19 +61,19 @@ def test_each_epoch_covers_every_train_window_once_in_its_own_order(records: Pat
 
     assert sorted(ids(first)) == list(range(windows)) == sorted(ids(second))
     assert ids(first) != ids(second) and ids(first) != list(range(windows))  # shuffled, differently per epoch
-    assert ids(source(records, seed=1).rows("train", 0, 0, 16)["tokens"]) != ids(first[:16])
+    assert ids(record_source(record_file, seed=1).rows("train", 0, 0, 16)["tokens"]) != ids(first[:16])
 
 
-def test_the_train_stream_is_grains_shuffled_and_repeated_dataset(records: Path) -> None:
+def test_the_train_stream_is_grains_shuffled_and_repeated_dataset(record_file: Path) -> None:
     import grain
 
-    s = source(records)
+    s = record_source(record_file)
     windows = grain.MapDataset.range(s.train_windows).shuffle(seed=0).repeat()  # the same order, grain's own way
     assert [s.train_window(g) for g in range(3 * s.train_windows)] == [windows[g] for g in range(3 * s.train_windows)]
 
 
-def test_the_eval_split_is_finite_and_read_in_order(records: Path) -> None:
-    s = source(records)
+def test_the_eval_split_is_finite_and_read_in_order(record_file: Path) -> None:
+    s = record_source(record_file)
     assert s.split_size("eval") == 8 and s.split_size("train") is None  # the last record: 8 windows
     tail = np.frombuffer(TEXT[13 * 256:14 * 256], np.uint8).reshape(8, 32)
     assert np.array_equal(np.concatenate([s.rows("eval", 0, 0, 3)["tokens"], s.rows("eval", 0, 3, 8)["tokens"]]),
@@ -82,8 +82,8 @@ def test_the_eval_split_is_finite_and_read_in_order(records: Path) -> None:
         s.rows("eval", 0, 4, 9)
 
 
-def test_the_lm_reads_an_arrayrecord_source_and_checks_its_vocabulary(records: Path) -> None:
-    cfg = data.DataConfig(source=str(records), global_batch=16)
+def test_the_lm_reads_an_arrayrecord_source_and_checks_its_vocabulary(record_file: Path) -> None:
+    cfg = data.DataConfig(source=str(record_file), global_batch=16)
     assert isinstance(data.make_source(cfg, vocab_size=256, seq_len=32), data.RecordFile)
     with pytest.raises(ConfigError, match=r"at least the file's vocab_size 256 \(tok.arrayrecord.json\)"):
         data.make_source(cfg, vocab_size=100, seq_len=32)
@@ -94,12 +94,12 @@ def test_the_lm_reads_an_arrayrecord_source_and_checks_its_vocabulary(records: P
     ({"eval_fraction": 0.01}, "expected at least one record in each split"),
     ({"seed": -1}, "--data.seed: expected an integer 0..2\\*\\*32-1"),
 ])
-def test_what_cannot_work_is_one_clear_error(records: Path, change: dict, needle: str) -> None:
+def test_what_cannot_work_is_one_clear_error(record_file: Path, change: dict, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
-        source(records, **change)
+        record_source(record_file, **change)
 
 
-def test_a_records_file_without_its_description_is_refused_with_the_fix(records: Path) -> None:
-    data.sidecar(records).unlink()
+def test_a_records_file_without_its_description_is_refused_with_the_fix(record_file: Path) -> None:
+    data.sidecar(record_file).unlink()
     with pytest.raises(ConfigError, match="records file description .*Fix: write the file again with"):
-        source(records)
+        record_source(record_file)

@@ -39,11 +39,6 @@ def eight_devices() -> None:
         f"XLA_FLAGS={_FLAG} before jax is imported (tests/conftest.py should do this)")
 
 
-@pytest.fixture(scope="module")
-def mesh42() -> Mesh:
-    return sh.make_mesh(model_axis=2)
-
-
 class Net(nnx.Module):
     """Annotated layers, an unannotated variable and three bad annotations."""
 

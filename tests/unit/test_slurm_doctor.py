@@ -399,7 +399,7 @@ def test_a_dry_run_without_a_controller_is_still_printed(capsys: pytest.CaptureF
 
 
 # ---------------------------------------------------------------------------------------------------- make doctor
-def make_doctor(tmp_path: Path, *variables: str) -> list[str]:
+def make_doctor_argv(tmp_path: Path, *variables: str) -> list[str]:
     """`make doctor VARIABLES` with a `python` that records its argv instead of running: what make ran."""
     (tmp_path / "python").write_text("#!/bin/sh\nprintf '%s\\n' \"$@\" >\"$RECORD\"\n")
     (tmp_path / "python").chmod(0o755)
@@ -412,12 +412,12 @@ def make_doctor(tmp_path: Path, *variables: str) -> list[str]:
 
 
 def test_make_doctor_goes_where_it_is_told(tmp_path: Path) -> None:
-    slurm_argv = make_doctor(tmp_path, "WHERE=slurm", "NODES=3", "TIME=2-00", "QUICK=1", "ARGS=train --steps 5")
+    slurm_argv = make_doctor_argv(tmp_path, "WHERE=slurm", "NODES=3", "TIME=2-00", "QUICK=1", "ARGS=train --steps 5")
     assert slurm_argv[:2] == ["-m", "deploy.slurm.doctor"]
     assert {"--nodes", "3", "--time", "2-00", "--quick=1", "--args=train --steps 5"} <= set(slurm_argv)
-    assert make_doctor(tmp_path, "WHERE=local", "NPROC=2", "DEVICES=3") == [
+    assert make_doctor_argv(tmp_path, "WHERE=local", "NPROC=2", "DEVICES=3") == [
         "-m", "deploy.local_doctor", "-n", "2", "--devices-per-process", "3", "--python", f"{tmp_path}/python"]
-    tpu = make_doctor(tmp_path, "TPU_NAME=pod1", "ZONE=us-central2-b")  # TPU_NAME: tpu unless WHERE says otherwise
+    tpu = make_doctor_argv(tmp_path, "TPU_NAME=pod1", "ZONE=us-central2-b")  # TPU_NAME: tpu unless WHERE says otherwise
     assert tpu[:3] == ["-m", "deploy.tpu", "doctor"] and "--name=pod1" in tpu
 
 

@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from job import sharding as sh  # noqa: E402
@@ -60,12 +61,8 @@ class FakeTask:
         return Net(rngs, self.deterministic)
 
 
-def mesh() -> jax.sharding.Mesh:
-    return sh.make_mesh(model_axis=2)  # data 4 x model 2
-
-
-def test_the_state_is_planned_without_arrays_and_created_as_its_shards() -> None:
-    planned = state.plan(FakeTask(), Cfg(), mesh(), optax.adam(1e-3))
+def test_the_state_is_planned_without_arrays_and_created_as_its_shards(mesh42: Mesh) -> None:
+    planned = state.plan(FakeTask(), Cfg(), mesh42, optax.adam(1e-3))
     leaves = dict(nnx.to_flat_state(planned.abstract))
     kernel = leaves[("model", "up", "kernel")].get_value()
     assert isinstance(kernel, jax.ShapeDtypeStruct) and kernel.sharding.spec == P("data", "model")
@@ -83,8 +80,8 @@ def test_the_state_is_planned_without_arrays_and_created_as_its_shards() -> None
     assert len(mu) == 1 and mu[0].sharding.spec == P("data", "model")  # the moments follow their parameter
 
 
-def test_the_init_gives_the_values_of_an_eager_build() -> None:
-    planned = state.plan(FakeTask(), Cfg(rule="replicated"), mesh(), optax.adam(1e-3))
+def test_the_init_gives_the_values_of_an_eager_build(mesh42: Mesh) -> None:
+    planned = state.plan(FakeTask(), Cfg(rule="replicated"), mesh42, optax.adam(1e-3))
     created = nnx.merge(planned.graphdef, planned.init())["model"]
     with nnx.use_eager_sharding(False):
         eager = Net(nnx.Rngs(0))
@@ -93,21 +90,21 @@ def test_the_init_gives_the_values_of_an_eager_build() -> None:
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_steps_run_in_train_mode_and_evaluations_in_eval_mode(deterministic: bool) -> None:
-    planned = state.plan(FakeTask(deterministic=deterministic), Cfg(), mesh(), optax.adam(1e-3))
+def test_steps_run_in_train_mode_and_evaluations_in_eval_mode(deterministic: bool, mesh42: Mesh) -> None:
+    planned = state.plan(FakeTask(deterministic=deterministic), Cfg(), mesh42, optax.adam(1e-3))
     created = planned.init()
     trained, evaluated = nnx.merge(planned.graphdef, created)["model"], nnx.merge(planned.eval_graphdef, created)["model"]
     assert (trained.dropout.deterministic, trained.bn.use_running_average) == (False, False)
     assert (evaluated.dropout.deterministic, evaluated.bn.use_running_average) == (True, True)
 
 
-def test_a_tasks_own_axis_names_join_the_table_and_an_unknown_one_falls_back_with_one_warning() -> None:
+def test_a_tasks_own_axis_names_join_the_table_and_an_unknown_one_falls_back_with_one_warning(mesh42: Mesh) -> None:
     assert sh.rule_table("tensor", {"experts": {"tensor": "model"}})["experts"] == "model"
     assert sh.rule_table("fsdp", {"experts": {"tensor": "model"}})["experts"] is None  # not mentioned: whole
     task = FakeTask(logical_axes={"experts": {"fsdp": None}})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        state.plan(dataclasses.replace(task, logical_axes={}), Cfg(), mesh(), optax.adam(1e-3))
+        state.plan(dataclasses.replace(task, logical_axes={}), Cfg(), mesh42, optax.adam(1e-3))
     messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
     assert len(messages) == 1 and "model/up/kernel: unknown logical axis 'experts'" in messages[0], messages
     assert "Task.logical_axes" in messages[0]
@@ -180,8 +177,8 @@ class Decay:
     decay: float
 
 
-def test_an_ema_is_placed_like_the_model_and_follows_it_after_each_update() -> None:
-    planned = state.plan(FakeTask(), Cfg(ema=Decay(0.5)), mesh(), optax.sgd(0.1))
+def test_an_ema_is_placed_like_the_model_and_follows_it_after_each_update(mesh42: Mesh) -> None:
+    planned = state.plan(FakeTask(), Cfg(ema=Decay(0.5)), mesh42, optax.sgd(0.1))
     leaves = dict(nnx.to_flat_state(planned.abstract))
     assert (leaves[("ema", "model", "up", "kernel")].get_value().sharding
             == leaves[("model", "up", "kernel")].get_value().sharding)
@@ -234,11 +231,11 @@ def mse(model: ClosureBlocks, batch: Mapping[str, jax.Array]) -> tuple[jax.Array
     return value, {"loss": value}
 
 
-def test_a_tracer_leaked_by_a_closure_built_layer_is_told_its_likely_cause_at_the_first_step() -> None:
-    planned = state.plan(ClosureTask(), Cfg(rule="replicated"), mesh(), optax.sgd(0.1))
+def test_a_tracer_leaked_by_a_closure_built_layer_is_told_its_likely_cause_at_the_first_step(mesh42: Mesh) -> None:
+    planned = state.plan(ClosureTask(), Cfg(rule="replicated"), mesh42, optax.sgd(0.1))
     train_step: Any = steps.jit_train_step(mse, planned.graphdef, planned.shardings)  # a jax.jit: it has .lower
     batch = {"x": jnp.ones((8, 3), jnp.float32), "y": jnp.zeros((8,), jnp.float32)}
-    with sh.mesh_context(mesh()), pytest.raises(jax.errors.UnexpectedTracerError) as err, steps.leaked_tracer_note():
+    with sh.mesh_context(mesh42), pytest.raises(jax.errors.UnexpectedTracerError) as err, steps.leaked_tracer_note():
         train_step.lower(planned.init(), batch).compile()  # as the loop compiles ahead (this passes), then calls it
         train_step(planned.init(), batch)
     assert err.value.__notes__[-1] == steps.LEAKED_TRACER_NOTE  # after jax's own note

@@ -10,7 +10,7 @@ import pytest
 from deploy.slurm import options as slurm_options
 from deploy.tpu import cli as tpu_cli
 from job import launch
-from job.core import values
+from job.core import errors, values
 from job.errors import ConfigError
 from job.parallel import multihost
 from job.runtime import gloo_noise
@@ -61,7 +61,7 @@ def test_the_launcher_reads_its_counts_with_the_same_parser(text: str) -> None:
 def test_slurm_and_tpu_take_the_same_on_off_words(text: str) -> None:
     results = []
     for parse, error in ((lambda t: slurm_options.switch("EXCLUSIVE", t), ConfigError),
-                         (tpu_cli._flag, argparse.ArgumentTypeError)):
+                         (tpu_cli._on_off, argparse.ArgumentTypeError)):
         try:
             results.append(parse(text))
         except error as exc:
@@ -125,3 +125,47 @@ def test_the_configs_integer_flags_take_what_the_launcher_takes_and_a_minus(text
         with pytest.raises(SystemExit) as caught:
             config.parse([f"--seed={text}"], task)
         assert caught.value.code == 2 and f"expected an integer, found {text!r}" in capsys.readouterr().err
+
+
+SECONDS = ["0", "2.5", "1e3", "300"]
+NOT_SECONDS = ["", "soon", "-1", "nan", "inf", "-inf", "1e999"]
+
+
+@pytest.mark.parametrize("text", SECONDS + NOT_SECONDS)
+def test_a_duration_is_a_finite_number_of_seconds_and_a_positive_one_is_not_0(text: str) -> None:
+    for parse, sign in ((values.seconds, ">="), (values.positive_seconds, ">")):
+        if text in SECONDS and (float(text) > 0 or sign == ">="):
+            assert parse(text) == float(text)
+        else:
+            with pytest.raises(values.BadValue) as err:
+                parse(text)
+            assert str(err.value) == f"expected a number of seconds {sign} 0, found {text!r}"
+
+
+def test_for_argparse_makes_a_bad_value_argparses_usage_error_in_the_same_words(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="prog")
+    parser.add_argument("--n", type=values.for_argparse(values.whole, minimum=1))
+    parser.add_argument("--dry-run", type=values.for_argparse(values.switch, fix="DRY_RUN=1"), default=False)
+    assert parser.parse_args(["--n", "4", "--dry-run", "yes"]) == argparse.Namespace(n=4, dry_run=True)
+    for argv, said in ((["--n", "0"], "argument --n: expected a whole number >= 1, found '0'"),
+                       (["--dry-run", "maybe"], ("argument --dry-run: expected 1 or 0 (or true/false), "
+                                                 "found 'maybe'. Fix: DRY_RUN=1"))):
+        with pytest.raises(SystemExit) as caught:
+            parser.parse_args(argv)
+        assert caught.value.code == 2 and capsys.readouterr().err.endswith(f"prog: error: {said}\n")
+
+
+def test_as_config_error_names_the_variable_with_the_parsers_words_unless_given_its_own() -> None:
+    with pytest.raises(ConfigError) as caught, errors.as_config_error("NODES", fix="e.g. NODES=4"):
+        values.whole("four", minimum=1)
+    assert str(caught.value) == "NODES: expected a whole number >= 1, found 'four'. Fix: e.g. NODES=4"
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    with pytest.raises(ConfigError) as caught, errors.as_config_error("IDS", expected="ids such as '0,1'",
+                                                                       found=None, fix="set IDS=0,1"):
+        values.whole("x")
+    assert (caught.value.expected, caught.value.found) == ("ids such as '0,1'", None)
+    with errors.as_config_error("NODES", fix="e.g. NODES=4"):
+        assert values.whole("4") == 4
+    with pytest.raises(ValueError, match="^not a BadValue$"), errors.as_config_error("NODES", fix="e.g. NODES=4"):
+        raise ValueError("not a BadValue")  # anything else goes through as it is

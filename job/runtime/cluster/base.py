@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from job.core import values
-from job.core.errors import ConfigError
+from job.core.errors import ConfigError, as_config_error
 
 Env = Mapping[str, str]
 
@@ -47,10 +47,8 @@ def read_int(env: Env, name: str, *, minimum: int = 0, fix: str) -> int:
     """An integer environment variable (plain digits, as job.core.values reads every count), or one clear
     error naming it."""
     raw = env.get(name)
-    try:
+    with as_config_error(name, expected=f"an integer >= {minimum}", found=raw, fix=fix):
         return values.whole(raw if raw is not None else "", minimum=minimum)
-    except values.BadValue:
-        raise ConfigError(name, expected=f"an integer >= {minimum}", found=raw, fix=fix) from None
 
 
 def read_port(env: Env, name: str, *, fix: str) -> int:
@@ -63,13 +61,8 @@ def read_port(env: Env, name: str, *, fix: str) -> int:
 def read_id_list(env: Env, name: str, *, fix: str) -> tuple[int, ...]:
     """``"0,1,3"`` -> ``(0, 1, 3)``."""
     raw = env[name]
-    try:
-        ids = tuple(values.whole(part) for part in raw.split(","))
-    except values.BadValue:
-        ids = ()
-    if not ids:
-        raise ConfigError(name, expected="comma-separated device ids such as '0,1'", found=raw, fix=fix)
-    return ids
+    with as_config_error(name, expected="comma-separated device ids such as '0,1'", found=raw, fix=fix):
+        return tuple(values.whole(part) for part in raw.split(","))
 
 
 SKIP_GPU_CHECK = "JOB_SKIP_GPU_CHECK"  # on: the GPUs are stand-ins (tests, the local Slurm): do not check them
@@ -77,11 +70,8 @@ SKIP_GPU_CHECK = "JOB_SKIP_GPU_CHECK"  # on: the GPUs are stand-ins (tests, the 
 
 def read_switch(env: Env, name: str, *, fix: str) -> bool:
     """An on/off environment variable, read as job.core.values reads every on/off word (unset: off)."""
-    text = env.get(name, "")
-    try:
-        return values.switch(text)
-    except values.BadValue as exc:
-        raise ConfigError(name, expected=exc.expected, found=text, fix=fix) from None
+    with as_config_error(name, fix=fix):
+        return values.switch(env.get(name, ""))
 
 
 def skips_gpu_check(env: Env) -> bool:

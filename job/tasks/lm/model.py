@@ -24,8 +24,8 @@ import optax
 from flax import nnx
 
 from job.core import values
-from job.errors import ConfigError
-from job.sharding import LAYERS_AXIS, TRAIN_RULES, axes, partitioned
+from job.errors import ConfigError, as_config_error
+from job.sharding import LAYERS_AXIS, axes, partitioned, rule_table
 
 DTYPES = ("float32", "bfloat16")
 # --model.remat: what a block keeps for the backward pass (jax.checkpoint_policies); the rest is recomputed
@@ -212,14 +212,9 @@ def encode_prompt(text: str, vocab_size: int) -> list[int]:
     """A prompt's tokens: UTF-8 bytes for a byte-level vocabulary (>= 256), else space-separated ids."""
     if vocab_size >= 256:
         return list(text.encode("utf-8"))
-    try:
-        ids = [values.whole(word) for word in text.split()]
-    except values.BadValue:
-        ids = None
-    if ids is None or any(not 0 <= i < vocab_size for i in ids):
-        raise ConfigError("--prompt", expected=f"space-separated token ids 0..{vocab_size - 1} (a {vocab_size}-token "
-                          "vocabulary is not byte-level)", found=text, fix="pass e.g. --prompt '1 5 7 2'")
-    return ids
+    with as_config_error("--prompt", expected=f"space-separated token ids 0..{vocab_size - 1} (a {vocab_size}-token "
+                         "vocabulary is not byte-level)", found=text, fix="pass e.g. --prompt '1 5 7 2'"):
+        return [values.whole(word, maximum=vocab_size - 1) for word in text.split()]
 
 
 def decode(tokens: list[int], vocab_size: int) -> str:
@@ -255,7 +250,7 @@ def sample(model: Transformer, prompt: list[int], *, tokens: int, top_k: int, se
     return out
 
 
-def _flag(field: str) -> str:
+def _flag_name(field: str) -> str:
     """The command-line flag of a ModelConfig field (tyro spells "_" as "-"; both parse)."""
     return "--model." + field.replace("_", "-")
 
@@ -284,8 +279,8 @@ def validate(cfg: ModelConfig, *, rule: str, model_axis: int) -> None:
     for field in ("vocab_size", "seq_len", "dim", "heads", "layers", "mlp_dim"):
         value = getattr(cfg, field)
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIZE:
-            raise ConfigError(_flag(field), expected=f"a positive int <= {MAX_SIZE}", found=value,
-                              fix=f"pass {_flag(field)} {getattr(ModelConfig, field)}")
+            raise ConfigError(_flag_name(field), expected=f"a positive int <= {MAX_SIZE}", found=value,
+                              fix=f"pass {_flag_name(field)} {getattr(ModelConfig, field)}")
     if cfg.dim % cfg.heads:
         raise ConfigError("--model.heads", expected=f"a divisor of --model.dim={cfg.dim}", found=cfg.heads,
                           fix=f"use --model.heads {_alternatives(_nearest(_divisors(cfg.dim), cfg.heads))}, "
@@ -299,9 +294,7 @@ def validate(cfg: ModelConfig, *, rule: str, model_axis: int) -> None:
     if cfg.dtype not in DTYPES:
         raise ConfigError("--model.dtype", expected=f"one of {DTYPES}", found=cfg.dtype,
                           fix="pass --model.dtype float32 (or bfloat16 on GPU/TPU)")
-    if rule not in TRAIN_RULES:
-        raise ConfigError("--rule", expected=f"one of {', '.join(TRAIN_RULES)}", found=rule,
-                          fix="pass --rule replicated (safe), fsdp, tensor or fsdp_tensor")
+    rule_table(rule)  # an unknown rule: its ConfigError
     if isinstance(model_axis, bool) or not isinstance(model_axis, int) or model_axis < 1:
         raise ConfigError("--model-axis", expected="a positive int", found=model_axis, fix="use --model-axis 1")
     if rule not in ("tensor", "fsdp_tensor") or model_axis == 1:
@@ -318,9 +311,9 @@ def validate(cfg: ModelConfig, *, rule: str, model_axis: int) -> None:
         value = getattr(cfg, field)
         if value % model_axis:
             up = -(-value // model_axis) * model_axis
-            raise ConfigError(_flag(field),
+            raise ConfigError(_flag_name(field),
                               expected=f"a multiple of --model-axis={model_axis} (rule {rule!r} splits it)",
-                              found=value, fix=f"{axis_fix}, or {_flag(field)} {up}")
+                              found=value, fix=f"{axis_fix}, or {_flag_name(field)} {up}")
 
 
 __all__ = ["DTYPES", "REMAT_POLICIES", "ModelConfig", "Transformer", "decode", "encode_prompt", "loss_fn", "remat_name", "sample", "validate"]

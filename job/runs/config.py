@@ -1,0 +1,20 @@
+"""How a run saves its checkpoints (`--ckpt.*`): the config `Checkpointer` (job/runs/checkpoint.py) reads.
+
+    Checkpointer(run_dir / "checkpoints", CheckpointConfig(every=50, keep=3))
+    python -m job train --ckpt.every 100 --ckpt.keep 2 --ckpt.no-async-save
+
+`TrainConfig` (job/train/config.py) holds it as `ckpt`. It lives apart from the checkpointer
+so that the config imports without jax or orbax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 50  # save every N steps (and always at the end and on preemption)
+    keep: int = 3  # how many of the newest checkpoints to keep
+    async_save: bool = True  # write in the background while training continues
+    background: bool = True  # copy the state on its devices (2x device memory) when that fits; save from a thread
