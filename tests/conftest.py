@@ -14,6 +14,11 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # gcsfs picks its client class when first imported: the Cloud Storage tier's emulator needs the plain one.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+# Every process the tests launch shares jax's compilation cache with process 0 (tests/site/sitecustomize.py).
+os.environ.setdefault("JOB_TESTS_CACHE_KEYS", "shared")
+_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
+if _SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join([_SITE, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 import fcntl  # noqa: E402
 import logging  # noqa: E402
@@ -39,9 +44,41 @@ ONE_ENGINE = ("slurm", "container")
 ENGINE_LOCK = Path(tempfile.gettempdir()) / f"jax-job-tests-{os.getuid()}" / "one-engine.lock"
 
 
-def _tier(item: pytest.Item) -> str:
-    parts = Path(item.nodeid.split("::", 1)[0]).parts
+# The order the tiers start in under workers: the engine's tests first (they run one after another, so
+# they go to one worker as one unit of work, see pytest_xdist_make_scheduler), then the tiers of long files,
+# the many short unit files last, filling in while the other worker ends its last long file.
+TIER_ORDER = ("slurm", "container", "multiprocess", "tpu", "gcs", "unit")
+
+
+def _tier_of(nodeid: str) -> str:
+    parts = Path(nodeid.split("::", 1)[0]).parts
     return parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+
+
+def _tier(item: pytest.Item) -> str:
+    return _tier_of(item.nodeid)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tiers in TIER_ORDER (a stable sort: each file's tests stay together and in their order)."""
+    items.sort(key=lambda item: TIER_ORDER.index(_tier(item)) if _tier(item) in TIER_ORDER else len(TIER_ORDER))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201 - xdist's own types
+    """`--dist loadfile` (make test-local), with every test of the engine's tiers in one unit of work: they hold
+    ENGINE_LOCK one at a time anyway, and a worker that took one of their files while the other worker held
+    the lock would wait idle. Units are handed out in collection order (TIER_ORDER), not by size."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class EngineAsOneUnit(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "one engine" if _tier_of(nodeid) in ONE_ENGINE else super()._split_scope(nodeid)
+
+    config.option.loadscopereorder = False
+    return EngineAsOneUnit(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outermost: pytest-timeout's clock starts once it holds the lock

@@ -30,7 +30,7 @@ class JobTask:
     """
 
     def __call__(self, args: list[str]) -> int:
-        from job.__main__ import main
+        from job.__main__ import main, skip_final_collection
 
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         hear_notices_early()  # USR1, USR2: remembered for the loop's guard
@@ -43,4 +43,5 @@ class JobTask:
             os._exit(code)
         if code != 0:
             raise RuntimeError(f"python -m job {' '.join(args)} exited with code {code}")
+        skip_final_collection()  # submitit only writes the result down before this process exits
         return code

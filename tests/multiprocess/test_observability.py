@@ -140,8 +140,9 @@ def test_a_rerun_with_a_warm_cache_waits_for_the_process_that_compiles_and_recor
     compiled while process 0 loaded them). Without compiling ahead and meeting at the barrier "compiled",
     process 0 waited for process 1 in its first collective, and gloo ended the run after 30 s (exit 1)."""
     cache = tmp_path / "cache"
-    cold_run = train(2, 2, tmp_path / "cold", "--compile-cache", str(cache), *DEEP, JAX_LOG_COMPILES="1")
-    warm_run = train(2, 2, tmp_path / "warm", "--compile-cache", str(cache), *DEEP, JAX_LOG_COMPILES="1",
+    real = {"JAX_LOG_COMPILES": "1", "JOB_TESTS_CACHE_KEYS": "real"}  # jax's own keys (tests/site/sitecustomize.py)
+    cold_run = train(2, 2, tmp_path / "cold", "--compile-cache", str(cache), *DEEP, **real)
+    warm_run = train(2, 2, tmp_path / "warm", "--compile-cache", str(cache), *DEEP, **real,
                      DEEP_TRACE_DELAY_S=str(SLOWER_S))
     cold, warm = (summary(tmp_path / name)["goodput"]["compile_cache"] for name in ("cold", "warm"))
     for record in (cold, warm):

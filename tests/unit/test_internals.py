@@ -27,6 +27,9 @@ TESTS_REACH = {
     "tests/unit/test_effective_devices.py": ("jax._src.distributed:_jax.get_distributed_runtime_service",
                                              "jax._src.distributed:_jax.get_distributed_runtime_client",
                                              "jax._src.distributed:_jax.create_preemption_sync_manager"),
+    # jax 0.10.2, 0.12.0.1: the tests' shared compilation cache keys
+    "tests/site/sitecustomize.py": ("jax._src.cache_key:_hash_accelerator_config",
+                                    "jax._src.cache_key:_hash_devices"),
 }
 LIBRARY_PRIVATE = re.compile(r"\b(?:jax|orbax|tensorstore|submitit)(?:\.\w+)*\._[a-z]\w*")
 

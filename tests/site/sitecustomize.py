@@ -1,0 +1,58 @@
+"""Started by every Python process the tests launch (tests/conftest.py puts this folder on PYTHONPATH).
+
+jax's persistent compilation cache never serves a process other than 0 on CPU: the cache key hashes
+the CPU topology's fingerprint, which differs from process to process, and only process 0 writes.
+Every launched run's processes 1..n-1 then compile every program afresh, most of a short run's time
+on two cores. With JOB_TESTS_CACHE_KEYS=shared (tests/conftest.py sets it; a test measuring the real
+cache passes JOB_TESTS_CACHE_KEYS=real), the key of a CPU program hashes its devices' kinds instead,
+as jax does where it cannot fingerprint a topology: the same on every process, so each process loads
+what process 0 wrote. The program and its compile options, device assignment included, are in the key
+as before. Only the tests' processes are changed; the job itself runs jax as it is.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+from types import ModuleType
+
+MODULE = "jax._src.cache_key"
+
+
+def _share_cpu_keys(module: ModuleType) -> None:
+    fingerprinted = getattr(module, "_hash_accelerator_config", None)
+    if fingerprinted is None or not hasattr(module, "_hash_devices"):  # jax changed: slower tests, not broken ones
+        return                                                          # (tests/unit/test_internals.py says so)
+
+    def same_on_every_process(hash_obj, accelerators) -> None:  # noqa: ANN001 - jax's own arguments
+        if all(device.platform == "cpu" for device in accelerators.flat):
+            module._hash_devices(hash_obj, accelerators)
+        else:
+            fingerprinted(hash_obj, accelerators)
+
+    module._hash_accelerator_config = same_on_every_process
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Patches jax's cache-key module right after it is first executed (jax is imported lazily)."""
+
+    def find_spec(self, name: str, path, target=None):  # noqa: ANN001, ANN201 - the finder protocol
+        if name != MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        execute = spec.loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            execute(module)
+            _share_cpu_keys(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if os.environ.get("JOB_TESTS_CACHE_KEYS") == "shared":
+    sys.meta_path.insert(0, _AfterImport())
