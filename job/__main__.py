@@ -21,8 +21,9 @@ import os
 import sys
 
 from job.core.errors import ConfigError
+from job.observe import plot
 from job.runtime.preemption import hear_notices_early
-from job.train import entry
+from job.train import entry, task
 
 USAGE = __doc__.strip().split("\n", 1)[1]
 
@@ -34,30 +35,34 @@ def main(argv: list[str] | None = None) -> int:
     if command == "train" or command.startswith("--"):
         return entry.train(rest if command == "train" else args)
     if command == "rerun":
+        # etils: only this command loads it
         from job.runs.provenance import rerun_command
 
         return entry.command(rerun_command, rest)
     if command in ("eval", "export"):
+        # jax, flax and orbax: only eval and export load them
         from job.train import trained
 
         return entry.command(trained.eval_command if command == "eval" else trained.export_command, rest)
     if command == "check-run-dir":
+        # etils: only this command loads it
         from job.core.storage import check_run_dir_command
 
         return entry.command(check_run_dir_command, rest)
     if command == "plot":
-        from job.observe import plot
-
         return entry.command(plot.main, rest)
     if command == "runs":
+        # etils: only this command loads it
         from job.observe import runs_table
 
         return entry.command(runs_table.main, rest)
     if command == "sweep":
+        # etils: only this command loads it
         from job.train.sweep_check import sweep_command
 
         return entry.command(sweep_command, rest)
     if command == "sweep-run":
+        # etils: only this command loads it
         from job.runs.sweep import element_flags
 
         try:
@@ -67,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return main(list(flags))
     if command == "demo" and not rest:
+        # jax and flax: only the demo loads them
         from job.runtime.demo import DemoConfig, run
 
         def demo(_: list[str]) -> int:
@@ -79,8 +85,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _task_command(command: str, args: list[str]) -> int:
     """A task's own command: `python -m job sample --task NAME ...` (the default task's without --task)."""
-    from job.train import task
-
     extra = task.load(task.task_name(args)).commands.get(command)
     if extra is None:
         print(f"usage:\n{USAGE}\nexpected one of the commands above, found {' '.join([command, *args])!r}",

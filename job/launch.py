@@ -29,6 +29,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+import portpicker
+
 from job.core import values
 from job.core.errors import ConfigError, refuse_dash_values
 from job.runtime.cluster.base import CUDA_VISIBLE_DEVICES, visible_gpus
@@ -225,8 +227,6 @@ def coordinator_port(port: int | None) -> int:
     """`port`, or a free one on this machine when it is None."""
     if port is not None:
         return port
-    import portpicker
-
     return portpicker.pick_unused_port()
 
 

@@ -15,6 +15,7 @@ imports no backend.
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Iterator
 from types import CodeType
 from typing import Any
@@ -63,8 +64,6 @@ TENSORSTORE_WRITER_THREADS = "ts_pool_worker"
 
 def lookup(name: str) -> Any:
     """The object a "module:attribute.path" entry of PRIVATE names (ImportError or AttributeError if gone)."""
-    import importlib
-
     module, _, attribute = name.partition(":")
     found: Any = importlib.import_module(module)
     for part in attribute.split("."):

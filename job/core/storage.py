@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 
 from etils import epath
+from etils.epath import backend
 
 REMOTE_PREFIXES = ("gs://",)
 BUCKET_ROLE = "roles/storage.objectAdmin"
@@ -130,8 +131,6 @@ def move_aside(source: epath.Path, target: epath.Path) -> None:
 def forget_listings(path: epath.Path) -> None:
     """Drop this process's cached listings (gcsfs keeps them): another process changed `path`."""
     if is_remote(path):
-        from etils.epath import backend
-
         backend.fsspec_backend.fs(os.fspath(path)).invalidate_cache()  # the client epath itself uses
 
 

@@ -86,6 +86,7 @@ class TensorBoardWriter:
     """TensorBoard event files in RUN_DIR; a resumed run purges what earlier attempts logged past its start."""
 
     def __init__(self, run_dir: Path | Any, start_step: int) -> None:
+        # ~1 s to import: job/train/config.py imports this module
         from tensorboardX import SummaryWriter
 
         # the suffix keeps two attempts started within one second (same name otherwise) in two files
@@ -108,7 +109,7 @@ class WandbWriter:
 
     def __init__(self, run_dir: Path | Any, wandb_cfg: WandbConfig, config: Mapping[str, Any]) -> None:
         try:
-            import wandb
+            import wandb  # optional (the wandb extra): only with --wandb.project
         except ImportError:
             raise ConfigError("--wandb.project", expected="the wandb package installed (the `wandb` extra)",
                               found=f"{wandb_cfg.project} but no wandb module",

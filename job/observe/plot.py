@@ -44,12 +44,12 @@ def series(records: list[dict[str, Any]], split: str, name: str) -> tuple[list[i
 
 def _pyplot() -> Any:
     try:
-        import matplotlib
+        import matplotlib  # optional (the plot extra): only this command draws
     except ImportError:
         raise ConfigError("python -m job plot", expected="matplotlib installed (the `plot` extra)",
                           found="no matplotlib module", fix="pip install 'jax-cluster-job[plot]'") from None
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): pyplot takes its backend when imported
 
     return plt
 
@@ -79,6 +79,7 @@ def render(records: list[dict[str, Any]], out: Path, title: str) -> None:
 
 def eval_curves(folder: str) -> list[tuple[str, list[int], list[float]]]:
     """(label, steps, eval losses) of every run in `folder` that has evaluated, labelled by its values."""
+    # etils only for a folder of runs: plotting one run does without it
     from job.core import storage
     from job.observe.status import find_runs
     from job.runs.sweep import short_names
@@ -113,6 +114,7 @@ def render_runs(curves: list[tuple[str, list[int], list[float]]], title: str) ->
 
 
 def _holds_runs(folder: str) -> bool:
+    # etils only for a folder of runs, as in eval_curves
     from job.observe.status import find_runs
 
     return bool(find_runs(folder))
@@ -120,7 +122,7 @@ def _holds_runs(folder: str) -> bool:
 
 def _plot_runs(folder: str, out: Path | None) -> int:
     """`python -m job plot SWEEP_DIR`: every run's eval loss on one figure (SWEEP_DIR/eval_loss.png)."""
-    from job.core import storage
+    from job.core import storage  # etils only for a folder of runs, as in eval_curves
 
     curves = eval_curves(folder)
     if not curves:

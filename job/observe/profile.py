@@ -19,7 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from job.core import values
+import jax
+
+from job.core import storage, values
 from job.core.errors import as_config_error
 
 log = logging.getLogger("job.train")
@@ -57,12 +59,8 @@ class StepProfiler:
         if self.range is None or not self.range[0] <= number <= self.range[1]:
             yield outputs
             return
-        import jax
-
         began = time.perf_counter()
         if not self.active:
-            from job.core import storage
-
             storage.make_dirs(self.folder)
             jax.profiler.start_trace(str(self.folder), create_perfetto_trace=True)
             self.active = True
@@ -79,8 +77,6 @@ class StepProfiler:
     def stop(self) -> None:
         """End the trace (at the last step, or when the loop ends early); a no-op when none runs."""
         if self.active:
-            import jax
-
             began = time.perf_counter()
             jax.profiler.stop_trace()
             self.active = False

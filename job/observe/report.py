@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from etils import epath
+from tqdm import tqdm
 
 from job.observe.metrics import WandbConfig, open_writers
 from job.parallel.multihost import only_specific_processes
@@ -44,8 +45,6 @@ class Reporter:
     def _open(self, start_step: int) -> None:
         self._writers = open_writers(self.run_dir, start_step=start_step, wandb=self._wandb, config=self._config)
         if sys.stdout.isatty():
-            from tqdm import tqdm
-
             self._bar = tqdm(total=self.total_steps, initial=start_step, unit="step", dynamic_ncols=True)
 
     def _write(self, step: int, split: str, values: dict[str, float]) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from job.parallel.multihost import coordination_client
 
@@ -76,8 +77,6 @@ class StragglerWatch:
         self._host_s, self._step_s, self._steps = 0.0, 0.0, 0
         if self.processes == 1:
             return []
-        from jax.experimental import multihost_utils
-
         times_ms = np.asarray(multihost_utils.process_allgather(np.float64(mine))).reshape(-1)
         found = [Straggler(p, self._host(p), t, r) for p, t, r in named(times_ms, step_ms, self.ratio)]
         for straggler in found:

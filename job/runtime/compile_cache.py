@@ -29,6 +29,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from job.core.storage import bucket_of, is_remote
 
 log = logging.getLogger("job.train")
@@ -50,8 +52,6 @@ def resolve(setting: str, env: Mapping[str, str], run_dir: str = "") -> str | No
 
 def enable(setting: str = "", env: Mapping[str, str] | None = None, run_dir: str = "") -> str | None:
     """Point jax at the cache folder (or switch the cache off); returns the folder or None."""
-    import jax
-
     env = os.environ if env is None else env
     folder = resolve(setting, env, run_dir)
     if folder is None:
@@ -101,14 +101,10 @@ class CacheEvents:
             self.hits += 1
 
     def __enter__(self) -> CacheEvents:
-        import jax
-
         jax.monitoring.register_event_listener(self._on_event)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        import jax
-
         jax.monitoring.unregister_event_listener(self._on_event)
 
 

@@ -13,7 +13,13 @@ import dataclasses
 import logging
 import warnings
 
-from job.parallel import multihost
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from job.parallel import multihost, sharding
+from job.parallel.rows import row_span
 from job.runtime.cluster import ClusterInfo
 from job.runtime.distributed import initialize
 
@@ -31,15 +37,6 @@ class DemoConfig:
 
 def run(cfg: DemoConfig) -> float:
     info = initialize()
-
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from flax import nnx
-
-    from job.parallel import sharding
-    from job.parallel.rows import row_span
-
     flat_mesh = multihost.create_device_mesh()
     model_axis = cfg.model_axis if jax.device_count() % cfg.model_axis == 0 else 1
     mesh = sharding.make_mesh(model_axis=model_axis)
@@ -80,8 +77,6 @@ def run(cfg: DemoConfig) -> float:
 
 @multihost.only_specific_processes()
 def _report(info: ClusterInfo, mesh: object, run_id: str, total: float, dp_sum: float) -> None:
-    import jax
-
     print(f"[{run_id}] {info.summary()}")
     print(f"  devices: {jax.device_count()} global, {jax.local_device_count()} per process, "
           f"platform {jax.devices()[0].platform}")

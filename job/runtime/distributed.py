@@ -27,6 +27,7 @@ from job.core import internals
 from job.core.errors import BAD_INPUT_EXIT_CODE, ConfigError, InitOrderError, JobError
 from job.runtime.cluster import ClusterInfo, detect
 from job.runtime.cluster.base import CUDA_VISIBLE_DEVICES, read_id_list, read_int
+from job.runtime.gloo_noise import filter_output
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +235,7 @@ def initialize(
     record, with its own detection off: local_device_ids None means every device
     this process sees.
     """
-    import jax
+    import jax  # `import job` imports this module: it and python -m job.launch stay jax-free
 
     env = os.environ if env is None else env
     info = resolve(
@@ -266,8 +267,6 @@ def initialize(
     log.debug("joining %s (timeouts %s)", info.summary(), timeouts)
     relay = None
     if info.kind != "local":  # the local launcher drops gloo's "connected" lines itself
-        from job.runtime.gloo_noise import filter_output
-
         relay = filter_output(env)
     if exit_on_uncaught:
         sys.excepthook = _exit_on_uncaught(sys.excepthook, relay.restore if relay else None)

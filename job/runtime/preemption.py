@@ -96,7 +96,7 @@ class PreemptionGuard:
 
     def should_stop(self) -> bool:
         """Collective: True on every process when any process got a signal."""
-        import jax
+        import jax  # python -m job and deploy/ import this module: they start without jax
         from jax.experimental import multihost_utils
 
         mine = np.int32(self.received is not None)

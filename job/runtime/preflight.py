@@ -132,7 +132,7 @@ def gpu_check(given: int | None, backend: str, found: int, env: Mapping[str, str
 def local_facts(config: Mapping[str, Any], run_dir: epath.Path,
                 env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """This process's facts (needs jax initialised: it reads the local devices)."""
-    import jax
+    import jax  # python -m job rerun imports this module (through provenance) and needs no jax
 
     env = os.environ if env is None else env
     devices = jax.local_devices()
@@ -159,7 +159,7 @@ def exchange(facts: dict[str, Any], run_dir: epath.Path, decide: Callable[[list[
     it needs no devices (a host with the wrong device count must still be heard),
     and only process 0 reads N records (the others read one verdict).
     """
-    import jax
+    import jax  # as in local_facts; multihost imports jax too
 
     from job.parallel.multihost import barrier, coordination_client, on_process_zero
 
@@ -275,7 +275,7 @@ def config_hash(facts: Mapping[str, Any]) -> str:
 def check(config: Mapping[str, Any], run_dir: epath.Path) -> Summary:
     """Compare every process's facts; raise PreflightError on every process if they differ or fail.
     Collective: every process calls it once, after job.initialize."""
-    import jax
+    import jax  # as in local_facts
 
     def decide(rows: list[dict[str, Any]]) -> dict[str, Any]:
         bad = problems(rows)
@@ -290,6 +290,7 @@ def check(config: Mapping[str, Any], run_dir: epath.Path) -> Summary:
                            f"preflight: this job's processes differ or fail on {', '.join(verdict['bad'])}; "
                            "process 0 prints the report")
     if jax.process_count() > 1:  # every message out before anyone exits (the first exit aborts the others)
+        # multihost imports jax: as in local_facts
         from job.parallel.multihost import barrier
 
         print(f"{type(error).__name__}: {error}", file=sys.stderr, flush=True)

@@ -33,7 +33,7 @@ PREFETCH_NICE = 10  # the prefetch thread gives way to the loop and the step (be
 
 def to_global(rows: Mapping[str, Any], sharding: Any, size: int) -> dict[str, Any]:
     """This process's rows (from `row_span`) as jax.Arrays of `size` global rows laid out by `sharding`."""
-    import jax
+    import jax  # only to build arrays: this module imports without jax (tests/unit/test_batches.py)
 
     local = {name: np.asarray(value) for name, value in rows.items()}
     shapes = {name: (size, *value.shape[1:]) for name, value in local.items()}

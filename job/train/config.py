@@ -15,10 +15,11 @@ import dataclasses
 import json
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_type_hints
 
 from job.core.errors import ConfigError
 from job.core.storage import url_problem
+from job.core.values import integer
 from job.observe.metrics import WandbConfig
 from job.runs.config import CheckpointConfig
 
@@ -119,6 +120,7 @@ def defaults(task: Task) -> TrainConfig:
 
 def validate(cfg: TrainConfig, task: Task) -> None:
     """Every check that needs no devices (run before anything starts); raises ConfigError on the first bad value."""
+    # jax and flax: this module imports without them (--help, deploy's tools)
     from job.parallel.sharding import rule_table
     from job.train.evaluation import check_splits
 
@@ -177,7 +179,7 @@ def validate(cfg: TrainConfig, task: Task) -> None:
         if not ok:
             raise ConfigError(flag, expected=expected, found=found, fix=fix)
     if cfg.profile.steps:
-        from job.observe.profile import parse_steps
+        from job.observe.profile import parse_steps  # jax, as rule_table above
 
         parse_steps(cfg.profile.steps, cfg.steps)
 
@@ -194,8 +196,6 @@ def from_dict(values: Mapping[str, Any], task: Task) -> TrainConfig:
     """The TrainConfig that `to_dict` (a run's config.json) holds: `from_dict(to_dict(cfg), task) == cfg`.
     A field the file lacks takes its default (a config.json of an older version); one it has that the
     config does not is one error."""
-    import typing
-
     def build(kind: type, given: Any, where: str) -> Any:
         if not isinstance(given, Mapping):
             raise ConfigError(where, expected=f"a JSON object of {kind.__name__}'s fields", found=given,
@@ -205,7 +205,7 @@ def from_dict(values: Mapping[str, Any], task: Task) -> TrainConfig:
         if unknown:
             raise ConfigError(where, expected=f"fields of {kind.__name__} ({', '.join(sorted(fields))})",
                               found=unknown, fix="remove them, or load the run with the code that wrote it")
-        hints = typing.get_type_hints(kind)
+        hints = get_type_hints(kind)
         out = {}
         for name, value in given.items():
             inner = nested[name] if kind is TrainConfig and name in nested else hints.get(name)
@@ -219,7 +219,7 @@ def from_dict(values: Mapping[str, Any], task: Task) -> TrainConfig:
 
 def parse(args: list[str], task: Task) -> TrainConfig:
     """Command-line flags -> the TrainConfig of `task`; an unknown flag exits with usage (code 2)."""
-    import tyro
+    import tyro  # only to parse (0.1 s): deploy's tools import this module for commands that parse nothing
 
     kind = TrainConfig[task.model_config, task.data_config]  # type: ignore[name-defined]
     registry = _registry()
@@ -234,9 +234,7 @@ def parse(args: list[str], task: Task) -> TrainConfig:
 def _registry() -> Any:
     """tyro's rules with one change: an integer flag is read by job.core.values.integer (plain digits, an
     optional '-'), as the launcher and the make variables read theirs; int() also took '+4', '1_000' and '٤'."""
-    from tyro import constructors
-
-    from job.core.values import integer
+    from tyro import constructors  # tyro only to parse, as in `parse`
 
     registry = constructors.ConstructorRegistry()
 

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable
 
 from job.core.errors import BAD_INPUT_EXIT_CODE, ConfigError
+from job.train import task as tasks
 
 QUIET_LOGGERS = ("absl", "jax", "orbax", "fsspec", "gcsfs")
 
@@ -57,16 +58,14 @@ def command(fn: Callable[[list[str]], int], argv: list[str]) -> int:
 def train(argv: list[str], task: str | None = None) -> int:
     """`python -m job train ARGV`; `task` (NAME or MODULE:ATTR) is the --task when ARGV gives none. The
     run records it, so `python -m job eval` and `rerun` find the same task."""
-    from job.train import task as tasks
-
     if task is not None and tasks.task_name(argv, default=None) is None:
         argv = ["--task", task, *argv]
     return command(_train, argv)
 
 
 def _train(flags: list[str]) -> int:
+    # training's own: python -m job imports this module for every command
     from job.train import config, loop
-    from job.train import task as tasks
 
     chosen = tasks.load(tasks.task_name(flags))
     cfg = config.parse(flags, chosen)
@@ -81,13 +80,15 @@ def _train(flags: list[str]) -> int:
 
 
 def _distributed() -> bool:
-    import jax
+    if "jax" not in sys.modules:  # a command that never imported jax (plot, runs, sweep) never joined a cluster
+        return False
+    import jax  # python -m job imports this module: plot, runs, sweep start without jax
 
     return jax.distributed.is_initialized()
 
 
 def _shutdown() -> None:
-    import jax
+    import jax  # as in _distributed
 
     if _distributed():
         jax.distributed.shutdown()

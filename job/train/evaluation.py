@@ -28,7 +28,12 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
 from job.core.errors import ConfigError
+from job.parallel import sharding
+from job.train.batches import global_batch
 
 RESERVED_SPLITS = ("train", "hosts")  # metric records the loop writes under these names
 # a source's rows of a finite split: a name of the protocol's own (`size` is often an image side)
@@ -124,10 +129,6 @@ class Evaluator:
 
     def __init__(self, eval_step: Callable[..., Any], source: Any, mesh: Any, *, splits: Sequence[str],
                  global_batch: int, batches: int, full: bool, weight: str | None) -> None:
-        from jax.sharding import NamedSharding, PartitionSpec
-
-        from job.parallel import sharding
-
         self._step, self._source, self._weight = eval_step, source, weight
         self._sharded = sharding.batch_sharding(mesh)
         self._whole = NamedSharding(mesh, PartitionSpec())
@@ -142,8 +143,6 @@ class Evaluator:
 
     def batch(self, split: str, piece: Piece) -> dict[str, Any]:
         """The global arrays of one piece: sharded like a train batch, or whole on every device."""
-        from job.train.batches import global_batch
-
         return global_batch(self._source, self._whole if piece.whole else self._sharded, split=split,
                             step=piece.step, size=piece.rows, offset=piece.offset)
 
@@ -157,8 +156,6 @@ class Evaluator:
     def run(self, state: Any, should_stop: Callable[[], bool] = lambda: False) -> dict[str, dict[str, float]] | None:
         """{split: metrics} of `state`; None when `should_stop` (the collective preemption check after
         each batch) says a signal came."""
-        import jax
-
         results = {}
         for split, planned in self.plan.items():
             sums: dict[str, float] = {}

@@ -25,6 +25,7 @@ from jax.sharding import Mesh
 from job.core.errors import ConfigError
 from job.parallel import sharding
 from job.parallel.multihost import on_process_zero
+from job.train.ema import EMA
 
 
 def count_params(model: nnx.Module) -> int:
@@ -55,8 +56,6 @@ def nodes(task: Any, cfg: Any, tx: Any) -> dict[str, Any]:
     Annotations stay metadata while they are built (flax's eager sharding off): a model written
     with `nnx.with_partitioning(init, ("embed", "mlp"))`, as the flax guides write it, names
     logical axes that `job.sharding` maps, not mesh axes."""
-    from job.train.ema import EMA
-
     with nnx.use_eager_sharding(False):
         model = task.build(cfg.model, nnx.Rngs(cfg.seed))
         built = {"model": model, "optimizer": nnx.Optimizer(model, tx, wrt=nnx.Param)}

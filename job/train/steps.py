@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from job.train.ema import EMA
 from job.train.optimizers import make_optimizer
 
 Loss = Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]
@@ -61,8 +62,6 @@ def train_step_fn(loss: Loss, graphdef: nnx.GraphDef, state: nnx.State, batch: M
     micro-batches weigh the same. `custom(nodes, batch, default)` (`Task.train_step`) replaces the
     body; `default(nodes, batch)` is the gradient step above. Then every EMA among the nodes follows
     the model."""
-    from job.train.ema import EMA
-
     def default(nodes: Mapping[str, Any], rows: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
         if accum_steps == 1:
             (_, metrics), grads = nnx.value_and_grad(loss, has_aux=True)(nodes["model"], rows)
@@ -125,8 +124,6 @@ def eval_step_fn(loss: Loss, graphdef: nnx.GraphDef, state: nnx.State, batch: Ma
                  weight: str | None = None) -> dict[str, jax.Array]:
     """The loss's metrics of the model on one batch, and of each EMA's model as NAME_METRIC (the weight
     metric once: it counts the batch's items, the same for both)."""
-    from job.train.ema import EMA
-
     nodes = nnx.merge(graphdef, state)
     metrics = dict(loss(nodes["model"], batch)[1])
     for name, node in nodes.items():

@@ -121,10 +121,13 @@ def _reason(text: str) -> str:
 
 def check_mesh(cfg: config.TrainConfig, devices: int) -> None:
     """The run's mesh on `devices` devices: --model-axis divides them, the batch splits over the rest."""
+    # jax only with --devices: deploy's sweeps import this module
     from jax.sharding import AbstractMesh
 
     from job.parallel.sharding import DATA_AXIS, MODEL_AXIS
-    from job.train.loop import check_batch  # the rule the loop applies to its mesh at start
+
+    # the rule the loop applies to its mesh at start
+    from job.train.loop import check_batch
 
     if cfg.model_axis < 1 or devices % cfg.model_axis:
         divisors = [d for d in range(1, devices + 1) if devices % d == 0]

@@ -10,6 +10,8 @@
 - The rooms stand one above another (`FLOORS`, from the ground up): a room imports only its own floor and
   those below, so a config lives in the room of the code that reads it and `TrainConfig` composes them.
 - `docs/layout.md` names every module.
+- An import inside a function of `job/` says why it is not at the top of its module (an entry point kept
+  light, an optional dependency), in a comment on its line or the line above.
 - A test helper is defined once: what two test files need lives in `tests/launching.py` (launch runs),
   `tests/records.py` (read what they leave) or a conftest.
 """
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import io
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -173,6 +177,40 @@ def test_the_layout_page_names_every_module() -> None:
         if not named:
             missing.append(rel)
     assert not missing, f"docs/layout.md names no {missing}"
+
+
+def _function_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import inside a function (a nested function's once), in the order of their lines."""
+    found = {}
+    for function in ast.walk(tree):
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.update({node.lineno: node for node in ast.walk(function)
+                          if isinstance(node, (ast.Import, ast.ImportFrom))})
+    return [found[line] for line in sorted(found)]
+
+
+def test_every_import_inside_a_function_says_why_it_is_not_at_the_top() -> None:
+    # Imports kept in a function for one reason share the comment on the first of them: an import whose
+    # nearest line above (blank lines skipped) ends an import that says why is said for too.
+    unsaid = []
+    for path in sorted((ROOT / "job").rglob("*.py")):
+        text = path.read_text()
+        lines = text.splitlines()
+        comments = {token.start[0] for token in tokenize.generate_tokens(io.StringIO(text).readline)
+                    if token.type == tokenize.COMMENT}
+        said_ends: set[int] = set()
+        for node in _function_imports(ast.parse(text, str(path))):
+            above = node.lineno - 1
+            while above and not lines[above - 1].strip():
+                above -= 1
+            own = any(line in comments for line in range(node.lineno, (node.end_lineno or node.lineno) + 1))
+            comment_above = node.lineno - 1 in comments and lines[node.lineno - 2].lstrip().startswith("#")
+            if own or comment_above or above in said_ends:
+                said_ends.add(node.end_lineno or node.lineno)
+            else:
+                unsaid.append(f"{_rel(path)}:{node.lineno}")
+    assert not unsaid, ("an import inside a function says why it is not at the top of its module (a comment "
+                        f"on its line or the line above), or moves there: {unsaid}")
 
 
 def test_no_test_helper_is_defined_in_two_test_files() -> None:

@@ -244,7 +244,7 @@ class RecordFile:
 
     def __init__(self, path: str | os.PathLike[str], *, seq_len: int, global_batch: int, seed: int = 0,
                  eval_fraction: float = 0.1) -> None:
-        import grain
+        import grain  # grain imports jax: this module imports without it (tests/unit/test_data.py)
 
         require(0.0 < eval_fraction < 1.0, "--data.eval-fraction", "a fraction strictly between 0 and 1",
                 eval_fraction, "pass e.g. --data.eval-fraction 0.1")
@@ -275,6 +275,7 @@ class RecordFile:
 
     def train_window(self, g: int) -> int:
         """Window of position g of the train stream: epoch g // n in the order of grain's index shuffle."""
+        # grain imports jax: this module imports without it
         from grain.experimental import index_shuffle
 
         epoch, i = divmod(g, self.train_windows)
@@ -392,6 +393,7 @@ def _write_npy(src: Path, partial: Path, n: int) -> int:
 
 def _write_records(src: Path, partial: Path, n: int, record_tokens: int) -> tuple[int, int]:
     """(bytes read, records written): one record per `record_tokens` bytes, as uint16 tokens."""
+    # grain's dependency, not ours (none on Windows): only writing an .arrayrecord file needs it
     from array_record.python.array_record_module import ArrayRecordWriter
 
     writer = ArrayRecordWriter(str(partial), "group_size:1")  # each record readable on its own

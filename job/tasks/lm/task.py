@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from job.core import values
@@ -54,8 +55,6 @@ def _sample(args: list[str]) -> int:
     """`python -m job sample --run-dir D [--prompt TEXT] [--tokens N] [--top-k K]`: continue a prompt with
     the trained LM. A byte-level model (vocab >= 256) reads TEXT as UTF-8 bytes and prints text; a smaller
     vocabulary reads TEXT as token ids ("1 5 7 2") and prints ids."""
-    import argparse
-
     p = argparse.ArgumentParser(prog="python -m job sample")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--prompt", default="", help="text (byte-level models) or space-separated token ids")
@@ -65,6 +64,7 @@ def _sample(args: list[str]) -> int:
     p.add_argument("--step", type=int, default=None, help="a saved step (default: the newest)")
     p.add_argument("--ema", action="store_true", help="the EMA's parameters (runs with --ema.decay)")
     opts = p.parse_args(args)
+    # orbax only to sample: tokenize and every sweep check load this task too
     from job.train import trained
 
     try:
