@@ -16,6 +16,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 # Every process the tests launch shares jax's compilation cache with process 0 (tests/site/sitecustomize.py).
 os.environ.setdefault("JOB_TESTS_CACHE_KEYS", "shared")
+os.environ.setdefault("JOB_TESTS_COMPILE", "fast")  # and compiles its CPU programs quickly (the same file)
 _SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
 if _SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join([_SITE, *filter(None, [os.environ.get("PYTHONPATH")])])

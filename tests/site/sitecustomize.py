@@ -7,7 +7,15 @@ on two cores. With JOB_TESTS_CACHE_KEYS=shared (tests/conftest.py sets it; a tes
 cache passes JOB_TESTS_CACHE_KEYS=real), the key of a CPU program hashes its devices' kinds instead,
 as jax does where it cannot fingerprint a topology: the same on every process, so each process loads
 what process 0 wrote. The program and its compile options, device assignment included, are in the key
-as before. Only the tests' processes are changed; the job itself runs jax as it is.
+as before.
+
+With JOB_TESTS_COMPILE=fast (tests/conftest.py sets it) XLA compiles CPU programs with LLVM's optimizations
+off (--xla_backend_optimization_level=0): the tests' models are tiny, their programs' compilation is most
+of a run's CPU time and their execution little of it (measured: a cold 2 x 2 run of the small LM, 24 s of
+CPU at XLA's default, 14 s with it). XLA's graph passes (fusion, sharding, buffer assignment) are the same;
+results may differ from the default's in the last bits, so a test comparing a run in a container (which
+this file does not reach) with one on the host passes JOB_TESTS_COMPILE=default to the host's.
+Only the tests' processes are changed; the job itself runs jax as it is.
 """
 
 from __future__ import annotations
@@ -56,3 +64,6 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 if os.environ.get("JOB_TESTS_CACHE_KEYS") == "shared":
     sys.meta_path.insert(0, _AfterImport())
+if os.environ.get("JOB_TESTS_COMPILE") == "fast" and "--xla_backend_optimization_level" not in os.environ.get(
+        "XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
