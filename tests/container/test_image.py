@@ -134,7 +134,7 @@ def test_two_containers_train_as_one_cluster_like_two_local_processes(
     # Only process 0 reports; the same job as 2 local processes is the reference.
     reference = run(launcher_argv(2, [sys.executable, "-m", "job", "train", "--run-dir", str(tmp_path / "ref"),
                                       *SMALL], devices=1), timeout=300,
-                    JOB_TESTS_COMPILE="default")  # compiled as in the image (tests/site/sitecustomize.py)
+                    JOB_TESTS_COMPILE="default")  # compiled as in the containers (tests/container/conftest.py)
     assert reference.returncode == 0, explain(reference, reference.stdout, reference.stderr)
     on_host = summary(tmp_path / "ref")
     assert in_containers["train_loss"] == pytest.approx(on_host["train_loss"], rel=1e-6)

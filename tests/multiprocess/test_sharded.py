@@ -114,7 +114,8 @@ def test_a_global_batch_that_micro_batches_cannot_split_over_the_data_shards_is_
                                  "--accum-steps", "16"], devices=2), timeout=300)
     assert proc.returncode == 2, explain(proc, proc.stdout, proc.stderr)
     assert "--data.global-batch: expected a multiple of the data-parallel size 4 x --accum-steps 16 = 64" in proc.stdout + proc.stderr
-    assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
+    # no step saved (a process the launcher stopped in its preflight may leave its hidden probe file there)
+    assert sorted((tmp_path / "checkpoints").glob("[0-9]*")) == []
 
 
 USER = ("--task", "tests.user_tasks.minigpt:TASK", "--log-every", "1", "--eval-every", "6", "--ema.decay", "0.9")
