@@ -37,14 +37,15 @@ def _submit(slurm_env: dict[str, str], tmp_path: Path, job: list[str], *options:
 
 def test_a_rank_killed_on_one_node_is_retried_on_other_nodes_and_matches_an_uninterrupted_run(
         slurm_env: dict[str, str], tmp_path: Path) -> None:
-    # saves on the loop's thread: step 8's is on disk before any row of step 12 is asked for
+    # the faulty process asks for its rows of step 12 ahead of the step: it dies once step 8's save is committed
     flags = ["--steps", "24", "--ckpt.every", "8", "--ckpt.no-background", "--log-every", "4", *SMALL]
     reference = run(launcher_argv(2, [sys.executable, "-m", "job", "train", "--run-dir", str(tmp_path / "ref"),
                                       *flags], devices=1), timeout=300)
     assert reference.returncode == 0, explain(reference, reference.stdout, reference.stderr)
     run_dir = tmp_path / "run"
     proc = _submit(slurm_env, tmp_path, ["train", "--run-dir", str(run_dir), *FAULTY, *flags], "--retries", "2",
-                   fault={"NODE_FAULT": "node2", "NODE_FAULT_STEP": "12"})
+                   fault={"NODE_FAULT": "node2", "NODE_FAULT_STEP": "12",
+                          "NODE_FAULT_AFTER": str(run_dir / "checkpoints" / "8")})
     assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
     jid = job_id(proc.stdout)
     ours = json.loads((run_dir / "summary.json").read_text())

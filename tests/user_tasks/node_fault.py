@@ -4,7 +4,9 @@
 
 The process running on Slurm node NODE_FAULT (SLURMD_NODENAME; '*': on any node) kills itself with SIGKILL
 when it is asked for its rows of a train step at or past NODE_FAULT_STEP: on every attempt that runs there,
-as a broken host fails every job it gets. Elsewhere, and without NODE_FAULT, it is the lm task exactly (the
+as a broken host fails every job it gets. With NODE_FAULT_AFTER (a path, such as a checkpoint's folder) it
+first waits, up to 120 s, for that path to exist: rows are asked for ahead of the step, so without it the
+fault could come while another process still commits an earlier step's save. Elsewhere, and without NODE_FAULT, it is the lm task exactly (the
 same model, rows and losses), so a retried run can be compared with an uninterrupted lm run.
 """
 
@@ -13,12 +15,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from job.tasks.lm.task import TASK as LM
 
-NODE, STEP = "NODE_FAULT", "NODE_FAULT_STEP"
+NODE, STEP, AFTER = "NODE_FAULT", "NODE_FAULT_STEP", "NODE_FAULT_AFTER"
 
 
 class FaultyRows:
@@ -31,6 +34,9 @@ class FaultyRows:
         node = os.environ.get(NODE)
         if (split == "train" and node in ("*", os.environ.get("SLURMD_NODENAME"))
                 and step >= int(os.environ.get(STEP, "1"))):
+            deadline = time.monotonic() + 120
+            while os.environ.get(AFTER) and not os.path.exists(os.environ[AFTER]) and time.monotonic() < deadline:
+                time.sleep(0.05)
             os.kill(os.getpid(), signal.SIGKILL)
         return self.inner.rows(split, step, start, stop)
 

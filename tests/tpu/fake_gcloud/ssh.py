@@ -23,7 +23,10 @@ VM's container names kept apart, and a `pull` of an image present locally
 stands for the registry's copy). Nodes of one queued resource share one
 coordinator port (one network), so a multislice job forms one cluster.
 FAKE_GCLOUD_WORKER_ENV (a JSON object) adds variables to every worker: the
-simulated cloud's service endpoints (a Cloud Storage emulator).
+simulated cloud's service endpoints (a Cloud Storage emulator). A worker is a
+process the tests start: it compiles as they do (tests/site/sitecustomize.py,
+JOB_TESTS_COMPILE and JOB_TESTS_CACHE_KEYS), and nothing else of this
+machine's environment reaches it.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ from tests.tpu.fake_gcloud.grammar import Parsed
 from tests.tpu.fake_gcloud.state import Cloud
 
 BIN_DIR = Path(__file__).resolve().parent  # holds the `gcloud` executable
+TESTS_SITE = BIN_DIR.parents[1] / "site"  # the tests' sitecustomize.py
+TESTS_SITE_ENV = ("JOB_TESTS_COMPILE", "JOB_TESTS_CACHE_KEYS")
 
 GRACE_ENV = "FAKE_GCLOUD_PREEMPT_GRACE_SECONDS"
 WORKER_ENV = "FAKE_GCLOUD_WORKER_ENV"  # JSON object: variables every worker gets on top
@@ -141,7 +146,9 @@ def _port(cloud: Cloud, parsed: Parsed, record: dict[str, Any]) -> int:
 
 def worker_env(cloud: Cloud, record: dict[str, Any], worker: int, port: int, home: Path) -> dict[str, str]:
     user = getpass.getuser()
+    tests_site = {name: os.environ[name] for name in TESTS_SITE_ENV if name in os.environ}
     return {
+        **({"PYTHONPATH": str(TESTS_SITE), **tests_site} if tests_site else {}),
         **json.loads(os.environ.get(WORKER_ENV, "{}")),
         VM_ENV: f"{cloud.root}/{record['project']}/{record['zone']}/{record['name']}/worker-{worker}",
         "HOME": str(home), "USER": user, "LOGNAME": user, "SHELL": "/bin/bash", "LANG": "C.UTF-8",
