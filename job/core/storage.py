@@ -150,12 +150,13 @@ def _reason(exc: BaseException, remote: bool) -> str:
     return f"{type(exc).__name__}: {detail}"
 
 
-def probe(directory: epath.Path, name: str, *, keep: bool = False) -> str | None:
-    """Write (and, unless `keep`, delete) the file `directory/name`; None, or a short reason it failed."""
+def probe(directory: epath.Path, name: str, *, keep: bool = False, content: str = "ok") -> str | None:
+    """Write `content` to the file `directory/name` (and, unless `keep`, delete it); None, or a short reason
+    it failed."""
     remote = is_remote(directory)
     try:
         make_dirs(directory)
-        (directory / name).write_bytes(b"ok")
+        (directory / name).write_text(content)
         if not keep:
             (directory / name).unlink()
     except Exception as exc:  # noqa: BLE001 - each client has its own errors; all mean "cannot write here"

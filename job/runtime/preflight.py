@@ -23,6 +23,7 @@ import os
 import platform
 import socket
 import sys
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -79,10 +80,11 @@ def probe_path(directory: epath.Path, process: int) -> epath.Path:
     return directory / f".preflight-{process}"
 
 
-def writable(directory: epath.Path, process: int, *, keep: bool = False) -> str:
+def writable(directory: epath.Path, process: int, *, keep: bool = False, token: str = "ok") -> str:
     """WRITABLE, or why this process cannot create and write a file (a gs:// object) in `directory`.
-    With `keep`, the probe file stays (for the shared-folder check); `remove_probe` deletes it."""
-    reason = storage.probe(directory, probe_path(directory, process).name, keep=keep)
+    With `keep`, the probe file, which holds `token`, stays (for the shared-folder check); `remove_probe`
+    deletes it."""
+    reason = storage.probe(directory, probe_path(directory, process).name, keep=keep, content=token)
     return WRITABLE if reason is None else reason
 
 
@@ -93,12 +95,22 @@ def remove_probe(directory: epath.Path, process: int) -> None:
         pass
 
 
-def sees_process_0(directory: epath.Path) -> str:
-    """Whether process 0's probe is visible here: orbax needs one folder (or bucket) every host shares."""
+def sees_process_0(directory: epath.Path, token: str) -> str:
+    """Whether process 0's probe, holding `token`, is visible here: orbax needs one folder (or bucket) every
+    host shares. A probe holding anything else was left by an earlier run (one stopped during its
+    preflight) in this host's own folder, where process 0 may then have run."""
+    probe = probe_path(directory, 0)
     storage.forget_listings(directory)  # listed before process 0 wrote there: ask the store again
-    if probe_path(directory, 0).is_file():
+    try:
+        found = probe.read_text() if probe.is_file() else None
+    except Exception:  # noqa: BLE001 - removed since, or unreadable: either way not this run's probe here
+        found = None
+    if found == token:
         return SHARED
-    return f"cannot see process 0's {probe_path(directory, 0).name}: not a folder the hosts share"
+    if found is None:
+        return f"cannot see process 0's {probe.name}: not a folder the hosts share"
+    return (f"found a {probe.name} that process 0 of this job did not write (an earlier run's, left in this "
+            "host's own folder): not a folder the hosts share")
 
 
 def gpus_given(env: Mapping[str, str], jax_visible: str = "all") -> int | None:
@@ -130,8 +142,9 @@ def gpu_check(given: int | None, backend: str, found: int, env: Mapping[str, str
 
 
 def local_facts(config: Mapping[str, Any], run_dir: epath.Path,
-                env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """This process's facts (needs jax initialised: it reads the local devices)."""
+                env: Mapping[str, str] | None = None, token: str = "ok") -> dict[str, Any]:
+    """This process's facts (needs jax initialised: it reads the local devices). Its run-dir probe, kept
+    for the shared-folder check when there are other processes, holds `token`."""
     import jax  # python -m job rerun imports this module (through provenance) and needs no jax
 
     env = os.environ if env is None else env
@@ -145,15 +158,17 @@ def local_facts(config: Mapping[str, Any], run_dir: epath.Path,
         "job code": code_hash(),
         "device kind": ",".join(sorted({d.device_kind for d in devices})),
         "local devices": len(devices),
-        "run dir": writable(run_dir, jax.process_index(), keep=jax.process_count() > 1),
+        "run dir": writable(run_dir, jax.process_index(), keep=jax.process_count() > 1, token=token),
         GPUS: gpu_check(given, jax.default_backend(), len(devices), env),
     }
     facts.update({f"config.{k}": v for k, v in flatten(config).items()})
     return facts
 
 
-def exchange(facts: dict[str, Any], run_dir: epath.Path, decide: Callable[[list[dict[str, Any]]], Any]) -> Any:
+def exchange(facts: dict[str, Any], run_dir: epath.Path, decide: Callable[[list[dict[str, Any]]], Any],
+             token: str) -> Any:
     """Process 0 gets every process's facts and returns `decide(rows)` on every process. Collective.
+    Each process checks that it sees process 0's probe, which holds process 0's `token`.
 
     Through the coordination service's key-value store, not a device collective:
     it needs no devices (a host with the wrong device count must still be heard),
@@ -165,8 +180,10 @@ def exchange(facts: dict[str, Any], run_dir: epath.Path, decide: Callable[[list[
 
     me, count = jax.process_index(), jax.process_count()
     client = coordination_client()
+    on_process_zero(client.key_value_set, "job/preflight/probe", token, allow_overwrite=True)
     barrier("preflight: probes written")
-    facts["run dir shared"] = sees_process_0(run_dir) if facts["run dir"] == WRITABLE else "-"
+    written = client.blocking_key_value_get("job/preflight/probe", 60_000)
+    facts["run dir shared"] = sees_process_0(run_dir, written) if facts["run dir"] == WRITABLE else "-"
     client.key_value_set(f"job/preflight/facts/{me}", json.dumps(facts, default=str), allow_overwrite=True)
     barrier("preflight: facts")
     on_process_zero(_post_verdict, client, count, decide)
@@ -282,8 +299,9 @@ def check(config: Mapping[str, Any], run_dir: epath.Path) -> Summary:
         return {"bad": bad, "report": report(rows, bad, run_dir) if bad else "", "first": rows[0],
                 "processes": len(rows)}
 
-    facts = local_facts(config, run_dir)
-    verdict = decide([facts]) if jax.process_count() == 1 else exchange(facts, run_dir, decide)
+    token = uuid.uuid4().hex  # process 0's is what its probe holds: a probe an earlier run left is told apart
+    facts = local_facts(config, run_dir, token=token)
+    verdict = decide([facts]) if jax.process_count() == 1 else exchange(facts, run_dir, decide, token)
     if not verdict["bad"]:
         return Summary(verdict["processes"], verdict["first"])
     error = PreflightError(verdict["report"] if jax.process_index() == 0 else

@@ -72,13 +72,15 @@ def test_a_missing_bucket_is_one_line_and_is_never_created(gcs_here: Emulator) -
 
 def test_preflight_probe_and_shared_check_in_a_bucket(gcs_here: Emulator) -> None:
     folder = storage.run_path(f"gs://{BUCKET}/run1/checkpoints")
-    assert preflight.writable(folder, 0, keep=True) == preflight.WRITABLE
+    assert preflight.writable(folder, 0, keep=True, token="run-b") == preflight.WRITABLE
     assert gcs_here.objects("") == ["run1/checkpoints/.preflight-0"]
-    assert preflight.sees_process_0(folder) == preflight.SHARED
+    assert preflight.sees_process_0(folder, "run-b") == preflight.SHARED
+    assert preflight.sees_process_0(folder, "run-c").startswith(
+        "found a .preflight-0 that process 0 of this job did not write")
     preflight.remove_probe(folder, 0)
     preflight.remove_probe(folder, 0)  # already gone: no error
     assert gcs_here.objects("") == []
-    assert preflight.sees_process_0(folder).startswith("cannot see process 0's .preflight-0")
+    assert preflight.sees_process_0(folder, "run-b").startswith("cannot see process 0's .preflight-0")
     missing = storage.run_path("gs://no-such-bucket/run1/checkpoints")
     assert preflight.writable(missing, 1) == "bucket does not exist (404)"
 

@@ -81,6 +81,21 @@ def test_code_hash_changes_with_any_source_byte_or_file(tmp_path: Path) -> None:
     assert len(preflight.code_hash()) == 12
 
 
+def test_a_probe_left_by_an_earlier_run_is_not_taken_for_process_0s(tmp_path: Path) -> None:
+    # process 0 of an earlier attempt ran on this host and was stopped during its preflight: its probe stayed
+    # in this host's own folder, where this attempt's process 1 now looks for this attempt's process 0's
+    assert preflight.writable(tmp_path, 0, keep=True, token="earlier") == preflight.WRITABLE
+    assert (tmp_path / ".preflight-0").read_text() == "earlier"
+    seen = preflight.sees_process_0(tmp_path, "this-run")
+    assert seen == ("found a .preflight-0 that process 0 of this job did not write (an earlier run's, left in this "
+                    "host's own folder): not a folder the hosts share")
+    table = rows({"run dir shared": preflight.SHARED}, {"run dir shared": seen})
+    assert preflight.problems(table) == ["run dir shared"]
+    assert preflight.writable(tmp_path, 0, keep=True, token="this-run") == preflight.WRITABLE  # overwritten
+    assert preflight.sees_process_0(tmp_path, "this-run") == preflight.SHARED
+    assert preflight.sees_process_0(tmp_path / "elsewhere", "this-run").startswith("cannot see process 0's")
+
+
 def test_removing_a_probe_never_raises(tmp_path: Path) -> None:
     preflight.writable(tmp_path, 1, keep=True)
     assert (tmp_path / ".preflight-1").exists()
