@@ -125,7 +125,7 @@ class Training:
             self.checkpoints.close()
             return 0
         self.open_records(built, start)
-        self.compile(built, state, start)
+        made = {start: self.compile(built, state, start)}  # the first step's batch, made once
         if self.guard.should_stop():  # a signal during start-up (build, restore, compile): no step since the last save
             self.report.message("preempted before the first step: nothing new to save; exiting with %d (requeue)",
                                 REQUEUE_EXIT_CODE)
@@ -133,7 +133,7 @@ class Training:
             self.timer.flush()
             self.checkpoints.close()
             return REQUEUE_EXIT_CODE
-        code, state = self.train(built, start, state)
+        code, state = self.train(built, start, state, made)
         self.finish(built, state, code)
         return code
 
@@ -205,11 +205,11 @@ class Training:
         self.began = time.perf_counter()
         self.timer.started()
 
-    def compile(self, built: Built, state: Any, start: int) -> None:
+    def compile(self, built: Built, state: Any, start: int) -> dict[str, jax.Array]:
         """Compile the train step (for `state` and the batch of step `start`) and the eval step now, then wait
         at the barrier "compiled" for every process: the first step's call finds its program compiled, and a
         process that loaded its programs from the cache waits here for one that compiles, not in the first
-        collective (whose CPU transport, gloo, gives up after 30 s)."""
+        collective (whose CPU transport, gloo, gives up after 30 s). Returns that batch, for the first step."""
         cfg = self.cfg
         with self.timer.part("compile"), sharding.mesh_context(built.mesh), leaked_tracer_note():  # as steps are called
             began = time.perf_counter()
@@ -221,12 +221,16 @@ class Training:
             barrier("compiled", cfg.compile_timeout_s, fix=(
                 f"read those processes' logs: still compiling after --compile-timeout-s {cfg.compile_timeout_s:g}"
                 " (pass a larger one), or they died or hung"))
+        return batch
 
-    def train(self, built: Built, start: int, state: Any) -> tuple[int, Any]:
-        """Steps start..cfg.steps-1, each followed by what is due; (exit code, the state at the end)."""
+    def train(self, built: Built, start: int, state: Any, made: dict[int, dict[str, jax.Array]]) -> tuple[int, Any]:
+        """Steps start..cfg.steps-1, each followed by what is due; (exit code, the state at the end). `made`:
+        batches already made, by step (the compiled-for first one), each handed on once and let go."""
         cfg, timer = self.cfg, self.timer
 
         def batch(step: int) -> dict[str, jax.Array]:
+            if step in made:
+                return made.pop(step)
             return global_batch(built.source, built.batch_sharding, split="train", step=step,
                                 size=cfg.data.global_batch)
 

@@ -49,6 +49,19 @@ def test_a_users_task_outside_the_package_with_its_own_optimizer_learns_and_resu
     assert summary(tmp_path / "resumed")["params_sha256"] == result["params_sha256"]
 
 
+def test_each_train_batch_is_asked_of_the_source_once_on_every_process(tmp_path: Path) -> None:
+    # the first step's batch is made for its compilation and then handed to the step, not made again
+    asked = tmp_path / "asked"
+    train(2, 2, tmp_path / "run", "--task", "tests.user_tasks.counted:TASK", "--steps", "3", "--eval-every", "3",
+          "--log-every", "3", ROWS_ASKED=str(asked))
+    for process in (0, 1):
+        calls = [line.split() for line in Path(f"{asked}.{process}").read_text().splitlines()]
+        # 16 rows a step: each process's 2 devices hold 8 of them
+        assert [step for split, step, _, _ in calls if split == "train"] == ["0", "1", "2"], (process, calls)
+        assert {(start, stop) for _, _, start, stop in calls} == {("0", "8") if process == 0 else ("8", "16")}
+    assert summary(tmp_path / "run")["final_step"] == 3
+
+
 def test_a_task_that_imports_only_the_public_names_trains_on_2_x_2(tmp_path: Path) -> None:
     # tests/user_tasks/textures.py: job.task, job.random, job.sharding, job.errors and TrainConfig, nothing else
     # (tests/unit/test_public_api.py holds it to docs/api.md); its source's `size` is its image side
