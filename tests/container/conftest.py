@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.site.sitecustomize import without_fast_compile
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -44,8 +45,7 @@ def engine_env() -> dict[str, str]:
     # A container compiles as XLA does by default: the fast compile of the tests' own processes
     # (tests/site/sitecustomize.py) reaches it only through XLA_FLAGS, which the ranks pass on; a host run
     # compared with one in containers passes JOB_TESTS_COMPILE=default.
-    flags = [flag for flag in env.get("XLA_FLAGS", "").split() if not flag.startswith("--xla_backend_optimization")]
-    env["XLA_FLAGS"] = " ".join(flags)
+    env["XLA_FLAGS"] = without_fast_compile(env.get("XLA_FLAGS", ""))
     env["JOB_TESTS_COMPILE"] = "default"
     return env
 

@@ -27,6 +27,7 @@ import sys
 from types import ModuleType
 
 MODULE = "jax._src.cache_key"
+OPTIMIZATION_LEVEL = "--xla_backend_optimization_level"  # JOB_TESTS_COMPILE=fast sets it to 0
 
 
 def _share_cpu_keys(module: ModuleType) -> None:
@@ -62,8 +63,14 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-if os.environ.get("JOB_TESTS_CACHE_KEYS") == "shared":
-    sys.meta_path.insert(0, _AfterImport())
-if os.environ.get("JOB_TESTS_COMPILE") == "fast" and "--xla_backend_optimization_level" not in os.environ.get(
-        "XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
+def without_fast_compile(xla_flags: str) -> str:
+    """XLA_FLAGS without what JOB_TESTS_COMPILE=fast adds (tests/container/conftest.py: a container compiles
+    as XLA does by default)."""
+    return " ".join(flag for flag in xla_flags.split() if not flag.startswith(f"{OPTIMIZATION_LEVEL}="))
+
+
+if __name__ == "sitecustomize":  # started by Python; imported by a conftest for the names above, it does nothing
+    if os.environ.get("JOB_TESTS_CACHE_KEYS") == "shared":
+        sys.meta_path.insert(0, _AfterImport())
+    if os.environ.get("JOB_TESTS_COMPILE") == "fast" and OPTIMIZATION_LEVEL not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {OPTIMIZATION_LEVEL}=0".strip()
