@@ -103,8 +103,10 @@ def sees_process_0(directory: epath.Path, token: str) -> str:
     storage.forget_listings(directory)  # listed before process 0 wrote there: ask the store again
     try:
         found = probe.read_text() if probe.is_file() else None
-    except Exception:  # noqa: BLE001 - removed since, or unreadable: either way not this run's probe here
+    except FileNotFoundError:
         found = None
+    except Exception as exc:  # noqa: BLE001 - each store has its own errors; all mean "cannot read it here"
+        return f"cannot read process 0's {probe.name}: {type(exc).__name__}: {exc}"
     if found == token:
         return SHARED
     if found is None:

@@ -88,9 +88,9 @@ def _distributed() -> bool:
 
 
 def _shutdown() -> None:
-    import jax  # as in _distributed
-
     if _distributed():
+        import jax  # imported already (_distributed): the name only
+
         jax.distributed.shutdown()
 
 

@@ -96,6 +96,16 @@ def test_a_probe_left_by_an_earlier_run_is_not_taken_for_process_0s(tmp_path: Pa
     assert preflight.sees_process_0(tmp_path / "elsewhere", "this-run").startswith("cannot see process 0's")
 
 
+def test_a_probe_that_cannot_be_read_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert preflight.writable(tmp_path, 0, keep=True, token="this-run") == preflight.WRITABLE
+
+    def failing(self: Path, *args: object, **kwargs: object) -> str:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(Path, "read_text", failing)
+    assert preflight.sees_process_0(tmp_path, "this-run") == (
+        "cannot read process 0's .preflight-0: OSError: [Errno 5] Input/output error")
+
 def test_removing_a_probe_never_raises(tmp_path: Path) -> None:
     preflight.writable(tmp_path, 1, keep=True)
     assert (tmp_path / ".preflight-1").exists()

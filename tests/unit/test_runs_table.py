@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import datetime
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -276,6 +278,16 @@ def test_python_m_job_runs_prints_the_table_and_an_empty_folder_is_exit_2(tmp_pa
     assert main(["runs", str(tmp_path / "empty")]) == 2
     assert capsys.readouterr().err.startswith("error: SWEEP_DIR: expected a sweep folder (with sweep.json) or a "
                                               "folder of run folders")
+
+
+def test_python_m_job_runs_never_imports_jax(tmp_path: Path, clock: Clock) -> None:
+    # a light command: it reads records on a login node, where importing jax costs a second or more
+    _sweep(tmp_path / "sweep", clock)
+    script = ("import sys; from job.__main__ import main; code = main(['runs', sys.argv[1]]); "
+              "print(code, sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'jaxlib', 'flax', 'orbax'}))")
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "sweep")], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.stdout.splitlines()[-1] == "0 []", (proc.stdout, proc.stderr)
 
 
 def test_plot_of_a_sweep_folder_draws_every_runs_eval_loss_on_one_png(tmp_path: Path, clock: Clock,
