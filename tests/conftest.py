@@ -65,7 +65,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: TIER_ORDER.index(_tier(item)) if _tier(item) in TIER_ORDER else len(TIER_ORDER))
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # a hook of pytest-xdist: absent without it
 def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201 - xdist's own types
     """`--dist loadfile` (make test-local), with every test of the engine's tiers in one unit of work: they hold
     ENGINE_LOCK one at a time anyway, and a worker that took one of their files while the other worker held

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -110,6 +111,11 @@ def test_a_bucket_the_job_cannot_use_is_one_error_on_every_process(gcs: Emulator
             assert f"[rank {rank}]" in output, output
         assert f"expected a bucket the job can write, found {run_dir}/checkpoints" in output
         assert output.count("PreflightError") >= 2, output  # every process stops on it
+    else:  # one clean refusal, from the first process to read the flag, before jax starts
+        assert proc.returncode == 2 and "Traceback" not in output, output
+        assert re.search(r"^\[rank [01]\] error: --run-dir: expected a folder path or gs://BUCKET/FOLDER, found "
+                         r"'gs://Not_A_Bucket/run1'\. Fix: a bucket name has only lowercase letters", output,
+                         re.MULTILINE), output
     assert gcs.buckets() == [BUCKET]  # nothing created a bucket on the way
     assert objects(gcs, "") == []
 

@@ -5,9 +5,10 @@ the CPU topology's fingerprint, which differs from process to process, and only 
 Every launched run's processes 1..n-1 then compile every program afresh, most of a short run's time
 on two cores. With JOB_TESTS_CACHE_KEYS=shared (tests/conftest.py sets it; a test measuring the real
 cache passes JOB_TESTS_CACHE_KEYS=real), the key of a CPU program hashes its devices' kinds instead,
-as jax does where it cannot fingerprint a topology: the same on every process, so each process loads
-what process 0 wrote. The program and its compile options, device assignment included, are in the key
-as before.
+as jax does where it cannot fingerprint a topology, and the process holding each: the same on every
+process, so each process loads what process 0 wrote, and a program for another layout of the devices
+over processes has its own key. The program and its compile options, device assignment included, are
+in the key as before.
 
 With JOB_TESTS_COMPILE=fast (tests/conftest.py sets it) XLA compiles CPU programs with LLVM's optimizations
 off (--xla_backend_optimization_level=0): the tests' models are tiny, their programs' compilation is most
@@ -38,6 +39,8 @@ def _share_cpu_keys(module: ModuleType) -> None:
     def same_on_every_process(hash_obj, accelerators) -> None:  # noqa: ANN001 - jax's own arguments
         if all(device.platform == "cpu" for device in accelerators.flat):
             module._hash_devices(hash_obj, accelerators)
+            # and which process holds each device: a program of 2 processes x 2 devices is not one of 1 x 4
+            hash_obj.update(",".join(str(device.process_index) for device in accelerators.flat).encode())
         else:
             fingerprinted(hash_obj, accelerators)
 

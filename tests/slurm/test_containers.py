@@ -32,7 +32,9 @@ def container_starts(env: dict[str, str], image: str, since: str) -> set[str]:
 
 def test_the_cpu_image_trains_in_4_podman_containers_on_4_nodes(slurm_env: dict[str, str], cpu_image: Built,
                                                                 podman_env: dict[str, str], tmp_path: Path) -> None:
-    env = {**task_env(slurm_env), "CONTAINERS_CONF": podman_env["CONTAINERS_CONF"]}
+    # the containers compile as XLA does by default (JOB_TESTS_COMPILE: tests/site/sitecustomize.py would add
+    # its fast compile to the XLA_FLAGS deploy.slurm exports to the batch script, which passes it to podman)
+    env = {**task_env(slurm_env), "CONTAINERS_CONF": podman_env["CONTAINERS_CONF"], "JOB_TESTS_COMPILE": "default"}
     since = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     job = ["train", "--run-dir", str(tmp_path / "run"), "--steps", "4", "--log-every", "2", *SMALL]
     argv = deploy_argv(tmp_path, "--container-runtime", "podman", "--image", cpu_image.tag, "--wait", job=job)

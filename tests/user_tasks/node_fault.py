@@ -6,8 +6,10 @@ The process running on Slurm node NODE_FAULT (SLURMD_NODENAME; '*': on any node)
 when it is asked for its rows of a train step at or past NODE_FAULT_STEP: on every attempt that runs there,
 as a broken host fails every job it gets. With NODE_FAULT_AFTER (a path, such as a checkpoint's folder) it
 first waits, up to 120 s, for that path to exist: rows are asked for ahead of the step, so without it the
-fault could come while another process still commits an earlier step's save. Elsewhere, and without NODE_FAULT, it is the lm task exactly (the
-same model, rows and losses), so a retried run can be compared with an uninterrupted lm run.
+fault could come while another process still commits an earlier step's save (a path that never appears
+ends the process with 97 and a line saying so, not with the fault). Elsewhere, and without NODE_FAULT, it
+is the lm task exactly (the same model, rows and losses), so a retried run can be compared with an
+uninterrupted lm run.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -35,7 +38,11 @@ class FaultyRows:
         if (split == "train" and node in ("*", os.environ.get("SLURMD_NODENAME"))
                 and step >= int(os.environ.get(STEP, "1"))):
             deadline = time.monotonic() + 120
-            while os.environ.get(AFTER) and not os.path.exists(os.environ[AFTER]) and time.monotonic() < deadline:
+            while os.environ.get(AFTER) and not os.path.exists(os.environ[AFTER]):
+                if time.monotonic() > deadline:  # not the fault the test waits for: say so, and end otherwise
+                    print(f"node_fault: {AFTER}={os.environ[AFTER]} did not appear within 120 s; exiting 97, "
+                          "not faulting", file=sys.stderr, flush=True)
+                    os._exit(97)
                 time.sleep(0.05)
             os.kill(os.getpid(), signal.SIGKILL)
         return self.inner.rows(split, step, start, stop)
