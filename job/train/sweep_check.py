@@ -21,6 +21,7 @@ import io
 import sys
 from collections.abc import Sequence
 
+from job.core import values
 from job.core.errors import ConfigError
 from job.runs.sweep import Run, Sweep, listing, plan
 from job.train import config
@@ -140,7 +141,8 @@ def sweep_command(argv: list[str]) -> int:
     """`python -m job sweep SPEC [--devices N] -- ARGS...`: check every run, print each one's run dir and flags."""
     parser = argparse.ArgumentParser(prog="python -m job sweep", description=__doc__.split("\n")[0])
     parser.add_argument("spec", help="NAME=V1,V2 words in one argument, or a sweep file")
-    parser.add_argument("--devices", type=int, default=None, help="the job's total device count, when known")
+    devices = values.for_argparse(values.whole, minimum=1, fix="pass the job's total device count, e.g. 8")
+    parser.add_argument("--devices", type=devices, default=None, help="the job's total device count, when known")
     parser.epilog = "then -- and the base ARGS of every run: train ... --run-dir SWEEP_DIR"
     cut = argv.index("--") if "--" in argv else len(argv)
     parsed, base = parser.parse_args(argv[:cut]), argv[cut + 1:]

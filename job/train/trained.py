@@ -24,7 +24,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
-from job.core import storage
+from job.core import storage, values
 from job.core.errors import BAD_INPUT_EXIT_CODE, ConfigError
 from job.parallel import sharding
 from job.parallel.multihost import on_process_zero
@@ -74,10 +74,14 @@ def load_model(run_dir: str, step: int | None = None, *, ema: bool = False) -> t
     return model, cfg
 
 
+SAVED_STEP = "pass one of the run's saved steps (its folders in RUN_DIR/checkpoints), or none for the newest"
+
+
 def _parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m job {prog}")
     p.add_argument("--run-dir", required=True, help="the run dir a training wrote")
-    p.add_argument("--step", type=int, default=None, help="a saved step (default: the newest)")
+    p.add_argument("--step", type=values.for_argparse(values.whole, fix=SAVED_STEP), default=None,
+                   help="a saved step (default: the newest)")
     return p
 
 

@@ -174,6 +174,25 @@ def test_job_cli_unparsable_value_is_a_usage_error(argv: list[str], needle: str,
     assert needle in err and "Traceback (most recent call last)" not in err, err
 
 
+@pytest.mark.parametrize(("argv", "says"), [
+    (["eval", "--run-dir", "r", "--step", "-1"], "argument --step: expected a whole number >= 0, found '-1'. Fix: "
+                                                  "pass one of the run's saved steps"),
+    (["export", "--run-dir", "r", "out", "--step", "٣"], "argument --step: expected a whole number >= 0, found '٣'"),
+    (["sample", "--run-dir", "r", "--top-k", "0"], "argument --top-k: expected a whole number >= 1, found '0'. Fix: "
+                                                   "pass e.g. --top-k 8 (1: greedy)"),
+    (["sample", "--run-dir", "r", "--tokens", "1e3"], "argument --tokens: expected a whole number >= 0, found '1e3'"),
+    (["sample", "--run-dir", "r", "--seed", "+1"], "argument --seed: expected an integer, found '+1'. Fix: "),
+    (["sample", "--run-dir", "r", "--step", "1.5"], "argument --step: expected a whole number >= 0, found '1.5'"),
+    (["sweep", "lr=1e-3", "--devices", "0", "--", "train"], "argument --devices: expected a whole number >= 1, "
+                                                            "found '0'. Fix: pass the job's total device count"),
+])
+def test_job_cli_commands_number_flags_are_usage_errors_in_the_same_words(
+        argv: list[str], says: str, job_launches_nothing: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert outcome(lambda: job_cli.main(argv)) == 2
+    err = capsys.readouterr().err
+    assert says in err and "usage:" in err and "Traceback" not in err, err
+
+
 @pytest.mark.parametrize("argv", [
     ["demo", "--evil"], ["tokenize", "only-one"], ["tokenize", "a", "b", "c"], [";rm -rf ~"], ["$(id)"], ["trian"],
 ])

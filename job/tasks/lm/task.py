@@ -58,10 +58,13 @@ def _sample(args: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m job sample")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--prompt", default="", help="text (byte-level models) or space-separated token ids")
-    p.add_argument("--tokens", type=int, default=32, help="how many tokens to add (default 32)")
-    p.add_argument("--top-k", type=int, default=8, help="sample among the k likeliest tokens (1: greedy)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--step", type=int, default=None, help="a saved step (default: the newest)")
+    p.add_argument("--tokens", type=values.for_argparse(values.whole, fix="pass e.g. --tokens 32"), default=32,
+                   help="how many tokens to add (default 32)")
+    p.add_argument("--top-k", type=values.for_argparse(values.whole, minimum=1, fix="pass e.g. --top-k 8 (1: greedy)"),
+                   default=8, help="sample among the k likeliest tokens (1: greedy)")
+    p.add_argument("--seed", type=values.for_argparse(values.integer, fix="pass e.g. --seed 0"), default=0)
+    p.add_argument("--step", type=values.for_argparse(values.whole, fix="pass a saved step, or none for the newest"),
+                   default=None, help="a saved step (default: the newest)")
     p.add_argument("--ema", action="store_true", help="the EMA's parameters (runs with --ema.decay)")
     opts = p.parse_args(args)
     # orbax only to sample: tokenize and every sweep check load this task too
