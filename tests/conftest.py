@@ -42,6 +42,9 @@ REQUIRE_ALL_TIERS = os.environ.get("JOB_REQUIRE_ALL_TIERS") == "1"
 # and store (the Slurm tier runs that image too). Under pytest-xdist workers (make test-local) only one of
 # their tests runs at a time, whichever worker has it: each holds this lock from its setup to its teardown.
 ONE_ENGINE = ("slurm", "container")
+# A test file of another tier that runs the image too (marked `container`): it goes with those tiers' tests
+# (one unit of work, the lock), so it never builds or runs the image beside them. Collection checks the list.
+ENGINE_FILES = ("tests/tpu/test_pod_image.py",)
 ENGINE_LOCK = Path(tempfile.gettempdir()) / f"jax-job-tests-{os.getuid()}" / "one-engine.lock"
 
 
@@ -60,14 +63,25 @@ def _tier(item: pytest.Item) -> str:
     return _tier_of(item.nodeid)
 
 
+def _uses_engine(nodeid: str) -> bool:
+    """One of the tests that hold ENGINE_LOCK and make the engine's one unit of work."""
+    return _tier_of(nodeid) in ONE_ENGINE or nodeid.split("::", 1)[0] in ENGINE_FILES
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tiers in TIER_ORDER (a stable sort: each file's tests stay together and in their order)."""
+    """Tiers in TIER_ORDER (a stable sort: each file's tests stay together and in their order); a test marked
+    `container` outside the engine's tiers must be in ENGINE_FILES."""
     items.sort(key=lambda item: TIER_ORDER.index(_tier(item)) if _tier(item) in TIER_ORDER else len(TIER_ORDER))
+    unlisted = sorted({item.nodeid.split("::", 1)[0] for item in items
+                       if item.get_closest_marker("container") and not _uses_engine(item.nodeid)})
+    if unlisted:
+        raise pytest.UsageError(f"tests/conftest.py: expected every test marked container in a tier of ONE_ENGINE "
+                                f"or in ENGINE_FILES, found {unlisted}. Fix: add them to ENGINE_FILES")
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # a hook of pytest-xdist: absent without it
 def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201 - xdist's own types
-    """`--dist loadfile` (make test-local), with every test of the engine's tiers in one unit of work: they hold
+    """`--dist loadfile` (make test-local), with every test of the engine (_uses_engine) in one unit of work: they hold
     ENGINE_LOCK one at a time anyway, and a worker that took one of their files while the other worker held
     the lock would wait idle. Units are handed out in collection order (TIER_ORDER), not by size."""
     if config.getvalue("dist") != "loadfile":
@@ -76,7 +90,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, AN
 
     class EngineAsOneUnit(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "one engine" if _tier_of(nodeid) in ONE_ENGINE else super()._split_scope(nodeid)
+            return "one engine" if _uses_engine(nodeid) else super()._split_scope(nodeid)
 
     config.option.loadscopereorder = False
     return EngineAsOneUnit(config, log)
@@ -84,7 +98,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, AN
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outermost: pytest-timeout's clock starts once it holds the lock
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # noqa: ANN201, ARG001
-    if "PYTEST_XDIST_WORKER" not in os.environ or _tier(item) not in ONE_ENGINE:
+    if "PYTEST_XDIST_WORKER" not in os.environ or not _uses_engine(item.nodeid):
         yield
         return
     ENGINE_LOCK.parent.mkdir(parents=True, exist_ok=True)
