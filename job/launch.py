@@ -29,9 +29,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-import portpicker
-
-from job.core import values
+from job.core import ports, values
 from job.core.errors import ConfigError, refuse_dash_values
 from job.runtime.cluster.base import CUDA_VISIBLE_DEVICES, visible_gpus
 from job.runtime.cluster.local import LocalLauncher
@@ -224,10 +222,11 @@ def child_environments(cfg: LaunchConfig, port: int, base: dict[str, str]) -> li
 
 
 def coordinator_port(port: int | None) -> int:
-    """`port`, or a free one on this machine when it is None."""
+    """`port`, or a free one on this machine when it is None (job.core.ports: not an ephemeral port, which
+    another process's connection could be given before the coordinator binds it)."""
     if port is not None:
         return port
-    return portpicker.pick_unused_port()
+    return ports.free_port()
 
 
 def launch(cfg: LaunchConfig) -> int:

