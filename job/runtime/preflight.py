@@ -102,7 +102,7 @@ def sees_process_0(directory: epath.Path, token: str) -> str:
     probe = probe_path(directory, 0)
     storage.forget_listings(directory)  # listed before process 0 wrote there: ask the store again
     try:
-        found = probe.read_text() if probe.is_file() else None
+        found = probe.read_text()  # one request to a bucket; a missing probe is FileNotFoundError there too
     except FileNotFoundError:
         found = None
     except Exception as exc:  # noqa: BLE001 - each store has its own errors; all mean "cannot read it here"

@@ -77,7 +77,9 @@ def load_model(run_dir: str, step: int | None = None, *, ema: bool = False) -> t
 SAVED_STEP = "pass one of the run's saved steps (its folders in RUN_DIR/checkpoints), or none for the newest"
 
 
-def _parser(prog: str) -> argparse.ArgumentParser:
+def run_dir_parser(prog: str) -> argparse.ArgumentParser:
+    """`python -m job PROG --run-dir D [--step N]`, for the commands that read a trained run (eval, export,
+    a task's own, such as the lm task's sample)."""
     p = argparse.ArgumentParser(prog=f"python -m job {prog}")
     p.add_argument("--run-dir", required=True, help="the run dir a training wrote")
     p.add_argument("--step", type=values.for_argparse(values.whole, fix=SAVED_STEP), default=None,
@@ -88,7 +90,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 def eval_command(argv: list[str]) -> int:
     """`python -m job eval --run-dir D [--step N]`: restore a checkpoint on this topology, evaluate it as
     the run does (--data.eval-batches batches of each split), write D/eval-STEP.json on process 0."""
-    args = _parser("eval").parse_args(argv)
+    args = run_dir_parser("eval").parse_args(argv)
     try:
         cfg, chosen = saved_config(args.run_dir)
     except ConfigError as exc:
@@ -129,7 +131,7 @@ def _write_json(path: epath.Path, record: dict) -> None:
 def export_command(argv: list[str]) -> int:
     """`python -m job export --run-dir D OUT [--step N]`: the model's state alone (no optimizer), as an
     orbax checkpoint at OUT that `orbax.checkpoint.StandardCheckpointer().restore(OUT)` reads."""
-    p = _parser("export")
+    p = run_dir_parser("export")
     p.add_argument("out", help="the folder to write (must not exist)")
     args = p.parse_args(argv)
     try:
@@ -149,4 +151,4 @@ def export_command(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["eval_command", "evaluate_checkpoint", "export_command", "load_model", "saved_config"]
+__all__ = ["eval_command", "evaluate_checkpoint", "export_command", "load_model", "run_dir_parser", "saved_config"]

@@ -106,6 +106,7 @@ def test_a_probe_that_cannot_be_read_says_why(tmp_path: Path, monkeypatch: pytes
     assert preflight.sees_process_0(tmp_path, "this-run") == (
         "cannot read process 0's .preflight-0: OSError: [Errno 5] Input/output error")
 
+
 def test_removing_a_probe_never_raises(tmp_path: Path) -> None:
     preflight.writable(tmp_path, 1, keep=True)
     assert (tmp_path / ".preflight-1").exists()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from job.core import values
@@ -55,21 +54,18 @@ def _sample(args: list[str]) -> int:
     """`python -m job sample --run-dir D [--prompt TEXT] [--tokens N] [--top-k K]`: continue a prompt with
     the trained LM. A byte-level model (vocab >= 256) reads TEXT as UTF-8 bytes and prints text; a smaller
     vocabulary reads TEXT as token ids ("1 5 7 2") and prints ids."""
-    p = argparse.ArgumentParser(prog="python -m job sample")
-    p.add_argument("--run-dir", required=True)
+    # orbax only to sample: tokenize and every sweep check load this task too
+    from job.train import trained
+
+    p = trained.run_dir_parser("sample")  # --run-dir and --step, as eval and export read them
     p.add_argument("--prompt", default="", help="text (byte-level models) or space-separated token ids")
     p.add_argument("--tokens", type=values.for_argparse(values.whole, fix="pass e.g. --tokens 32"), default=32,
                    help="how many tokens to add (default 32)")
     p.add_argument("--top-k", type=values.for_argparse(values.whole, minimum=1, fix="pass e.g. --top-k 8 (1: greedy)"),
                    default=8, help="sample among the k likeliest tokens (1: greedy)")
     p.add_argument("--seed", type=values.for_argparse(values.integer, fix="pass e.g. --seed 0"), default=0)
-    p.add_argument("--step", type=values.for_argparse(values.whole, fix="pass a saved step, or none for the newest"),
-                   default=None, help="a saved step (default: the newest)")
     p.add_argument("--ema", action="store_true", help="the EMA's parameters (runs with --ema.decay)")
     opts = p.parse_args(args)
-    # orbax only to sample: tokenize and every sweep check load this task too
-    from job.train import trained
-
     try:
         net, cfg = trained.load_model(opts.run_dir, opts.step, ema=opts.ema)
         prompt = model.encode_prompt(opts.prompt, cfg.model.vocab_size)
