@@ -112,9 +112,9 @@ SLURM_FLAGS = --nodes $(call quote,NODES) --partition $(call quote,PARTITION) \
 	$(if $(filter command line,$(origin PYTHON)),--python=$(call quote,PYTHON)) \
 	--sbatch-args=$(call quote,SBATCH_ARGS) --wait=$(call quote,WAIT) \
 	--sweep=$(call quote,SWEEP) --sweep-parallel=$(call quote,SWEEP_PARALLEL) --retries=$(call quote,RETRIES) \
-	$(SLURM_ARGS)
+	--spares=$(call quote,SPARES) $(SLURM_ARGS)
 
-submit-slurm: $(BIN)/.installed ## submit the job: NODES=4 [GPUS_PER_NODE TASKS_PER_NODE GPU_TYPE GRES=1 CPUS_PER_TASK MEM EXCLUSIVE=1 CONSTRAINT PARTITION TIME ACCOUNT QOS IMAGE CONTAINER_RUNTIME PYTHON SBATCH_ARGS VIA=sbatch WAIT=1 DRY_RUN=1 RETRIES=3 ARGS=...], after make doctor's quick checks (partition, its state and limits); SWEEP='optim.lr=1e-3,3e-3 seed=0,1' (or a sweep file) [SWEEP_PARALLEL=N]: one job array of the runs, each checked first, completed ones skipped; a failed attempt (not 2, not 75) is requeued from its checkpoint up to RETRIES times, each without the node that failed first
+submit-slurm: $(BIN)/.installed ## submit the job: NODES=4 [GPUS_PER_NODE TASKS_PER_NODE GPU_TYPE GRES=1 CPUS_PER_TASK MEM EXCLUSIVE=1 CONSTRAINT PARTITION TIME ACCOUNT QOS IMAGE CONTAINER_RUNTIME PYTHON SBATCH_ARGS VIA=sbatch WAIT=1 DRY_RUN=1 RETRIES=3 SPARES=1 ARGS=...], after make doctor's quick checks (partition, its state and limits); SWEEP='optim.lr=1e-3,3e-3 seed=0,1' (or a sweep file) [SWEEP_PARALLEL=N]: one job array of the runs, each checked first, completed ones skipped; a failed attempt (not 2, not 75) restarts from its checkpoint up to RETRIES times without the node that failed first: in the allocation on one of SPARES extra nodes, else requeued
 	@if [ -f $(SLURM_ENV) ]; then . $(SLURM_ENV); fi; \
 	$(BIN)/python -m deploy.slurm $(SLURM_FLAGS)
 

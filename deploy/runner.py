@@ -56,3 +56,22 @@ class Runner:
             argv, check=check, text=True, timeout=timeout, env=None if env is None else dict(env),
             stdout=subprocess.PIPE if capture else None, stderr=subprocess.PIPE if capture else None,
         )
+
+    def run_echoing_stderr(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None
+                           ) -> subprocess.CompletedProcess[str]:
+        """Run `argv` to its end, its stderr copied to ours line by line as it comes and also returned (srun's own
+        messages say which task failed where); stdout passes through."""
+        argv = [str(a) for a in argv]
+        if self.dry_run:
+            print(shlex.join(argv), file=sys.stdout, flush=True)
+            return subprocess.CompletedProcess(argv, 0, "", "")
+        log.debug("running %s", shlex.join(argv))
+        lines: list[str] = []
+        with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, errors="replace",
+                              env=None if env is None else dict(env)) as proc:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+                lines.append(line)
+        return subprocess.CompletedProcess(argv, proc.returncode, None, "".join(lines))

@@ -88,7 +88,13 @@ class SlurmConfig:
     args: tuple[str, ...] = ("train", "--run-dir", "runs/slurm")  # what `python -m job` runs
     sweep: str | None = None  # SWEEP: grid words or a sweep file; one job array of its runs (deploy/slurm/array.py)
     sweep_parallel: int | None = None  # SWEEP_PARALLEL: the array's %N, elements running at once; None: no limit
-    retries: int = 3  # RETRIES: a failed attempt (not 0, 2 or 75) is requeued away from its node this often
+    retries: int = 3  # RETRIES: a failed attempt (not 0, 2 or 75) is restarted away from its node this often
+    spares: int = 0  # SPARES: nodes asked beyond NODES; a failed node's process restarts on one, in the allocation
+
+    @property
+    def allocated_nodes(self) -> int:
+        """What the job asks Slurm for: NODES + SPARES."""
+        return self.nodes + self.spares
 
     @property
     def ntasks_per_node(self) -> int:
@@ -221,6 +227,12 @@ def resource_options(cfg: SlurmConfig) -> list[tuple[str, str | bool]]:
     if request:
         options.append(request)
     return options
+
+
+def spare_options(cfg: SlurmConfig) -> list[tuple[str, str | bool]]:
+    """With SPARES, --no-kill: a node that fails does not end the job, a spare takes its place
+    (deploy/slurm/supervise.py)."""
+    return [("no-kill", True)] if cfg.spares else []
 
 
 def extra_options(words: tuple[str, ...]) -> list[tuple[str, str | bool]]:

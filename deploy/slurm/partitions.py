@@ -273,29 +273,30 @@ def _fits(cfg: SlurmConfig, node: Node) -> bool:
 
 
 def nodes(cfg: SlurmConfig, cluster: Cluster) -> str:
-    p, want = cluster.partition, cfg.nodes
+    p, want = cluster.partition, cfg.allocated_nodes
+    name = "NODES+SPARES" if cfg.spares else "NODES"  # a fix names NODES: the spares are what it leaves
     fit = [n for n in cluster.nodes if _fits(cfg, n)]
     such = " such" if len(fit) < len(cluster.nodes) else ""
     others = [q.name for q in cluster.partitions if q is not p and not q.hidden and q.state == "UP"]
     elsewhere = f"another PARTITION ({', '.join(others)})" if others else "another PARTITION"
     if p.max_nodes is not None and want > p.max_nodes:
-        raise ConfigError("NODES", expected=f"at most partition {p.name}'s MaxNodes {p.max_nodes}", found=want,
-                          fix=f"NODES={p.max_nodes}, or a PARTITION with a larger MaxNodes")
+        raise ConfigError(name, expected=f"at most partition {p.name}'s MaxNodes {p.max_nodes}", found=want,
+                          fix=f"NODES={p.max_nodes - cfg.spares}, or a PARTITION with a larger MaxNodes")
     if want < p.min_nodes:
-        raise ConfigError("NODES", expected=f"at least partition {p.name}'s MinNodes {p.min_nodes}", found=want,
-                          fix=f"NODES={p.min_nodes}")
+        raise ConfigError(name, expected=f"at least partition {p.name}'s MinNodes {p.min_nodes}", found=want,
+                          fix=f"NODES={p.min_nodes - cfg.spares}")
     if not fit and len(cluster.nodes) >= want:  # the per-node checks above said which resource no node has
         return f"{want} asked, partition {p.name} has {len(cluster.nodes)} node(s), none with the per-node request"
     if want > len(fit):
-        raise ConfigError("NODES", expected=f"at most {len(fit)}: partition {p.name} has {len(fit)}{such} node(s)"
+        raise ConfigError(name, expected=f"at most {len(fit)}: partition {p.name} has {len(fit)}{such} node(s)"
                           + (f" of {len(cluster.nodes)} (with the GPUs, CPUs and memory asked)" if such else ""),
-                          found=want, fix=(f"NODES={len(fit)}, or " if fit else "") + elsewhere)
+                          found=want, fix=(f"NODES={len(fit) - cfg.spares}, or " if len(fit) > cfg.spares else "") + elsewhere)
     up = [n for n in fit if n.available]
     if want > len(up):
         out = ", ".join(f"{n.name} ({n.state})" for n in fit if not n.available)
-        raise ConfigError("NODES", expected=f"at most {len(up)}: the{such} nodes of partition {p.name} that take "
+        raise ConfigError(name, expected=f"at most {len(up)}: the{such} nodes of partition {p.name} that take "
                           "jobs (the job would wait in the queue until the others come back)", found=want,
-                          fix=(f"NODES={len(up)}, " if up else "") + f"{elsewhere}, or wait until the admins "
+                          fix=(f"NODES={len(up) - cfg.spares}, " if len(up) > cfg.spares else "") + f"{elsewhere}, or wait until the admins "
                               f"resume {out}")
     return f"{want} asked, partition {p.name} has {len(up)}{such} node(s) taking jobs"
 

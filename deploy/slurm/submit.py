@@ -45,6 +45,7 @@ from deploy.slurm.options import (
     extra_options,
     gpu_request,
     resource_options,
+    spare_options,
     switch,
     task_environment,
     time_minutes,
@@ -56,7 +57,7 @@ from job.runtime.cluster.base import SKIP_GPU_CHECK, skips_gpu_check
 log = logging.getLogger("deploy.slurm")
 
 SBATCH_SCRIPT = ROOT / "slurm" / "train.sbatch"
-REQUEUE_SCRIPT = ROOT / "slurm" / "requeue.sh"  # how both batch scripts requeue a preempted job
+REQUEUE_SCRIPT = ROOT / "slurm" / "requeue.sh"  # how both batch scripts hand their srun to the supervisor
 LOCAL_CLUSTER_ENV = "/var/tmp/jax-job-slurm/env.sh"
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
             "DEADLINE"}
@@ -129,22 +130,21 @@ def submitit_parameters(cfg: SlurmConfig, environ: Mapping[str, str] = os.enviro
         srun_args.append(f"--cpus-per-task={cfg.cpus_per_task}")
     params: dict[str, object] = {
         "job_name": cfg.job_name,
-        "nodes": cfg.nodes,
+        "nodes": cfg.allocated_nodes,
         "ntasks_per_node": cfg.ntasks_per_node,
         "time": time_minutes(cfg.time),
         "signal_delay_s": cfg.signal_delay_s,
         "srun_args": srun_args,
         "stderr_to_stdout": True,
         # --requeue: `scontrol requeue` is refused without it where JobRequeue=0; --export=ALL: NCCL_* and the rest
-        "additional_parameters": {"export": "ALL", "requeue": True, **dict(extra_options(cfg.sbatch_args))},
+        "additional_parameters": {"export": "ALL", "requeue": True, **dict(spare_options(cfg)),
+                                  **dict(extra_options(cfg.sbatch_args))},
     }
     params.update((name.replace("-", "_"), value) for name, value in resource_options(cfg))
-    # srun's status is $? on the teardown's first line: requeued as slurm/train.sbatch requeues
+    # the script's srun line runs through the supervisor (slurm/requeue.sh), as slurm/train.sbatch's does
     params["setup"] = ["# shellcheck source=slurm/requeue.sh", f"source {shlex.quote(str(REQUEUE_SCRIPT))} || exit 2",
                        *(f"export {name}={shlex.quote(value)}" for name, value in task_environment(cfg, environ).items()),
-                       *(f"export {name}={shlex.quote(value)}" for name, value in retry_environment(cfg).items()),
-                       "watch_srun"]
-    params["teardown"] = ['after_srun "$?"']
+                       *(f"export {name}={shlex.quote(value)}" for name, value in supervisor_environment(cfg).items())]
     return params
 
 
@@ -155,24 +155,28 @@ def submitit_script(cfg: SlurmConfig, environ: Mapping[str, str] = os.environ) -
     return internals.submitit_sbatch_script(command, folder, **submitit_parameters(cfg, environ))
 
 
-def retry_environment(cfg: SlurmConfig) -> dict[str, str]:
-    """What slurm/requeue.sh reads in the batch script: the retry budget and where attempts are recorded."""
-    return {"JOB_LOG_DIR": cfg.log_dir, "JOB_RETRIES": str(cfg.retries)}
+def supervisor_environment(cfg: SlurmConfig) -> dict[str, str]:
+    """What the job's supervisor reads in the batch script (deploy/slurm/supervise.py): the nodes a step uses (the
+    rest are spares), the retry budget, where attempts are recorded, and (submitit) the interpreter it runs in."""
+    ours = {"JOB_LOG_DIR": cfg.log_dir, "JOB_RETRIES": str(cfg.retries), "JOB_NODES": str(cfg.nodes)}
+    if cfg.via == "submitit" and not cfg.image:
+        ours["JOB_PYTHON"] = cfg.task_python
+    return ours
 
 
 def exports(cfg: SlurmConfig) -> list[str]:
     """NAME=value pairs the sbatch path adds to the exported environment (read by slurm/train.sbatch)."""
-    ours = [f"{name}={value}" for name, value in retry_environment(cfg).items()]
+    ours = [f"{name}={value}" for name, value in supervisor_environment(cfg).items()]
     if cfg.image:
         return [*ours, f"IMAGE={cfg.image}", f"CONTAINER_RUNTIME={cfg.container_runtime}"]
     return [f"JOB_PYTHON={cfg.task_python}", *ours]
 
 
 def sbatch_argv(cfg: SlurmConfig) -> list[str]:
-    argv = ["sbatch", "--parsable", f"--job-name={cfg.job_name}", f"--nodes={cfg.nodes}",
+    argv = ["sbatch", "--parsable", f"--job-name={cfg.job_name}", f"--nodes={cfg.allocated_nodes}",
             f"--ntasks-per-node={cfg.ntasks_per_node}", f"--time={cfg.time}",
             f"--signal=USR2@{cfg.signal_delay_s}", "--requeue", f"--output={cfg.log_dir}/%j-batch.log"]
-    for name, value in [*resource_options(cfg), *extra_options(cfg.sbatch_args)]:
+    for name, value in [*resource_options(cfg), *spare_options(cfg), *extra_options(cfg.sbatch_args)]:
         argv.append(f"--{name}" if value is True else f"--{name}={value}")
     argv.append("--export=" + ",".join(["ALL", *exports(cfg)]))
     return [*argv, str(SBATCH_SCRIPT), *cfg.args]
@@ -180,10 +184,10 @@ def sbatch_argv(cfg: SlurmConfig) -> list[str]:
 
 def batch_environment(cfg: SlurmConfig, environ: Mapping[str, str]) -> dict[str, str]:
     """What slurm/train.sbatch would see in the batch step of `sbatch_argv(cfg)`, for JOB_DRY_RUN=1."""
-    ours = {"IMAGE", "CONTAINER_RUNTIME", "JOB_PYTHON", "JOB_LOG_DIR", "JOB_DRY_RUN", "JOB_RETRIES"}
+    ours = {"IMAGE", "CONTAINER_RUNTIME", "JOB_PYTHON", "JOB_LOG_DIR", "JOB_DRY_RUN", "JOB_RETRIES", "JOB_NODES"}
     env = {k: v for k, v in environ.items() if k not in ours and not k.startswith("SLURM_")}
     env.update(pair.split("=", 1) for pair in exports(cfg))
-    env.update(task_environment(cfg, environ), JOB_DRY_RUN="1", SLURM_JOB_NUM_NODES=str(cfg.nodes),
+    env.update(task_environment(cfg, environ), JOB_DRY_RUN="1", SLURM_JOB_NUM_NODES=str(cfg.allocated_nodes),
                SLURM_NTASKS_PER_NODE=str(cfg.ntasks_per_node))
     if cfg.cpus_per_task:
         env["SLURM_CPUS_PER_TASK"] = str(cfg.cpus_per_task)
@@ -328,8 +332,10 @@ def parse(argv: list[str]) -> SlurmConfig:
         parser.add_argument(flag, nargs="?", const="1", default="")
     parser.add_argument("--sweep", default="", help="grid words or a sweep file: one job array of the sweep's runs")
     parser.add_argument("--sweep-parallel", default="", help="the job array's %%N limit: elements running at once")
-    parser.add_argument("--retries", default="", help="RETRIES: requeues after a failure, each away from the node "
+    parser.add_argument("--retries", default="", help="RETRIES: restarts after a failure, each away from the node "
                         "that failed (default 3; 0: none); preemptions requeue without spending them")
+    parser.add_argument("--spares", default="", help="SPARES: nodes asked beyond NODES, for a failed node's "
+                        "replacement inside the allocation (default 0)")
     parser.add_argument("--log-dir", default=SlurmConfig.log_dir)
     parser.add_argument("--sbatch-args", type=shell_words, default=(),
                         help="more sbatch options as one shell-style string, each word --flag or --flag=value")
@@ -352,6 +358,7 @@ def parse(argv: list[str]) -> SlurmConfig:
         args=tuple(argv[cut + 1:]) or a.args or SlurmConfig.args, sweep=blank(a.sweep.strip()),
         sweep_parallel=count("SWEEP_PARALLEL", a.sweep_parallel, 1) if a.sweep_parallel else None,
         retries=count("RETRIES", a.retries, 0) if a.retries else SlurmConfig.retries,
+        spares=count("SPARES", a.spares, 0) if a.spares else 0,
     )
 
 
@@ -375,7 +382,8 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> int:
         sub = submit(cfg, runner)
     except (ConfigError, SubmitError) as exc:
         return said(exc)
-    print(f"submitted Slurm job {sub.job_id}: {cfg.nodes} node(s) x {cfg.ntasks_per_node} task(s), "
+    spares = f" (+{cfg.spares} spare)" if cfg.spares else ""
+    print(f"submitted Slurm job {sub.job_id}: {cfg.nodes} node(s){spares} x {cfg.ntasks_per_node} task(s), "
           f"python -m job {' '.join(cfg.args)}")
     print(f"  process 0 log: {sub.log}\n  all task logs: {sub.logs}")
     print(f"  follow: tail -f {sub.log}   cancel: scancel {sub.job_id}   check: squeue -j {sub.job_id}; "

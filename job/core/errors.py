@@ -8,10 +8,10 @@ import contextlib
 from collections.abc import Sequence
 from types import TracebackType
 
-from job.core import values
+from job.core import exits, values
 from job.core.values import BadValue
 
-BAD_INPUT_EXIT_CODE = 2  # a ConfigError, wherever it is found: before the start or inside the run
+BAD_INPUT_EXIT_CODE = exits.BAD_INPUT  # a ConfigError, wherever it is found: before the start or inside the run
 
 _PUBLIC_MODULE = "job.errors"  # where users import these from: tracebacks and pickles name it
 

@@ -16,9 +16,11 @@ from types import FrameType
 
 import numpy as np
 
+from job.core import exits
+
 log = logging.getLogger(__name__)
 
-REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: saved, stopped on purpose, run me again
+REQUEUE_EXIT_CODE = exits.REQUEUE  # EX_TEMPFAIL: saved, stopped on purpose, run me again
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 # a scheduler's notice (Slurm's --signal=USR2@SECONDS, scancel --signal=USR2): heard from before the processes
 # join, where SIGTERM keeps its default until they have (the launcher's stop ends a process waiting to join)

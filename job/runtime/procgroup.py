@@ -18,17 +18,16 @@ import threading
 import time
 from typing import IO
 
+from job.core import exits
+
 log = logging.getLogger("job.launch")
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING = (signal.SIGINT, signal.SIGTERM)
-# Deaths no rank chooses: a JAX process that loses a peer exits 1 (a Python
-# exception from the collective) or aborts (SIGABRT, jax's fatal log), but is
-# never killed by one of these unless something else killed it or it crashed.
-# Such a rank is the cause even when its peers' reactions are reaped first: a
-# big process takes a while to be torn down after SIGKILL, its peers see the
-# connection drop and exit at about the same time.
-CRASHES = (signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE)
+# Deaths no rank chooses (job/core/exits.py): such a rank is the cause even when its peers' reactions are reaped
+# first: a big process takes a while to be torn down after SIGKILL, its peers see the connection drop and exit at
+# about the same time.
+CRASHES = exits.CRASHES
 # Gloo prints "[Gloo] Rank N is connected to M peer ranks. Expected number of
 # connected peer ranks is : M" once per device, from several threads at once,
 # so the pieces interleave into fragment lines. They drown real output at scale.

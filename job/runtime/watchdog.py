@@ -15,9 +15,11 @@ import sys
 import threading
 import time
 
+from job.core import exits
+
 log = logging.getLogger(__name__)
 
-HANG_EXIT_CODE = 86  # no step completed within the watchdog timeout
+HANG_EXIT_CODE = exits.HANG  # no step completed within the watchdog timeout
 
 
 class Watchdog:

@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from job.observe.status import State, state_of
-from tests.launching import ROOT, explain, launcher_argv, run
+from tests.launching import ROOT, explain, launcher_argv, run, wait_for_line
 from tests.slurm.test_slurm import SMALL, deploy_argv, job_id, task_env
 
 pytestmark = pytest.mark.slurm
@@ -102,3 +103,69 @@ def test_a_configuration_error_is_never_retried(slurm_env: dict[str, str], tmp_p
     assert record["action"] == "not retried: the same flags would fail again"
     shown = subprocess.run(["scontrol", "show", "job", jid], env=slurm_env, capture_output=True, text=True, check=True).stdout
     assert "Restarts=0" in shown, shown
+
+
+def _state(slurm_env: dict[str, str], jid: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", jid, "-o", "%T"], env=slurm_env, capture_output=True, text=True,
+                          check=False).stdout.strip()
+
+
+@pytest.mark.parametrize("requeue", [True, False], ids=["requeue-allowed", "requeue-disabled"])
+def test_a_killed_process_restarts_on_a_spare_inside_the_allocation_while_a_requeued_job_would_wait(
+        slurm_env: dict[str, str], tmp_path: Path, requeue: bool) -> None:
+    """SPARES=1 in partition `strict` (no oversubscription: a job that does not fit waits): process 1 is SIGKILLed on node2
+    just after step 22; the supervisor starts a new step on node1 and node3 at once, from step 20's checkpoint,
+    while a job asking for every node stays pending; the run ends bitwise equal to an uninterrupted one, in the same
+    job (Restarts=0). With requeue disabled on the job (Requeue=0, as JobRequeue=0 or --no-requeue leave it), the
+    same."""
+    flags = ["--steps", "30", "--ckpt.every", "10", "--ckpt.no-background", "--log-every", "2", *SMALL]
+    reference = run(launcher_argv(2, [sys.executable, "-m", "job", "train", "--run-dir", str(tmp_path / "ref"),
+                                      *flags], devices=1), timeout=300)
+    assert reference.returncode == 0, explain(reference, reference.stdout, reference.stderr)
+    run_dir = tmp_path / "run"
+    env = {**task_env(slurm_env), "NODE_FAULT": "node2", "NODE_FAULT_STEP": "22",
+           "NODE_FAULT_AFTER": str(run_dir / "checkpoints" / "20")}
+    argv = deploy_argv(tmp_path, "--wait", "--partition", "strict", "--spares", "1", "--retries", "2",
+                       job=["train", "--run-dir", str(run_dir), *FAULTY, *flags], nodes=2)
+    proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = wait_for_line(proc, "submitted Slurm job", timeout=120)
+    jid = job_id("".join(seen))
+    deadline = time.monotonic() + 120
+    while _state(slurm_env, jid) != "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not requeue:
+        subprocess.run(["scontrol", "update", f"JobId={jid}", "Requeue=0"], env=slurm_env, check=True)
+    blocker = subprocess.run(["sbatch", "--parsable", "--partition=strict", "--nodes=4", "--exclusive", "--time=10",
+                              f"--output={tmp_path}/blocker.log", "--wrap=sleep 600"], env=slurm_env,
+                             capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        out, _ = proc.communicate(timeout=600)
+        blocked = _state(slurm_env, blocker)
+    finally:
+        subprocess.run(["scancel", blocker], env=slurm_env, check=False)
+    output = "".join(seen) + out
+    assert proc.returncode == 0, output
+    assert blocked == "PENDING", blocked  # a requeued job would have waited behind it
+    shown = subprocess.run(["scontrol", "show", "job", jid], env=slurm_env, capture_output=True, text=True,
+                           check=True).stdout
+    assert "Restarts=0" in shown and "JobState=COMPLETED" in shown, shown
+    assert ("Requeue=1" in shown) is requeue
+
+    ours = json.loads((run_dir / "summary.json").read_text())
+    ref = json.loads((tmp_path / "ref" / "summary.json").read_text())
+    assert ours["completed"] is True and ours["final_step"] == 30
+    assert ours["params_sha256"] == ref["params_sha256"]  # resumed from its checkpoint, bitwise
+    failed, done = _ended(run_dir)
+    assert failed == {**failed, "job": jid, "attempt": 1, "code": 137, "outcome": "failed", "node": "node2",
+                      "process": "1", "cause": "Killed", "nodes": "node1,node2",
+                      "action": "restart 1 of 2 in the allocation, on a spare instead of node2"}, failed
+    assert done == {**done, "job": jid, "attempt": 2, "code": 0, "outcome": "completed", "nodes": "node1,node3"}, done
+    first = (tmp_path / "logs" / f"{jid}_0_log.out").read_text()
+    assert "resumed from step 20" in first, first
+    second = [line for line in (tmp_path / "logs" / f"{jid}_1_log.out").read_text().splitlines()
+              if "process 1 of 2 (slurm) on" in line]
+    assert [line.rsplit(" ", 1)[-1] for line in second] == ["node2", "node3"], second
+    assert ours["goodput"]["failed_attempts"] == 1 and ours["goodput"]["lost_to_failures_s"] > 0
+    assert state_of(run_dir).state is State.COMPLETED
+    print(f"restart in the allocation: the next step began {done['began'] - failed['ended']:.1f} s after the "
+          f"failed one ended; {ours['goodput']['lost_to_failures_s']:.1f} s lost to the failure")

@@ -20,6 +20,7 @@ from deploy.slurm import options as slurm_options
 from deploy.slurm import submit as slurm
 from deploy.slurm import task as slurm_task
 from deploy.slurm.partitions import PARTITION_ARGV
+from job.core import exits
 from job.errors import ConfigError
 from job.runtime.cluster.base import SKIP_GPU_CHECK
 from job.runtime.preemption import SIGNALS
@@ -195,9 +196,10 @@ def test_gpu_xla_flags_are_set_only_on_the_gpu_path_and_on_both_paths() -> None:
     environ = {"XLA_FLAGS": "--xla_dump_to=/tmp/d"}
     exports = [line for line in slurm.submitit_parameters(slurm.SlurmConfig(), environ)["setup"]
                if line.startswith("export ")]
-    assert exports == ["export JOB_LOG_DIR=runs/slurm-logs", "export JOB_RETRIES=3"]  # slurm/requeue.sh's
+    assert exports == ["export JOB_LOG_DIR=runs/slurm-logs", "export JOB_RETRIES=3", "export JOB_NODES=1",
+                       f"export JOB_PYTHON={sys.executable}"]  # the supervisor's (deploy/slurm/supervise.py)
     gpu = slurm.SlurmConfig(gpus_per_node=4)
-    assert slurm.submitit_parameters(gpu, environ)["setup"][2:-3] == [
+    assert [line for line in slurm.submitit_parameters(gpu, environ)["setup"] if "XLA_FLAGS" in line] == [
         "export XLA_FLAGS='--xla_dump_to=/tmp/d --xla_gpu_enable_latency_hiding_scheduler=true'"]
     assert slurm_options.task_environment(gpu, environ) == {
         "XLA_FLAGS": "--xla_dump_to=/tmp/d --xla_gpu_enable_latency_hiding_scheduler=true"}
@@ -254,7 +256,7 @@ def test_the_gpu_probe_accepts_an_interpreter_with_the_plugin(tmp_path: Path) ->
     assert slurm.main(["--gpus-per-node=4", "--python=/opt/cuda/python", "--via=sbatch", f"--log-dir={tmp_path}"],
                       runner=runner) == 0
     assert [call[0] for call in actions(runner)] == ["/opt/cuda/python", "sbatch"]
-    assert f"--export=ALL,JOB_PYTHON=/opt/cuda/python,JOB_LOG_DIR={tmp_path},JOB_RETRIES=3" in actions(runner)[1]
+    assert f"--export=ALL,JOB_PYTHON=/opt/cuda/python,JOB_LOG_DIR={tmp_path},JOB_RETRIES=3,JOB_NODES=1" in actions(runner)[1]
 
 
 # ---------------------------------------------------------------------------------------------------- SBATCH_ARGS
@@ -502,19 +504,24 @@ def test_make_venv_python_makes_a_venv_of_another_interpreter_again(tmp_path: Pa
 
 # ---------------------------------------------------------------------------------------------------- requeue
 STAND_INS = {
-    # srun: says which task failed where, as srun does, and ends as the tasks did (SRUN_CODE)
+    # srun: says which task failed where, as srun does (a task's own code, or the signal that killed it), and
+    # ends as the tasks did (SRUN_CODE)
     "srun": 'echo "srun $*" >> "$CALLS"\n'
-            'case ${FIRST:-$SRUN_CODE} in 0) ;; 75) echo "srun: error: node2: task 1: Exited with exit code 75" >&2 ;;\n'
-            '  2) echo "srun: error: node2: task 1: Exited with exit code 2" >&2 ;;\n'
-            '  *) echo "srun: error: node2: task 1: ${FIRST:-Killed}" >&2 ;; esac\n'
+            'if [[ -n $SRUN_CODES ]]; then codes=($SRUN_CODES); n=$(grep -c "^srun " "$CALLS");\n'
+            '  SRUN_CODE=${codes[n-1]:-0}; fi\n'
+            'if [[ -n $FIRST ]]; then said=$FIRST; elif ((SRUN_CODE == 137)); then said=Killed;\n'
+            'else said="Exited with exit code $SRUN_CODE"; fi\n'
+            '[[ $SRUN_CODE == 0 ]] || echo "srun: error: node2: task 1: $said" >&2\n'
             '[[ $SRUN_CODE == 0 ]] || echo "srun: error: node1: task 0: Terminated" >&2\n'
             'exit "$SRUN_CODE"\n',
-    # scontrol: only the four forms the batch scripts use, as Slurm takes them; the rest is refused
+    # scontrol: only the forms the supervisor uses, as Slurm takes them; the rest is refused. REQUEUE=0: the job
+    # has no requeue flag (JobRequeue=0, --no-requeue) and Slurm refuses to requeue it.
     "scontrol": 'case "$*" in\n'
-                '  "requeue $SLURM_JOB_ID") ;;\n'
-                '  "show job $SLURM_JOB_ID") echo "   ReqNodeList=(null) ExcNodeList=${EXCLUDED:-(null)}"; exit 0 ;;\n'
+                '  "requeue $SLURM_JOB_ID") [[ ${REQUEUE:-1} == 1 ]] || { echo "scontrol: error: Requested operation '
+                'is presently disabled for job $SLURM_JOB_ID" >&2; exit 1; } ;;\n'
+                '  "show job $SLURM_JOB_ID") echo "   ReqNodeList=(null) ExcNodeList=${EXCLUDED:-(null)}";\n'
+                '    echo "   Requeue=${REQUEUE:-1} Restarts=$SLURM_RESTART_COUNT BatchFlag=1"; exit 0 ;;\n'
                 '  "update JobId=$SLURM_JOB_ID ExcNodeList="*) ;;\n'
-                '  "show hostnames "*) tr , "\\n" <<< "$3"; exit 0 ;;\n'
                 '  *) echo "scontrol: invalid command: $*" >&2; exit 1 ;;\n'
                 'esac\necho "scontrol $*" >> "$CALLS"\n',
     "sinfo": '[[ "$*" == "-h -p debug -N -o %N" ]] || { echo "sinfo: bad $*" >&2; exit 1; }\n'
@@ -522,17 +529,20 @@ STAND_INS = {
 }
 
 
-def _batch_script(route: str, tmp_path: Path, retries: int = 3) -> list[str]:
+def _batch_script(route: str, tmp_path: Path, retries: int = 3, spares: int = 0) -> list[str]:
     if route == "sbatch":
         return ["bash", str(slurm.SBATCH_SCRIPT), "train", "--run-dir", str(tmp_path / "run")]
     script = tmp_path / "submitit.sbatch"
-    cfg = slurm.SlurmConfig(nodes=2, log_dir=str(tmp_path / "logs"), retries=retries)
+    cfg = slurm.SlurmConfig(nodes=2, log_dir=str(tmp_path / "logs"), retries=retries, spares=spares)
     script.write_text(slurm.submitit_script(cfg, {}))
     return ["bash", str(script)]
 
 
 def _run_batch(route: str, tmp_path: Path, code: int, *, retries: int = 3, excluded: str = "", restart: int = 2,
-               first: str = "") -> tuple[subprocess.CompletedProcess[str], list[str], list[dict]]:
+               first: str = "", spares: int = 0, codes: str = "", requeue: int = 1
+               ) -> tuple[subprocess.CompletedProcess[str], list[str], list[dict]]:
+    """The batch script of `route` with stand-ins for srun, scontrol and sinfo: a job of 2 nodes (+ `spares`)
+    whose steps end with `code` (or each with the next of `codes`); the stand-ins' calls and the job's records."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for name, body in STAND_INS.items():
@@ -541,10 +551,12 @@ def _run_batch(route: str, tmp_path: Path, code: int, *, retries: int = 3, exclu
     calls = tmp_path / "calls"
     calls.unlink(missing_ok=True)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "CALLS": str(calls),
-           "SRUN_CODE": str(code), "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]",
+           "SRUN_CODE": str(code), "SRUN_CODES": codes, "REQUEUE": str(requeue), "JOB_NODES": "2",
+           "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": f"node[1-{2 + spares}]",
            "SLURM_RESTART_COUNT": str(restart), "JOB_LOG_DIR": str(tmp_path / "logs"), "JOB_RETRIES": str(retries),
-           "SLURM_JOB_PARTITION": "debug", "SLURM_JOB_NUM_NODES": "2", "EXCLUDED": excluded, "FIRST": first}
-    proc = subprocess.run(_batch_script(route, tmp_path, retries), env=env, cwd=ROOT, capture_output=True,
+           "SLURM_JOB_PARTITION": "debug", "SLURM_JOB_NUM_NODES": str(2 + spares), "EXCLUDED": excluded,
+           "FIRST": first}
+    proc = subprocess.run(_batch_script(route, tmp_path, retries, spares), env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     record = tmp_path / "logs" / "4242-attempts.jsonl"
     records = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
@@ -568,13 +580,77 @@ def test_both_batch_scripts_requeue_a_preempted_job_and_retry_a_failed_one_away_
         assert record["outcome"] == "preempted"
     elif code in (1, 137):
         assert recorded[1:] == ["scontrol requeue 4242", "scontrol update JobId=4242 ExcNodeList=node2"]
-        assert record == {**record, "outcome": "failed", "node": "node2", "process": "1", "cause": "Killed",
+        cause = {1: "Exited with exit code 1", 137: "Killed"}[code]
+        assert record == {**record, "outcome": "failed", "node": "node2", "process": "1", "cause": cause,
                           "action": "retry 1 of 3, excluding node2"}
-        assert (f"job 4242 attempt 3 failed with exit code {code} (process 1 on node2: Killed): retry 1 of 3, "
+        assert (f"job 4242 attempt 3 failed with exit code {code} (process 1 on node2: {cause}): retry 1 of 3, "
                 "excluding node2") in proc.stdout
     else:
         assert recorded[1:] == []
         assert record["outcome"] == {0: "completed", 2: "configuration error"}[code]
+
+
+def test_spares_ask_for_more_nodes_that_a_failed_node_does_not_take_down_and_the_run_uses_nodes_of_them() -> None:
+    cfg = slurm.parse(["--nodes", "4", "--spares", "1", "--via", "sbatch"])
+    assert (cfg.nodes, cfg.spares, cfg.allocated_nodes) == (4, 1, 5)
+    argv = slurm.sbatch_argv(cfg)
+    assert "--nodes=5" in argv and "--no-kill" in argv
+    assert next(a for a in argv if a.startswith("--export=")).endswith(",JOB_NODES=4")
+    script = slurm.submitit_script(dataclasses.replace(cfg, via="submitit"), {})
+    assert "#SBATCH --nodes=5" in script and "#SBATCH --no-kill" in script and "export JOB_NODES=4" in script
+    plain = slurm.sbatch_argv(slurm.parse(["--nodes", "4", "--via", "sbatch"]))
+    assert "--nodes=4" in plain and "--no-kill" not in plain  # without spares a lost node ends the job, as before
+
+
+@pytest.mark.parametrize("value", ["-1", "x", "1.5"])
+def test_bad_spares_is_one_clear_error(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert slurm.main(["--spares", value, "--dry-run"], runner=RecordingRunner()) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: SPARES: expected") and "Fix: e.g. SPARES=4" in err, err
+
+
+@pytest.mark.parametrize("route", ["sbatch", "submitit"])
+def test_a_failure_restarts_in_the_allocation_on_a_spare_without_the_queue(route: str, tmp_path: Path) -> None:
+    """SPARES=1: the job holds node1..3, a step uses 2; the process on node2 is killed, and the next step starts at
+    once on node1 and node3 (no scontrol requeue), then completes."""
+    proc, recorded, records = _run_batch(route, tmp_path, 0, spares=1, codes="137 0", restart=0)
+    assert proc.returncode == 0, proc.stderr
+    steps = [call for call in recorded if call.startswith("srun ")]
+    assert len(steps) == 2 and recorded == steps  # no requeue, no probe: Slurm is asked nothing else
+    assert steps[0].startswith("srun --nodes=2 --ntasks=2 --nodelist=node1,node2 ")
+    assert steps[1].startswith("srun --nodes=2 --ntasks=2 --nodelist=node1,node3 ")
+    assert "--kill-on-bad-exit=1" in steps[1]
+    failed, done = records
+    assert failed == {**failed, "attempt": 1, "code": 137, "outcome": "failed", "node": "node2", "process": "1",
+                      "nodes": "node1,node2", "action": "restart 1 of 3 in the allocation, on a spare instead of node2"}
+    assert done == {**done, "attempt": 2, "code": 0, "outcome": "completed", "nodes": "node1,node3"}
+    assert ("job 4242 attempt 1 failed with exit code 137 (process 1 on node2: Killed): restart 1 of 3 in the "
+            "allocation, on a spare instead of node2") in proc.stdout
+
+
+@pytest.mark.parametrize("route", ["sbatch", "submitit"])
+def test_with_no_spare_left_a_failure_is_requeued_and_where_requeue_is_disabled_restarts_on_a_node_that_answers(
+        route: str, tmp_path: Path) -> None:
+    # one spare, two failures: the first takes the spare, the second (node2 again: the stand-in's messages) has none
+    proc, recorded, records = _run_batch(route, tmp_path, 0, spares=1, codes="1 1", restart=0)
+    assert [r["action"] for r in records] == ["restart 1 of 3 in the allocation, on a spare instead of node2",
+                                              "retry 2 of 3, excluding node2"]
+    assert recorded[2:] == ["scontrol requeue 4242", "scontrol update JobId=4242 ExcNodeList=node2"]
+    assert proc.returncode == 1
+    # the same with requeue disabled: node2 answers a probe step, so the run restarts on the same nodes
+    (tmp_path / "logs" / "4242-attempts.jsonl").unlink()
+    proc, recorded, records = _run_batch(route, tmp_path, 0, codes="1 0 0", restart=0, requeue=0)
+    assert proc.returncode == 0, proc.stderr
+    assert recorded[1] == "srun --nodes=1 --ntasks=1 --nodelist=node2 true"  # the probe
+    assert [r["action"] for r in records] == [
+        "restart 1 of 3 in the allocation, on the same nodes (no spare left and the job cannot be requeued; node2 "
+        "still answers)", "none"]
+    # and a node that does not answer ends the run with the failure's code
+    (tmp_path / "logs" / "4242-attempts.jsonl").unlink()
+    proc, recorded, records = _run_batch(route, tmp_path, 0, codes="1 1", restart=0, requeue=0)
+    assert proc.returncode == 1 and len(recorded) == 2
+    assert records[-1]["action"] == ("not retried: no spare left, the job cannot be requeued, and node2 does not "
+                                     "answer a probe step")
 
 
 @pytest.mark.parametrize("route", ["sbatch", "submitit"])
@@ -588,7 +664,7 @@ def test_the_retry_budget_is_counted_across_requeues_and_preemptions_spend_none(
     assert outcomes == [
         ("failed", "retry 1 of 2, excluding node2", ["scontrol requeue 4242", "scontrol update JobId=4242 ExcNodeList=node2"]),
         ("preempted", "requeued (a preemption spends no retry)", ["scontrol requeue 4242"]),
-        ("failed", "retry 2 of 2, excluding node2", ["scontrol requeue 4242", "scontrol update JobId=4242 ExcNodeList=node2,node2"]),
+        ("failed", "retry 2 of 2, excluding node2", ["scontrol requeue 4242", "scontrol update JobId=4242 ExcNodeList=node2"]),
         ("preempted", "requeued (a preemption spends no retry)", ["scontrol requeue 4242"]),
         ("failed", "not retried: the retry budget is spent (2 of 2)", []),
     ]
@@ -605,10 +681,11 @@ def test_a_failure_is_retried_without_excluding_its_node_when_too_few_nodes_woul
 
 @pytest.mark.parametrize(("first", "code", "outcome"), [
     ("Exited with exit code 2", 2, "configuration error"), ("Exited with exit code 1", 1, "failed"),
-    ("Segmentation fault (core dumped)", 143, "failed")])
+    ("Segmentation fault (core dumped)", 139, "failed"), ("Killed", 137, "failed")])
 def test_the_jobs_code_is_the_first_failing_tasks_not_sruns_own(first: str, code: int, outcome: str,
                                                                tmp_path: Path) -> None:
-    """srun ends with its last task's status: 143 once it stopped the others after the first failed."""
+    """srun ends with its last task's status: 143 once it stopped the others after the first failed. The job's is
+    the first failing task's own: its exit code, or 128 + the signal that killed it (137 for the OOM killer's)."""
     proc, recorded, records = _run_batch("sbatch", tmp_path, 143, first=first)
     assert proc.returncode == code, proc.stderr
     assert records[-1]["code"] == code and records[-1]["outcome"] == outcome and records[-1]["cause"] == first
@@ -622,7 +699,8 @@ def test_a_forks_batch_script_calling_the_old_step_still_requeues_and_retries(tm
     script.write_text(f"#!/bin/bash\nsource {slurm.REQUEUE_SCRIPT}\nsrun python -m job train\n"
                       'requeue_if_preempted "$?"\n')
     (tmp_path / "submitit.sbatch").unlink(missing_ok=True)
-    for code, expected in [(75, ["scontrol requeue 4242"]), (1, ["scontrol requeue 4242"])]:
+    for code, expected in [(75, ["scontrol requeue 4242"]),
+                           (1, ["scontrol requeue 4242", "scontrol update JobId=4242 ExcNodeList=node2"])]:
         _, _, _ = _run_batch("submitit", tmp_path, code)  # the stand-ins in tmp_path/bin
         env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls"),
                "SRUN_CODE": str(code), "SLURM_JOB_ID": "4242", "JOB_LOG_DIR": str(tmp_path / "fork-logs"),
@@ -630,7 +708,7 @@ def test_a_forks_batch_script_calling_the_old_step_still_requeues_and_retries(tm
         (tmp_path / "calls").unlink(missing_ok=True)
         proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
         assert proc.returncode == code, proc.stderr
-        assert (tmp_path / "calls").read_text().splitlines()[1:] == expected  # no node known: none excluded
+        assert (tmp_path / "calls").read_text().splitlines()[1:] == expected
     records = [json.loads(line) for line in (tmp_path / "fork-logs" / "4242-attempts.jsonl").read_text().splitlines()]
     assert [r["outcome"] for r in records] == ["preempted", "failed"]
 
@@ -638,13 +716,14 @@ def test_a_forks_batch_script_calling_the_old_step_still_requeues_and_retries(tm
 def test_retries_are_off_with_a_budget_of_zero(tmp_path: Path) -> None:
     proc, recorded, records = _run_batch("submitit", tmp_path, 137, retries=0)
     assert proc.returncode == 137 and recorded[1:] == []
-    assert records[-1]["action"] == "not retried: the retry budget is spent (0 of 0)"
+    assert records[-1]["action"] == "not retried: retries are off (RETRIES=0)"
 
 
-def test_the_requeue_code_of_the_batch_scripts_is_the_jobs() -> None:
-    text = slurm.REQUEUE_SCRIPT.read_text()
-    assert f"\nREQUEUE_EXIT_CODE={slurm_task.REQUEUE_EXIT_CODE}\n" in text
-    assert "REQUEUE_EXIT_CODE=" not in slurm.SBATCH_SCRIPT.read_text()  # one place says it
+def test_no_batch_script_names_an_exit_code_the_policy_reads_them_from_one_table() -> None:
+    for script in (slurm.REQUEUE_SCRIPT, slurm.SBATCH_SCRIPT):
+        text = script.read_text()
+        assert "EXIT_CODE" not in text and "scontrol" not in text, script  # the supervisor's, in Python
+    assert slurm_task.REQUEUE_EXIT_CODE == exits.REQUEUE
 
 
 # submitit's process_job installs its handlers before it runs the task: USR2 requeues the job from rank 0
@@ -715,7 +794,7 @@ def test_golden_sweep_array_submitit_script(monkeypatch: pytest.MonkeyPatch) -> 
 
     cfg = dataclasses.replace(CPU, sweep="seed=0,1,2,3", sweep_parallel=2)
     text = array.dry_run(cfg, _half_done_sweep(Path("/shared/runs/sweep1")), Runner())
-    assert "#SBATCH --array=0-1%2" in text and "#SBATCH --requeue" in text and 'after_srun "$?"' in text
+    assert "#SBATCH --array=0-1%2" in text and "#SBATCH --requeue" in text and "/slurm/requeue.sh" in text
     check_golden(GOLDEN / "sweep_array_submitit_cpu.sbatch", normalized(text))
 
 

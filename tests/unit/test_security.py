@@ -394,7 +394,7 @@ def test_make_submit_slurm_passes_each_value_on_as_one_word(partition: str, qos:
         partition, qos, account, image, mem, constraint]
     assert received[end:] == [f"--gres={gres}", "--exclusive=", "--dry-run=0", f"--python={python}",
                               f"--sbatch-args={sbatch_args}", "--wait=", "--sweep=", "--sweep-parallel=",
-                              "--retries=3", f"--args={shlex.join(words)}"]
+                              "--retries=3", "--spares=", f"--args={shlex.join(words)}"]
     assert shlex.split(received[-1].removeprefix("--args=")) == words
 
 
@@ -678,7 +678,7 @@ def test_a_slurm_submission_writes_no_secret_from_the_environment(tmp_path: Path
     assert not leaks({"sbatch argv": "\n".join(runner.calls[0])})
     export = next(a for a in runner.calls[0] if a.startswith("--export="))
     assert [item.split("=")[0] for item in export.removeprefix("--export=").split(",")] == [
-        "ALL", "JOB_LOG_DIR", "JOB_RETRIES", "IMAGE", "CONTAINER_RUNTIME"]
+        "ALL", "JOB_LOG_DIR", "JOB_RETRIES", "JOB_NODES", "IMAGE", "CONTAINER_RUNTIME"]
 
 
 @dataclasses.dataclass

@@ -144,6 +144,8 @@ def test_the_quick_checks_read_the_partition_and_its_nodes_with_two_commands() -
      "enough: debug)"),
     ({"nodes": 5}, "FAIL  nodes: NODES: expected at most 4: partition debug has 4 node(s), found 5. Fix: NODES=4, "
                    "or another PARTITION (gpu)"),
+    ({"nodes": 3, "spares": 2}, "FAIL  nodes: NODES+SPARES: expected at most 4: partition debug has 4 node(s), found 5. "
+                                "Fix: NODES=2, or another PARTITION (gpu)"),
     ({"gpus_per_node": 8}, "FAIL  GPUs per node: GPUS_PER_NODE: expected at most 4: the most GPUs a node of "
                            "partition debug has, found '8'. Fix: GPUS_PER_NODE=4"),
     ({"partition": "gpu", "nodes": 2, "gpus_per_node": 4, "gpu_type": "h100"},

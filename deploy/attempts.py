@@ -1,0 +1,131 @@
+"""The attempt policy: what every backend does once an attempt of a run has ended. Written once, here; the
+Slurm supervisor (deploy/slurm/supervise.py) and the TPU pod loop (deploy/tpu/cli.py) apply it.
+
+    decision = decide(Ended(code=137, failures_before=0, retries=3, spares_left=1, can_requeue=True, node="node2"))
+    decision.action        # Action.RESTART: a new step in the same allocation, on a spare instead of node2
+    decision.describe()    # 'restart 1 of 3 in the allocation, on a spare instead of node2'
+
+By exit code (job/core/exits.py):
+  0   completed: nothing more.
+  75  saved after a preemption signal: requeued (Slurm) or rerun (TPU), never spending a retry.
+  2   a configuration error: the same flags fail again, so it is never retried.
+  any other code is a failure. While the retry budget (RETRIES) lasts:
+      - with a spare node left in the allocation: restart there at once, without the failed node (Slurm);
+      - with no spare left, where the job can be requeued: requeue it with the failed node excluded;
+      - with no spare left and no requeue (JobRequeue=0, --no-requeue): restart in the allocation on the same
+        nodes when the failed node still answers (a probe step), else stop;
+      - on a TPU slice (the slice is the allocation): rerun on the same slice.
+      Once the budget is spent, the run stops with the failure's code.
+A failure whose node is unknown restarts on the same nodes (nothing to exclude).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from job.core import exits
+
+
+class Outcome(str, enum.Enum):
+    """How an attempt ended, by its exit code; the words attempts.jsonl records."""
+
+    COMPLETED = "completed"
+    PREEMPTED = "preempted"
+    CONFIGURATION_ERROR = "configuration error"
+    FAILED = "failed"
+
+    @classmethod
+    def of(cls, code: int) -> Outcome:
+        if code == exits.COMPLETED:
+            return cls.COMPLETED
+        if code == exits.REQUEUE:
+            return cls.PREEMPTED
+        if code == exits.BAD_INPUT:
+            return cls.CONFIGURATION_ERROR
+        return cls.FAILED
+
+
+class Action(str, enum.Enum):
+    """What is done next."""
+
+    NONE = "none"  # the run completed
+    REQUEUE = "requeue"  # back through the queue (Slurm), the failed node excluded where there is one
+    RESTART = "restart"  # a new attempt in the same allocation (a new Slurm step, a rerun on the TPU slice)
+    STOP = "stop"  # not retried: the run ends with the attempt's code
+
+
+@dataclasses.dataclass(frozen=True)
+class Ended:
+    """What the policy needs to know about an attempt that ended."""
+
+    code: int  # the attempt's exit code: the process that failed first's, not its peers' reactions
+    failures_before: int  # failed attempts of this run before this one (the retries spent)
+    retries: int  # the budget: failed attempts that are retried (RETRIES; 0: none)
+    spares_left: int = 0  # nodes of the allocation this run does not use and that never failed
+    can_requeue: bool = False  # the scheduler would requeue the job (Slurm: Requeue=1)
+    node: str | None = None  # the failed process's node, when known
+    node_answers: bool = False  # the failed node still runs a probe step (asked only when it matters)
+    same_allocation: bool = False  # a rerun keeps the allocation by nature (a TPU slice): RESTART, never REQUEUE
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    outcome: Outcome
+    action: Action
+    spends_retry: bool  # this decision uses one of the budget's retries
+    retry: int  # which retry this is (1-based) when it spends one, else 0
+    retries: int  # the budget
+    exclude: str | None = None  # the node to keep out of the next attempt
+    on_spare: bool = False  # a restart takes a spare in place of `exclude`
+    why: str = ""  # the reason, for a STOP or a fallback
+
+    def describe(self) -> str:
+        """The `action` words attempts.jsonl records: 'none', 'requeued (a preemption spends no retry)',
+        'retry 1 of 3, excluding node2', 'restart 1 of 3 in the allocation, on a spare instead of node2',
+        'not retried: the retry budget is spent (3 of 3)'."""
+        if self.action is Action.NONE:
+            return "none"
+        if self.outcome is Outcome.PREEMPTED:
+            return ("requeued (a preemption spends no retry)" if self.action is Action.REQUEUE
+                    else "rerun (a preemption spends no retry)")
+        if self.action is Action.STOP:
+            return f"not retried: {self.why}"
+        count = f"{self.retry} of {self.retries}"
+        if self.action is Action.REQUEUE:
+            words = f"retry {count}" + (f", excluding {self.exclude}" if self.exclude else "")
+        elif self.on_spare:
+            words = f"restart {count} in the allocation, on a spare instead of {self.exclude}"
+        else:
+            words = f"restart {count} in the allocation, on the same nodes"
+        return words + (f" ({self.why})" if self.why else "")
+
+
+def decide(ended: Ended) -> Decision:
+    """The one decision, for every backend."""
+    outcome = Outcome.of(ended.code)
+    plain = dict(outcome=outcome, spends_retry=False, retry=0, retries=ended.retries)
+    if outcome is Outcome.COMPLETED:
+        return Decision(action=Action.NONE, **plain)
+    if outcome is Outcome.PREEMPTED:
+        return Decision(action=Action.RESTART if ended.same_allocation else Action.REQUEUE, **plain)
+    if outcome is Outcome.CONFIGURATION_ERROR:
+        return Decision(action=Action.STOP, why="the same flags would fail again", **plain)
+    if ended.failures_before >= ended.retries:
+        return Decision(action=Action.STOP, why=f"the retry budget is spent ({ended.retries} of {ended.retries})"
+                        if ended.retries else "retries are off (RETRIES=0)", **plain)
+    spent = dict(outcome=outcome, spends_retry=True, retry=ended.failures_before + 1, retries=ended.retries)
+    if ended.same_allocation or ended.node is None:
+        return Decision(action=Action.RESTART, **spent)
+    if ended.spares_left > 0:
+        return Decision(action=Action.RESTART, exclude=ended.node, on_spare=True, **spent)
+    if ended.can_requeue:
+        return Decision(action=Action.REQUEUE, exclude=ended.node, **spent)
+    if ended.node_answers:
+        return Decision(action=Action.RESTART, why=f"no spare left and the job cannot be requeued; {ended.node} "
+                        "still answers", **spent)
+    return Decision(action=Action.STOP, why=f"no spare left, the job cannot be requeued, and {ended.node} does not "
+                    "answer a probe step", **plain)
+
+
+__all__ = ["Action", "Decision", "Ended", "Outcome", "decide"]
