@@ -210,6 +210,8 @@ class Supervisor:
             failure = first_failure(proc.stderr or "") if code != 0 else None
             if failure is not None and failure.code is not None:
                 code = failure.code  # srun's own status is the last task's (143 once it stopped the others)
+            if code != 0:  # a hang the watchdog ended: the process its roll call named, not the first to exit
+                failure = self.stuck(began, nodes) or failure
             decision = self.decide(code, failure)
             self.records.add({
                 "event": "ended", "job": self.alloc.job_id, "attempt": attempt, "began": round(began, 3),
@@ -224,6 +226,18 @@ class Supervisor:
                      f"{decision.describe()}")
             if decision.exclude:
                 self.lost.add(decision.exclude)
+
+    def stuck(self, since: float, nodes: list[str]) -> Failure | None:
+        """The process the watchdog's roll call named in this attempt (process 0's `hang` record), if any."""
+        hangs = [r for r in self.records.lines() if r.get("event") == "hang" and float(r.get("time", 0)) >= since]
+        if not hangs:
+            return None
+        hang = hangs[-1]
+        process = str(hang.get("process", ""))
+        node = str(hang.get("node") or "")
+        if not node and process.isdigit() and nodes:  # it did not answer: its node from the step's block layout
+            node = nodes[min(int(process) // self.alloc.tasks_per_node, len(nodes) - 1)]
+        return Failure(node or None, process or None, f"stuck ({hang.get('where', 'the watchdog ended it')})", None)
 
     def decide(self, code: int, failure: Failure | None) -> Decision:
         outcome = Outcome.of(code)

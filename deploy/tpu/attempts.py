@@ -1,9 +1,13 @@
-"""A failed run on a TPU slice: which worker failed first and why; and the retry budget that reruns it.
+"""A failed run on a TPU slice: which worker failed first and why; and the count of the retries it spent.
 
     budget = RetryBudget(cfg.retries)           # RETRIES: reruns after a failure; a preemption never spends one
     failure = find_failure(cfg, runner, code)   # asks every worker how its job ended
     failure.describe()                          # 'exit code 137 (SIGKILL) on worker 2: step 7: loss 2.301'
-    budget = budget.spend()                     # 'retry 1 of 3'; budget.spent once all are used
+    failure.where()                             # 'pod-a worker 2': the node attempts.jsonl names
+    budget = budget.spend()                     # '1 of 3 retries used'
+
+Whether a failure is rerun is the attempt policy's (deploy/attempts.py): the pod loop (deploy/tpu/cli.py)
+asks it with `budget.used` and the failure's code.
 
 The exit code `tpu-pod` follows is worker 0's, which is often only its reaction to losing a peer.
 Every worker keeps its own job's exit code and when it wrote it (remote.EXIT), so `find_failure` asks
@@ -16,32 +20,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import signal
 from collections.abc import Iterable
 
 from deploy.runner import Runner
 from deploy.tpu import gcloud, remote
 from deploy.tpu.config import TpuConfig
-from job.errors import BAD_INPUT_EXIT_CODE
-from job.runtime.preemption import REQUEUE_EXIT_CODE
-from job.runtime.procgroup import CRASHES
-from job.runtime.watchdog import HANG_EXIT_CODE
+from job.core import exits
 
 _LINE = re.compile(r"^worker (\d+): (?:ended (\d+) ([0-9.]+)|running|none)(?: (.*))?$")
-_MEANING = {BAD_INPUT_EXIT_CODE: "a configuration error", REQUEUE_EXIT_CODE: "saved and stopped: preempted",
-            HANG_EXIT_CODE: "no step within the watchdog's timeout"}
-
-
-def code_text(code: int) -> str:
-    """`1`, `137 (SIGKILL)`, `86 (no step within the watchdog's timeout)`."""
-    if code in _MEANING:
-        return f"{code} ({_MEANING[code]})"
-    if code > 128:
-        try:
-            return f"{code} ({signal.Signals(code - 128).name})"
-        except ValueError:
-            pass
-    return str(code)
+code_text = exits.describe  # `1`, `137 (SIGKILL)`, `86 (no step within the watchdog's timeout)`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +56,8 @@ class Outcome:
 def first_failure(outcomes: Iterable[Outcome]) -> Outcome | None:
     """The cause among the workers that failed: a crash if any (the others' exits are reactions to it), else the
     first to end; None when no worker ended with a failure."""
-    failed = [o for o in outcomes if o.code not in (None, 0, REQUEUE_EXIT_CODE)]
-    crashed = [o for o in failed if o.code is not None and o.code - 128 in CRASHES]
+    failed = [o for o in outcomes if o.code not in (None, exits.COMPLETED, exits.REQUEUE)]
+    crashed = [o for o in failed if o.code is not None and exits.is_crash(o.code)]
     candidates = crashed or failed
     return min(candidates, key=lambda o: (o.ended_at, o.process)) if candidates else None
 
@@ -86,7 +73,7 @@ class Failure:
     @property
     def configuration_error(self) -> bool:
         """Exit 2: bad input, found the same way on every rerun."""
-        return self.code == BAD_INPUT_EXIT_CODE
+        return self.code == exits.BAD_INPUT
 
     def describe(self) -> str:
         """'exit code 1 on worker 2: ValueError: ...' (the failing worker's last log line)."""
@@ -97,6 +84,10 @@ class Failure:
             where += f" (worker {self.cause.worker} of {self.cause.node})"
         return f"exit code {code_text(self.code)} on {where}" + (f": {self.cause.last_line}"
                                                                    if self.cause.last_line else "")
+
+    def where(self) -> str | None:
+        """The failed worker's host as attempts.jsonl names a node: 'pod-a worker 2'; None when no worker said."""
+        return f"{self.cause.node} worker {self.cause.worker}" if self.cause is not None else None
 
 
 def find_failure(cfg: TpuConfig, runner: Runner, code: int) -> Failure:
@@ -114,15 +105,11 @@ def find_failure(cfg: TpuConfig, runner: Runner, code: int) -> Failure:
 
 @dataclasses.dataclass(frozen=True)
 class RetryBudget:
-    """RETRIES: how many times a failed run is rerun from its newest checkpoint. A preemption (exit 75, or a
-    preempted slice) never spends it; a configuration error (exit 2) is never retried."""
+    """RETRIES: how many times a failed run is rerun from its newest checkpoint, and how many it used. A
+    preemption (exit 75, or a preempted slice) never spends it; a configuration error (exit 2) is never retried."""
 
     retries: int  # 0 turns retries off
     used: int = 0
-
-    @property
-    def spent(self) -> bool:
-        return self.used >= self.retries
 
     def spend(self) -> RetryBudget:
         return dataclasses.replace(self, used=self.used + 1)

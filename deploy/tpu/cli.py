@@ -9,7 +9,8 @@ Commands (`make tpu-<command>` runs each):
             every worker, free the TPU, run `python -m job ARGS` on all workers, stream worker 0,
             keep every worker's log, and exit with the job's status. A preempted slice (or a job
             that exits 75) is recreated and the job resumed, always; a job that fails (any other
-            exit but 2) is rerun from its newest checkpoint up to --retries times.
+            exit but 2) is rerun from its newest checkpoint up to --retries times (the policy is
+            deploy/attempts.py's). Each attempt's end is one line of RUN_DIR/attempts.jsonl.
     create  create or reuse the slice and wait until it is READY
     doctor  check the request, gcloud's account and project, the accelerator type and runtime
             version in the zone, the slice, and a gs:// run dir: one line each (deploy/tpu/doctor.py)
@@ -34,19 +35,21 @@ import math
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 
 from deploy import sweeps
+from deploy.attempts import Action, Ended, Outcome, decide
 from deploy.runner import Runner, shell_words
 from deploy.tpu import capacity, doctor
 from deploy.tpu import job as tpu_job
-from deploy.tpu.attempts import RetryBudget, find_failure
-from deploy.tpu.config import DEFAULT_SHIP, TpuConfig, validate_job, with_bucket
+from deploy.tpu.attempts import Failure, RetryBudget, find_failure
+from deploy.tpu.config import DEFAULT_SHIP, TpuConfig, run_dir_of, validate_job, with_bucket
 from deploy.tpu.slice import Slice, TpuError
-from job.core import values
+from job.core import exits, values
 from job.errors import ConfigError, refuse_dash_values
+from job.runs import attempts as attempt_records
 from job.runs.sweep import save_plan
-from job.runtime.preemption import REQUEUE_EXIT_CODE
 
 log = logging.getLogger("deploy.tpu")
 
@@ -73,8 +76,9 @@ def tag_list(text: str) -> tuple[str, ...]:
 
 
 def pod(cfg: TpuConfig, runner: Runner) -> int:
-    """Create or reuse, run; after a preemption recreate (when the slice is gone) and resume, always; after a
-    failure rerun from the newest checkpoint on the same slice while RETRIES lasts. The job's final status."""
+    """Create or reuse, run; after each attempt apply the attempt policy (deploy/attempts.py) and record the
+    attempt in RUN_DIR/attempts.jsonl: after a preemption recreate (when the slice is gone) and resume, always;
+    after a failure rerun from the newest checkpoint on the same slice while RETRIES lasts. The job's final status."""
     slice_ = Slice(cfg, runner)
     tpu_job.clear_stop(cfg)
     budget = RetryBudget(cfg.retries)
@@ -83,42 +87,73 @@ def pod(cfg: TpuConfig, runner: Runner) -> int:
              f"{cfg.retries} rerun(s)" if cfg.retries else "no reruns")
     while True:
         slice_.ensure_ready()
+        began = time.time()
         code = tpu_job.run_job(cfg, runner)
-        if code == 0 or cfg.dry_run:
+        span = (began, time.time())
+        if cfg.dry_run:
             tpu_job.fetch_logs(cfg, runner)
+            return code
+        if code == exits.COMPLETED:
+            tpu_job.fetch_logs(cfg, runner)
+            decision = decide(Ended(code, budget.used, cfg.retries, same_allocation=True))
+            _record_attempt(cfg, span, code, decision.outcome, decision.describe(), None)
             return code
         if code != SSH_LOST and tpu_job.stop_requested(cfg, runner):
             log.info("the job was stopped by `tpu-stop` (exit code %d): not restarting it", code)
+            _record_attempt(cfg, span, code, Outcome.of(code), "not rerun: stopped by `tpu-stop`", None)
             return code
         status = slice_.status()
         if status.ready:
             tpu_job.fetch_logs(cfg, runner)
-        if status.broken or status.absent or code == REQUEUE_EXIT_CODE:
+        preempted = status.broken or status.absent or code == exits.REQUEUE
+        if code == SSH_LOST and not preempted:
+            log.error("the connection to %s was lost (exit code %d) and could not be opened again, but the "
+                      "slice is %s: the job may still be running; `make tpu-pod` again attaches to it, "
+                      "`make tpu-logs` shows it, `make tpu-stop` stops it", cfg.name, code, status.describe())
+            return code
+        failure = None if preempted else find_failure(cfg, runner, code)
+        decision = decide(Ended(exits.REQUEUE if failure is None else failure.code, budget.used, cfg.retries,
+                                node=None if failure is None else failure.where(), same_allocation=True))
+        _record_attempt(cfg, span, code if failure is None else failure.code, decision.outcome, decision.describe(),
+                       failure)
+        logs = cfg.slice_dir / "logs"
+        if failure is None:
             preemptions += 1
             log.warning("preempted (slice %s, job exit code %d): %s and resuming from the newest checkpoint; "
                         "preemption %d, which does not spend the retry budget (%s)", status.describe(), code,
                         "recreating the slice" if status.broken or status.absent else "rerunning on the slice",
                         preemptions, budget.describe())
-            continue
-        if code == SSH_LOST:
-            log.error("the connection to %s was lost (exit code %d) and could not be opened again, but the "
-                      "slice is %s: the job may still be running; `make tpu-pod` again attaches to it, "
-                      "`make tpu-logs` shows it, `make tpu-stop` stops it", cfg.name, code, status.describe())
-            return code
-        failure = find_failure(cfg, runner, code)
-        logs = cfg.slice_dir / "logs"
-        if failure.configuration_error:
+        elif decision.outcome is Outcome.CONFIGURATION_ERROR:
             log.error("the job failed with %s: never retried (every rerun would fail the same way); fix it and "
                       "run again (worker logs: %s)", failure.describe(), logs)
             return failure.code
-        if budget.spent:
+        elif decision.action is Action.STOP:
             log.error("the job failed with %s; the retry budget is spent (%s): giving up. `make tpu-pod` again "
                       "resumes from the newest checkpoint with a new budget; worker logs: %s",
                       failure.describe(), budget.describe(), logs)
             return failure.code
-        budget = budget.spend()
-        log.warning("retry %d of %d after %s: rerunning from the newest checkpoint on the same slice (%s; "
-                    "worker logs: %s)", budget.used, budget.retries, failure.describe(), status.describe(), logs)
+        else:
+            budget = budget.spend()
+            log.warning("retry %d of %d after %s: rerunning from the newest checkpoint on the same slice (%s; "
+                        "worker logs: %s)", decision.retry, decision.retries, failure.describe(), status.describe(),
+                        logs)
+
+
+def _record_attempt(cfg: TpuConfig, span: tuple[float, float], code: int, outcome: Outcome, action: str,
+                   failure: Failure | None) -> None:
+    """One `ended` record in RUN_DIR/attempts.jsonl (job.runs.attempts), as the Slurm supervisor writes it: the
+    slice's name as the job, `span` the attempt's (start, end) as this loop saw them, the failed worker as the
+    node. Nothing for a run dir on the workers' own disks."""
+    run_dir = run_dir_of(cfg.job_args)
+    if run_dir is None or not ("://" in run_dir or run_dir.startswith("/")):
+        return  # each worker's own disk: no reader here (the configuration check said so before the start)
+    cause = failure.cause if failure is not None else None
+    attempt_records.append_ended(run_dir, {
+        "job": cfg.name, "began": round(span[0], 3), "ended": round(span[1], 3), "code": code,
+        "outcome": outcome.value, "node": (failure.where() if failure is not None else None) or "-",
+        "process": str(cause.process) if cause is not None else "-", "cause": cause.last_line if cause else "",
+        "nodes": ",".join(cfg.slice_names), "action": action,
+    })
 
 
 def sweep_pod(cfg: TpuConfig, runner: Runner) -> int:

@@ -14,9 +14,10 @@ record of each split). The states:
 - preempted: the newest record is an attempt's `end` and summary.json says not completed: an
   attempt ends that way only after a preemption signal (exit 75: saved, to be requeued);
 - running: an attempt started, has not ended, and wrote a record less than `stale_s` ago;
-- failed: on Slurm, the batch script recorded the newest attempt's end (RUN_DIR/attempts.jsonl,
-  job.runs.attempts) as a failure it did not retry: "failed (exit 137, process 1 on node2) at step N";
-- retrying: the same, retried and not yet started again: "retrying at step N (retry 1 of 3 ...)";
+- failed: the backend (the Slurm supervisor, the TPU pod loop) recorded the newest attempt's end
+  (RUN_DIR/attempts.jsonl, job.runs.attempts) as a failure it did not retry: "failed (exit 137, process 1
+  on node2) at step N", "failed (exit 137, process 2 on pod-a worker 2) at step N";
+- retrying: the same, retried or restarted and not yet started again: "retrying at step N (retry 1 of 3 ...)";
 - stopped: an attempt started, did not end, and wrote nothing for `stale_s` (1 hour): it was
   killed, crashed, hung, or refused its input at start. Without the batch script's record its
   files cannot tell a failure from a kill: it reads "stopped at step N";
@@ -89,7 +90,7 @@ class RunStatus:
 
 
 def _failure(record: Mapping[str, Any]) -> str:
-    """'exit 137, process 1 on node2' from an attempts.jsonl record."""
+    """'exit 137, process 1 on node2' ('... on pod-a worker 2' on a TPU slice) from an attempts.jsonl record."""
     where = f", process {record['process']} on {record['node']}" if record.get("node") not in (None, "-") else ""
     return f"exit {record.get('code')}{where}"
 
@@ -165,7 +166,7 @@ def state_of(run_dir: str | epath.Path, *, now: float | None = None, stale_s: fl
     batch = attempt_records.ended(path)
     if batch and batch[-1].get("outcome") in ("failed", "configuration error") and (
             newest is None or float(batch[-1].get("ended", 0)) >= newest):  # nothing started since
-        retried = str(batch[-1].get("action", "")).startswith("retry")
+        retried = str(batch[-1].get("action", "")).startswith(("retry", "restart"))
         return dataclasses.replace(known, state=State.RETRYING if retried else State.FAILED, ended=batch[-1])
     # a start recorded after the newest goodput record (still starting, or ended there) is newer than an end
     last = records[-1] if records else None

@@ -10,6 +10,9 @@ dir from the `started` line process 0 writes there at each start (`note_start`):
     {"event": "ended", "job": "5123", "attempt": 1, "began": 1764782000, "ended": 1764782950, "code": 137,
      "outcome": "failed", "node": "node2", "process": "1", "cause": "Killed", "action": "retry 1 of 3, excluding node2"}
 
+On a Cloud TPU slice the pod loop (deploy/tpu/cli.py) appends the same record after each attempt
+(`append_ended`), its node the failed worker's host ("pod-a worker 2"), in a gs:// run dir too.
+
 Outcomes: completed, preempted, failed, configuration error. `python -m job runs` shows a run whose newest
 attempt failed and was not retried as failed (code); goodput counts the time lost after a failure apart
 from the time lost after a preemption (`cause_of_end`).
@@ -48,12 +51,33 @@ def note_start(run_dir: epath.Path, attempt: int, environ: Mapping[str, str] = o
                     "job's log but not in %s/%s", ENV, path, exc.strerror or exc, run_dir, RECORD)
 
 
+def note_hang(process: int, node: str, where: str, environ: Mapping[str, str] = os.environ) -> None:
+    """Process 0, when the watchdog's roll call named the process that is stuck: tell the batch script's supervisor,
+    so the attempt's record names that process and node (and a retry moves away from it), not the first process
+    whose watchdog ended it (no-op off Slurm)."""
+    path = environ.get(ENV)
+    if not path:
+        return
+    line = json.dumps({"event": "hang", "time": round(time.time(), 3), "process": str(process), "node": node,
+                       "where": where})
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+    except OSError as exc:
+        log.warning("attempts: expected to note the stuck process in %s=%s, found %s", ENV, path,
+                    exc.strerror or exc)
+
+
 def ended(run_dir: epath.Path) -> list[dict[str, Any]]:
-    """RUN_DIR/attempts.jsonl's `ended` records, oldest first (none off Slurm, or for a gs:// run dir)."""
+    """RUN_DIR/attempts.jsonl's `ended` records, oldest first (none where no backend wrote them)."""
     try:
         text = (run_dir / RECORD).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return []
+    return _ended_in(text)
+
+
+def _ended_in(text: str) -> list[dict[str, Any]]:
     records = []
     for line in text.splitlines():
         try:
@@ -63,6 +87,30 @@ def ended(run_dir: epath.Path) -> list[dict[str, Any]]:
         if isinstance(record, dict) and record.get("event") == "ended":
             records.append(record)
     return records
+
+
+def append_ended(run_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Append one `ended` record to RUN_DIR/attempts.jsonl: `record`'s fields (job, began, ended, code, outcome,
+    node, process, cause, nodes, action) with "event" and "attempt" (the ended records already there + 1).
+    The file is read and written back whole (an object in a bucket cannot be appended to): one writer at a time.
+    The record written; None, with one warning, where the run dir cannot be written."""
+    target = epath.Path(run_dir) / RECORD
+    try:
+        try:
+            old = target.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            old = ""
+        numbered = {"event": "ended", "job": record.get("job"), "attempt": len(_ended_in(old)) + 1}
+        numbered.update((key, value) for key, value in record.items() if key not in numbered)
+        torn = bool(old) and not old.endswith("\n")
+        target.write_text(old + ("\n" if torn else "") + json.dumps(numbered) + "\n", encoding="utf-8")
+    except Exception as exc:  # noqa: BLE001 - gcsfs's HTTP and credential errors are not OSError; the run goes on
+        log.warning("attempts: expected to append how this attempt ended (exit %s, %s) to %s, found %s: "
+                    "`python -m job runs` will not show it. Fix: a run dir this machine can write (a gs:// URL, or a "
+                    "folder it shares with the workers)", record.get("code"), record.get("outcome"), target,
+                    getattr(exc, "strerror", None) or exc)
+        return None
+    return numbered
 
 
 def cause_of_end(records: list[dict[str, Any]], previous_ended_cleanly: bool, since: float) -> str:
@@ -76,4 +124,4 @@ def cause_of_end(records: list[dict[str, Any]], previous_ended_cleanly: bool, si
     return PREEMPTION if previous_ended_cleanly else FAILURE
 
 
-__all__ = ["ENV", "FAILURE", "PREEMPTION", "RECORD", "cause_of_end", "ended", "note_start"]
+__all__ = ["ENV", "FAILURE", "PREEMPTION", "RECORD", "append_ended", "cause_of_end", "ended", "note_hang", "note_start"]

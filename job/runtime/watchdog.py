@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from job.core import exits
 
@@ -23,9 +24,12 @@ HANG_EXIT_CODE = exits.HANG  # no step completed within the watchdog timeout
 
 
 class Watchdog:
-    def __init__(self, timeout_s: float, *, name: str = "training step") -> None:
+    def __init__(self, timeout_s: float, *, name: str = "training step",
+                 roll_call: Callable[[], str] | None = None, before_exit: Callable[[], None] | None = None) -> None:
         self.timeout_s = timeout_s
         self.name = name
+        self.roll_call = roll_call  # when it fires: one line naming the process that is stuck (job.runtime.rollcall)
+        self.before_exit = before_exit  # after the stacks: the coordinator waits for the others to leave first
         self._last = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="job-watchdog", daemon=True)
@@ -52,6 +56,18 @@ class Watchdog:
     def _fire(self, idle: float) -> None:
         print(f"watchdog: no {self.name} completed for {idle:.0f} s (limit {self.timeout_s:.0f} s); "
               f"stacks of every thread follow; exiting with {HANG_EXIT_CODE}", file=sys.stderr, flush=True)
+        if self.roll_call is not None:
+            try:
+                said = self.roll_call()
+            except Exception as exc:  # noqa: BLE001  (the stacks and the exit must follow whatever it raised)
+                said = f"roll call failed: {type(exc).__name__}: {exc}"
+            if said:
+                print(f"watchdog: {said}", file=sys.stderr, flush=True)
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()
+        if self.before_exit is not None:
+            try:
+                self.before_exit()
+            except Exception:  # noqa: BLE001, S110  (leaving is all that is left to do)
+                pass
         os._exit(HANG_EXIT_CODE)

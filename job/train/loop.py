@@ -13,9 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 import signal
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,14 +33,15 @@ from job.observe.report import Reporter
 from job.observe.stragglers import StragglerWatch
 from job.parallel import sharding
 from job.parallel.fingerprint import fingerprint
-from job.parallel.multihost import barrier, on_process_zero
+from job.parallel.multihost import barrier, coordination_client, on_process_zero
 from job.runs import attempts, provenance, resume
 from job.runs.checkpoint import Checkpointer
 from job.runtime import compile_cache, preflight
-from job.runtime.cluster import ClusterInfo
+from job.runtime.cluster import ClusterInfo, node_name
 from job.runtime.compile_cache import CacheEvents
 from job.runtime.distributed import initialize
 from job.runtime.preemption import NOTICES, REQUEUE_EXIT_CODE, PreemptionGuard
+from job.runtime.rollcall import Answer, Progress, leave, roll_call
 from job.runtime.watchdog import Watchdog
 from job.train import optimizers
 from job.train import state as state_plan
@@ -110,6 +109,8 @@ class Training:
         self.report: Reporter | None = None
         self.profiler: StepProfiler | None = None
         self.compile_s = 0.0  # this process's own time compiling the steps ahead (the barrier's wait excluded)
+        self.progress = Progress()  # where the loop is: the hang watchdog's roll call reads it
+        self.answered = 0  # processes that answered the watchdog's roll call: process 0 waits for them to leave
 
     def run(self) -> int:
         """build, restore, compile, then step to cfg.steps (or a preemption), then finish: the exit code."""
@@ -141,8 +142,7 @@ class Training:
         """The mesh, the task's rows, the optimizer, the state's plan (no array made) and the jitted steps."""
         cfg, task, info = self.cfg, self.task, self.info
         cache_dir = compile_cache.enable(cfg.compile_cache, run_dir=cfg.run_dir)  # before the first compilation
-        log.info("process %d of %d (%s) on %s", info.process_id, info.num_processes, info.kind,
-                 os.environ.get("SLURMD_NODENAME") or socket.gethostname())
+        log.info("process %d of %d (%s) on %s", info.process_id, info.num_processes, info.kind, node_name())
         run_dir = storage.run_path(cfg.run_dir)  # a local folder or gs://BUCKET/FOLDER (etils.epath)
         checked = preflight.check(to_dict(cfg), run_dir / "checkpoints")
         mesh = sharding.make_mesh(model_axis=cfg.model_axis)
@@ -255,7 +255,8 @@ class Training:
                 if watchdog is not None:
                     watchdog.kick()
                 elif cfg.watchdog_s > 0:  # armed after the first step: compilation may take long
-                    watchdog = stack.enter_context(Watchdog(cfg.watchdog_s))
+                    watchdog = stack.enter_context(Watchdog(cfg.watchdog_s, roll_call=self.roll_call,
+                                                                 before_exit=self.leave))
         return 0, state
 
     def step(self, built: Built, state: Any, step: int, upcoming: Any, *, first: bool) -> tuple[Any, bool]:
@@ -266,15 +267,20 @@ class Training:
         evaluates = bool(built.evaluator.plan) and (done % cfg.eval_every == 0 or done == cfg.steps)
         saves = done % cfg.ckpt.every == 0 or done == cfg.steps
         step_began = time.perf_counter()
+        at = self.progress.at
+        at(done, "input")
         with timer.part("input_wait"):
             next_batch = upcoming.get(step)
+        at(done, "step")
         with self.profiler.step(done) as outputs, timer.step():  # starting and ending a trace is not a step
             state, self.metrics = built.train_step(state, next_batch)
+            at(done, "wait")
             host_s = time.perf_counter() - step_began  # this host's own part: its batch and the dispatch
             outputs.append(self.metrics)
             if first or logs or evaluates or saves:  # what follows waits for it: time it here
                 jax.block_until_ready(self.metrics)
         if logs:
+            at(done, "log")
             with timer.part("logging"):
                 values = {k: float(v) for k, v in jax.device_get(self.metrics).items()}
                 report.train(done, values, float(built.schedule(step)))
@@ -282,14 +288,36 @@ class Training:
                 on_process_zero(timer.progress, built.run_dir, done)
         interrupted = False  # by a preemption signal during the evaluation: save this step and stop
         if evaluates:
+            at(done, "eval")
             interrupted = not self.evaluate(built, state, done)
         if saves and not interrupted:
+            at(done, "save")
             state = self.save(state, done)
+        at(done, "sync")
         with timer.part("steps"):  # a collective every step: part of what a step costs
             stop = interrupted or self.guard.should_stop()
         if not first and not (evaluates or saves):  # a step's time: no compilation, evaluation or save
             self.watch.add(host_s, time.perf_counter() - step_began)
         return state, stop
+
+    def roll_call(self) -> str:
+        """The watchdog's report line naming the process that is stuck (every process that can still answer joins);
+        process 0 also notes it for the batch script's supervisor, whose attempt record then names it."""
+        client, info = coordination_client(), self.info
+        if client is None or not info.is_multiprocess:
+            return ""
+        me = Answer(info.process_id, node_name(), self.progress.step, self.progress.phase)
+        verdict = roll_call(client, me, info.num_processes, wait_s=min(10.0, max(3.0, self.cfg.watchdog_s / 2)))
+        self.answered = info.num_processes - len(verdict.missing)
+        if verdict.culprit is not None and info.is_coordinator:
+            attempts.note_hang(verdict.culprit.process, verdict.culprit.node, verdict.text)
+        return verdict.text
+
+    def leave(self) -> None:
+        """After the watchdog's report: process 0 leaves last (its exit would abort the others mid-report)."""
+        client, info = coordination_client(), self.info
+        if client is not None and info.is_multiprocess:
+            leave(client, info.process_id, self.answered or info.num_processes, wait_s=5.0)
 
     def evaluate(self, built: Built, state: Any, done: int) -> bool:
         """Every eval split, each reported under its name; False when a preemption signal cut it short."""

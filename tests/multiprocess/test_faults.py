@@ -166,7 +166,14 @@ MID_TRAINING = {
                                         ("stopped sending heartbeats",
                                          ("Task 1 heartbeat timeout", "(stopped sending heartbeats):\n[rank 0] 1\n"))),
     "rank 1 hangs in Python (--watchdog-s 5)": (1, f"sleep@{FAULT_STEP}", ("--watchdog-s", "5"), 86,
-                                          ("watchdog: no training step completed for",)),
+                                          ("watchdog: no training step completed for",
+                                           "watchdog: roll call of 2 processes: process 1 on ",
+                                           f"is in its own code of step {FAULT_STEP}, before the step's collectives",
+                                           "[rank 0] watchdog: roll call", "is the one stuck")),
+    "rank 1 stuck in its data source (--watchdog-s 5)": (
+        1, f"rows-hang@{FAULT_STEP}", ("--watchdog-s", "5"), 86,
+        ("watchdog: no training step completed for", "[rank 0] watchdog: roll call of 2 processes: process 1 on ",
+         f"is waiting for its batch of step {FAULT_STEP} (its data source) while the others are", "is the one stuck")),
 }
 SMOKE_FAULT = "SIGKILL of rank 1"  # the one fault case of the second Python's smoke (make test-smoke)
 

@@ -203,3 +203,6 @@ def test_a_hung_rank_trips_the_watchdog_on_the_others(tmp_path: Path) -> None:
     output = "".join(lines) + out
     assert proc.returncode == 86, output
     assert "[rank 0] watchdog: no training step completed for" in output
+    # its roll call names the frozen process: it cannot answer
+    assert ("[rank 0] watchdog: roll call of 2 processes: process 1 did not answer within 3 s (frozen, or gone): it "
+            "is the one stuck") in output, output

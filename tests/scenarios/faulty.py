@@ -14,6 +14,8 @@ On every rank but RANK this is exactly `python -m job`. On RANK, FAULT is:
     term-at-start  SIGTERM itself once start-up is over (state built and restored), before step 1
     usr2-at-join   USR2 itself (a scheduler's notice) just before joining the cluster
     slow-rows=MS   every batch of rows costs MS milliseconds more on this rank (a slow input host)
+    rows-hang@N    block forever in the data source when step N's train rows are asked for (a stuck input
+                   pipeline: the others wait in step N's collectives)
     version=P:V report package P at version V (a host with another image)
     flag=F:V    append `F V` to the job's flags (a host started with other flags)
 
@@ -113,6 +115,18 @@ if me == rank:
             return real_global_batch(*a, **k)
 
         batches.global_batch = slow_global_batch
+    elif kind == "rows-hang":
+        from job.train import batches
+
+        real_global_batch = batches.global_batch
+
+        def stuck_global_batch(*a, **k):
+            if k.get("split") == "train" and k.get("step") == int(value) - 1:  # the loop counts steps from 0
+                announce()
+                sleep_forever()
+            return real_global_batch(*a, **k)
+
+        batches.global_batch = stuck_global_batch
     elif kind == "hang-early":
         announce()
         sleep_forever()

@@ -105,7 +105,7 @@ def test_a_configuration_error_is_never_retried(slurm_env: dict[str, str], tmp_p
     assert "Restarts=0" in shown, shown
 
 
-def _state(slurm_env: dict[str, str], jid: str) -> str:
+def _queue_state(slurm_env: dict[str, str], jid: str) -> str:
     return subprocess.run(["squeue", "-h", "-j", jid, "-o", "%T"], env=slurm_env, capture_output=True, text=True,
                           check=False).stdout.strip()
 
@@ -131,7 +131,7 @@ def test_a_killed_process_restarts_on_a_spare_inside_the_allocation_while_a_requ
     seen = wait_for_line(proc, "submitted Slurm job", timeout=120)
     jid = job_id("".join(seen))
     deadline = time.monotonic() + 120
-    while _state(slurm_env, jid) != "RUNNING" and time.monotonic() < deadline:
+    while _queue_state(slurm_env, jid) != "RUNNING" and time.monotonic() < deadline:
         time.sleep(0.2)
     if not requeue:
         subprocess.run(["scontrol", "update", f"JobId={jid}", "Requeue=0"], env=slurm_env, check=True)
@@ -140,7 +140,7 @@ def test_a_killed_process_restarts_on_a_spare_inside_the_allocation_while_a_requ
                              capture_output=True, text=True, check=True).stdout.strip()
     try:
         out, _ = proc.communicate(timeout=600)
-        blocked = _state(slurm_env, blocker)
+        blocked = _queue_state(slurm_env, blocker)
     finally:
         subprocess.run(["scancel", blocker], env=slurm_env, check=False)
     output = "".join(seen) + out

@@ -7,7 +7,10 @@ import shlex
 from pathlib import Path
 
 import pytest
+from etils import epath
 
+from job.observe.status import State, state_of
+from job.runs import attempts as attempt_records
 from tests.launching import explain
 from tests.records import summary
 from tests.tpu import fake_gcloud
@@ -103,6 +106,30 @@ def test_a_worker_killed_once_is_retried_from_the_checkpoint_on_the_same_slice(c
     assert summary(run_dir)["completed"] is True and summary(run_dir)["final_step"] == 30
     assert cloud.verbs().count("tpu-vm create") == 1 and cloud.verbs().count("tpu-vm delete") == 0
     assert sum("setsid nohup" in " ".join(c) for c in cloud.calls()) == 2  # the run, and its one retry
+    # RUN_DIR/attempts.jsonl: the failed attempt names the process that died and its host, then the retry completed
+    failed, completed = attempt_records.ended(epath.Path(run_dir))
+    assert (failed["job"], failed["attempt"], failed["code"], failed["outcome"], failed["process"], failed["node"],
+            failed["action"]) == ("pod-r", 1, 137, "failed", "1", "pod-r worker 1",
+                                  "restart 1 of 2 in the allocation, on the same nodes")
+    assert (completed["attempt"], completed["code"], completed["outcome"]) == (2, 0, "completed")
+    assert state_of(run_dir).state is State.COMPLETED
+
+
+@pytest.mark.slow
+def test_a_worker_killed_with_retries_off_leaves_a_run_that_reads_failed_naming_it(cloud: Cloud,
+                                                                                   tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = cloud.cli("pod", "--name=pod-s", f"--zone={ZONE}", "--accelerator=v4-16", "--retries=0",
+                     f"--local-dir={cloud.local}", f"--setup={kill_once_setup(1, run_dir / 'checkpoints' / '5')}",
+                     f"--args={train_args(run_dir, 30)}", timeout=400)
+    assert proc.returncode == 137, explain(proc)
+    assert "the job failed with exit code 137 (SIGKILL) on worker 1" in proc.stderr, explain(proc)
+    (record,) = attempt_records.ended(epath.Path(run_dir))
+    assert (record["outcome"], record["process"], record["node"], record["action"]) == (
+        "failed", "1", "pod-s worker 1", "not retried: retries are off (RETRIES=0)")
+    status = state_of(run_dir)
+    assert status.state is State.FAILED and status.step >= 5, status
+    assert status.describe() == f"failed (exit 137, process 1 on pod-s worker 1) at step {status.step}"
 
 
 @pytest.mark.slow

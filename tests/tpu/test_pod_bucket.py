@@ -15,8 +15,9 @@ pytestmark = pytest.mark.gcs
 
 
 def bucket_env(cloud: Cloud, gcs: Emulator) -> dict[str, str]:
-    """The simulated workers reach Cloud Storage at the emulator."""
-    return cloud.env(FAKE_GCLOUD_WORKER_ENV=json.dumps(gcs.env))
+    """The simulated workers, and the pod loop that records each attempt in the run dir, reach Cloud Storage at the
+    emulator."""
+    return cloud.env(FAKE_GCLOUD_WORKER_ENV=json.dumps(gcs.env), **gcs.env)
 
 
 def test_a_bucket_the_workers_cannot_write_is_one_error_naming_the_service_account(cloud: Cloud, gcs: Emulator) -> None:
@@ -50,3 +51,6 @@ def test_a_two_worker_run_keeps_its_checkpoints_in_the_bucket(cloud: Cloud, gcs:
     assert "checking that every worker can write to gs://job-test/run1" in proc.stderr
     assert json.loads(gcs.read("run1/summary.json"))["final_step"] == 10
     assert any(name.startswith("run1/checkpoints/10/") for name in gcs.objects("run1/checkpoints/"))
+    (record,) = [json.loads(line) for line in gcs.read("run1/attempts.jsonl").decode().splitlines()]
+    assert record == {**record, "event": "ended", "job": "pod-l", "attempt": 1, "code": 0, "outcome": "completed",
+                      "action": "none"}, record

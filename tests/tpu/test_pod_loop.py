@@ -1,11 +1,14 @@
-"""The pod loop's decisions, in process: when to recreate, rerun, give up, or stop."""
+"""The pod loop's decisions, in process: when to recreate, rerun, give up, or stop; and its records."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import time
 from pathlib import Path
 
 import pytest
+from etils import epath
 
 from deploy.tpu import attempts
 from deploy.tpu import cli as tpu
@@ -13,6 +16,8 @@ from deploy.tpu import job as tpu_job
 from deploy.tpu.config import TpuConfig
 from deploy.tpu.slice import Slice, TpuError
 from job.errors import ConfigError
+from job.observe.status import State, state_of
+from job.runs import attempts as attempt_records
 from tests.tpu.harness import ROOT
 from tests.tpu.sim_runner import SimRunner
 
@@ -237,3 +242,111 @@ def test_a_job_stopped_from_another_machine_is_not_restarted(cfg: TpuConfig) -> 
     runner = SimRunner(node="READY", worker_job="ended 75 stopped", job_outcomes=[(REQUEUE, None), (0, None)])
     assert tpu.pod(cfg, runner) == REQUEUE  # no local stop marker: worker 0 says so
     assert follows(runner) == 1
+
+
+# ---------------------------------------------------------------------- RUN_DIR/attempts.jsonl
+RECORD_KEYS = ["event", "job", "attempt", "began", "ended", "code", "outcome", "node", "process", "cause", "nodes",
+               "action"]  # the keys, in the order the Slurm supervisor writes them (deploy/slurm/supervise.py)
+
+
+@pytest.fixture
+def recorded(cfg: TpuConfig, tmp_path: Path) -> TpuConfig:
+    """cfg whose run dir is a folder here: the loop's records land in it."""
+    (tmp_path / "run").mkdir()
+    return dataclasses.replace(cfg, job_args=("train", "--run-dir", str(tmp_path / "run")))
+
+
+def records_of(cfg: TpuConfig) -> list[dict]:
+    return attempt_records.ended(epath.Path(cfg.job_args[2]))
+
+
+def test_a_failure_then_a_success_are_two_records_naming_the_failed_worker(recorded: TpuConfig) -> None:
+    runner = SimRunner(job_outcomes=[(1, None), (0, None)], worker_outcomes=[WORKER_2_CRASHED])
+    before = time.time()
+    assert tpu.pod(recorded, runner) == 0
+    failed, completed = records_of(recorded)
+    assert list(failed) == RECORD_KEYS and list(completed) == RECORD_KEYS
+    assert {k: failed[k] for k in RECORD_KEYS if k not in ("began", "ended")} == {
+        "event": "ended", "job": "pod-1", "attempt": 1, "code": 139, "outcome": "failed", "node": "pod-1 worker 2",
+        "process": "2", "cause": "step 7: loss 2.301", "nodes": "pod-1",
+        "action": "restart 1 of 2 in the allocation, on the same nodes"}
+    assert {k: completed[k] for k in ("attempt", "code", "outcome", "node", "process", "cause", "action")} == {
+        "attempt": 2, "code": 0, "outcome": "completed", "node": "-", "process": "-", "cause": "", "action": "none"}
+    spans = [round(before, 3), failed["began"], failed["ended"], completed["began"], completed["ended"]]
+    assert spans == sorted(spans) and spans[-1] <= round(time.time(), 3)  # epoch seconds, to the millisecond
+
+
+def test_a_spent_budget_is_recorded_and_the_run_reads_failed_naming_the_worker(recorded: TpuConfig) -> None:
+    run_dir = Path(recorded.job_args[2])
+    (run_dir / "config.json").write_text(json.dumps({"steps": 30}))  # the job started: it wrote its config
+    runner = SimRunner(job_outcomes=[(1, None)] * 3, worker_outcomes=[WORKER_2_CRASHED] * 3)
+    assert tpu.pod(recorded, runner) == 139
+    records = records_of(recorded)
+    assert [(r["attempt"], r["outcome"], r["action"]) for r in records] == [
+        (1, "failed", "restart 1 of 2 in the allocation, on the same nodes"),
+        (2, "failed", "restart 2 of 2 in the allocation, on the same nodes"),
+        (3, "failed", "not retried: the retry budget is spent (2 of 2)")]
+    status = state_of(run_dir)
+    assert status.state is State.FAILED
+    assert status.describe() == "failed (exit 139, process 2 on pod-1 worker 2) at step 0"
+
+
+def test_a_restarted_failure_reads_retrying_until_the_next_attempt_starts(recorded: TpuConfig) -> None:
+    run_dir = Path(recorded.job_args[2])
+    (run_dir / "config.json").write_text(json.dumps({"steps": 30}))
+    runner = SimRunner(job_outcomes=[(1, None), (0, None)], worker_outcomes=[WORKER_2_CRASHED])
+    assert tpu.pod(recorded, runner) == 0
+    (run_dir / "attempts.jsonl").write_text(json.dumps(records_of(recorded)[0]) + "\n")  # only the failed one yet
+    status = state_of(run_dir)
+    assert (status.state, status.describe()) == (State.RETRYING, "retrying at step 0 (restart 1 of 2 in the "
+                                                 "allocation, on the same nodes after exit 139, process 2 on pod-1 "
+                                                 "worker 2)")
+
+
+def test_a_preemption_is_recorded_and_spends_no_retry(recorded: TpuConfig) -> None:
+    runner = SimRunner(job_outcomes=[(255, "PREEMPTED"), (REQUEUE, None), (1, None), (0, None)],
+                       worker_outcomes=[WORKER_2_CRASHED])
+    assert tpu.pod(recorded, runner) == 0
+    records = records_of(recorded)
+    assert [(r["attempt"], r["code"], r["outcome"], r["node"], r["action"]) for r in records] == [
+        (1, 255, "preempted", "-", "rerun (a preemption spends no retry)"),
+        (2, REQUEUE, "preempted", "-", "rerun (a preemption spends no retry)"),
+        (3, 139, "failed", "pod-1 worker 2", "restart 1 of 2 in the allocation, on the same nodes"),  # the first
+        (4, 0, "completed", "-", "none")]
+
+
+def test_a_configuration_error_is_recorded_as_never_retried(recorded: TpuConfig) -> None:
+    said = ["worker 0: ended 2 1700000000.1 error: --steps: expected an integer, found 0",
+            "worker 1: ended 2 1700000000.2 error: --steps: expected an integer, found 0"]
+    assert tpu.pod(recorded, SimRunner(job_outcomes=[(2, None)], worker_outcomes=[said])) == 2
+    (record,) = records_of(recorded)
+    assert (record["outcome"], record["node"], record["process"], record["action"]) == (
+        "configuration error", "pod-1 worker 0", "0", "not retried: the same flags would fail again")
+
+
+def test_a_lost_connection_and_a_dry_run_record_nothing(recorded: TpuConfig,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tpu_job.time, "sleep", lambda s: None)
+    assert tpu.pod(recorded, SimRunner(job_outcomes=[(255, None)] * 30)) == 255  # the job may still be running
+    dry = dataclasses.replace(recorded, dry_run=True)
+    assert tpu.pod(dry, SimRunner(dry_run=True)) == 0
+    assert records_of(recorded) == []
+
+
+def test_a_run_dir_this_machine_cannot_write_is_one_warning_per_attempt_and_the_loop_goes_on(
+        cfg: TpuConfig, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    elsewhere = dataclasses.replace(cfg, job_args=("train", "--run-dir", str(tmp_path / "absent" / "run")))
+    runner = SimRunner(job_outcomes=[(1, None), (0, None)], worker_outcomes=[WORKER_2_CRASHED])
+    assert tpu.pod(elsewhere, runner) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("attempts: ")]
+    assert len(warnings) == 2 and all("expected to append" in w and "Fix: " in w for w in warnings), warnings
+    assert "(exit 139, failed)" in warnings[0] and "(exit 0, completed)" in warnings[1]
+    assert not (tmp_path / "absent").exists()
+
+
+def test_records_are_numbered_after_those_already_there(tmp_path: Path) -> None:
+    (tmp_path / "attempts.jsonl").write_text('{"event": "started", "attempt": 1}\n{"event": "ended", "attempt": 1}\n'
+                                             '{"event": "ended", "att')  # a torn last line
+    written = attempt_records.append_ended(tmp_path, {"job": "pod-a", "code": 0, "outcome": "completed"})
+    assert written == {"event": "ended", "job": "pod-a", "attempt": 2, "code": 0, "outcome": "completed"}
+    assert attempt_records.ended(epath.Path(tmp_path))[-1] == written

@@ -1,13 +1,19 @@
-"""The one attempt policy (deploy/attempts.py) as a table, and how the Slurm supervisor reads srun's words and
-picks a step's nodes (deploy/slurm/supervise.py)."""
+"""The one attempt policy (deploy/attempts.py) as a table, how the Slurm supervisor reads srun's words and
+picks a step's nodes (deploy/slurm/supervise.py), and the hang watchdog's roll call (job/runtime/rollcall.py)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
 from deploy.attempts import Action, Ended, Outcome, decide
-from deploy.slurm.supervise import Allocation, first_failure, step_argv
+from deploy.runner import Runner
+from deploy.slurm.supervise import Allocation, Supervisor, first_failure, step_argv
 from job.core import exits
+from job.runtime import rollcall
+from job.runtime.rollcall import Answer
 
 # code, retries spent before, spares left, can requeue, node, node answers, same allocation (TPU)
 # -> action, spends a retry, excluded node, the words recorded
@@ -114,3 +120,61 @@ def test_a_step_takes_the_run_nodes_first_and_a_spare_for_a_lost_node() -> None:
     assert alloc.spares_left({"n1", "n3"}) == 0
     whole = Allocation("7", ("n1", "n2"), run_nodes=2, tasks_per_node=1, restart_count=0)
     assert step_argv("srun", args, whole, set()) == ["srun", *args]  # no spares: srun's words as given
+
+
+# ---------------------------------------------------------------------------------------------------- the roll call
+def _answer(process: int, step: int, phase: str) -> Answer:
+    return Answer(process, f"node{process + 1}", step, phase)
+
+
+@pytest.mark.parametrize(("answers", "count", "culprit", "says"), [
+    ([_answer(0, 12, "sync"), _answer(1, 12, "input")], 2, 1,
+     "roll call of 2 processes: process 1 on node2 is waiting for its batch of step 12 (its data source) while the "
+     "others are at step 12's end (the stop check): process 1 on node2 is the one stuck"),
+    ([_answer(0, 7, "wait"), _answer(1, 7, "step"), _answer(2, 7, "wait"), _answer(3, 7, "wait")], 4, 1,
+     "process 1 on node2 is in its own code of step 7, before the step's collectives while the others are waiting "
+     "for step 7's result (in its collectives): process 1 on node2 is the one stuck"),
+    ([_answer(0, 9, "sync"), _answer(1, 8, "save")], 2, 1, "process 1 on node2 is saving step 8's checkpoint"),
+    ([_answer(0, 5, "wait"), _answer(1, 5, "wait")], 2, None,
+     "roll call of 2 processes: every process is waiting for step 5's result (in its collectives): none is behind "
+     "the others (a collective that does not end)"),
+    ([_answer(0, 5, "wait"), _answer(2, 5, "wait")], 3, 1,
+     "roll call of 3 processes: process 1 did not answer within 4 s (frozen, or gone): it is the one stuck"),
+])
+def test_the_roll_call_names_the_process_behind_the_others_or_silent(answers: list[Answer], count: int,
+                                                                     culprit: int | None, says: str) -> None:
+    verdict = rollcall.verdict(answers, count, waited_s=4.0)
+    assert says in verdict.text, verdict.text
+    assert (verdict.culprit.process if verdict.culprit else None) == culprit
+
+
+class _Store:
+    """The coordination service's key-value store as the roll call uses it."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+
+    def key_value_set(self, key: str, value: str, allow_overwrite: bool = False) -> None:
+        self.values[key] = value
+
+    def key_value_dir_get(self, prefix: str) -> list[tuple[str, str]]:
+        return [(k, v) for k, v in self.values.items() if k.startswith(prefix)]
+
+
+def test_the_roll_call_posts_where_this_process_is_and_reads_the_others() -> None:
+    store = _Store()
+    rollcall.roll_call(store, _answer(1, 3, "input"), 2, wait_s=0.0)  # alone: process 0 has not answered yet
+    verdict = rollcall.roll_call(store, _answer(0, 3, "sync"), 2, wait_s=5.0)
+    assert verdict.culprit == _answer(1, 3, "input")
+
+
+def test_a_hang_the_roll_call_named_is_the_attempts_failure_not_the_first_process_to_exit(tmp_path: Path) -> None:
+    records = tmp_path / "7-attempts.jsonl"
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "JOB_LOG_DIR": str(tmp_path),
+           "SLURM_NTASKS_PER_NODE": "2"}
+    supervisor = Supervisor(["true"], Runner(), env)
+    records.write_text(json.dumps({"event": "hang", "time": 100.0, "process": "3", "node": "",
+                                   "where": "roll call: process 3 did not answer"}) + "\n")
+    stuck = supervisor.stuck(99.0, ["n1", "n2"])
+    assert stuck is not None and (stuck.process, stuck.node) == ("3", "n2")  # tasks 2, 3 on the second node
+    assert supervisor.stuck(101.0, ["n1", "n2"]) is None  # an earlier attempt's hang

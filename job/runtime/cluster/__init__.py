@@ -14,6 +14,9 @@ allocation behaves like the launcher says.
 
 from __future__ import annotations
 
+import os
+import socket
+
 from job.core.errors import ConfigError
 from job.runtime.cluster.base import ClusterEnv, ClusterInfo, Env
 from job.runtime.cluster.local import LocalLauncher
@@ -52,4 +55,9 @@ def detect(env: Env) -> ClusterInfo:
     return SINGLE
 
 
-__all__ = ["DETECTION_ORDER", "ClusterEnv", "ClusterInfo", "detect", "SINGLE", "KINDS"]
+def node_name(env: Env = os.environ) -> str:
+    """This host's name as its scheduler knows it (Slurm's node name), else its host name."""
+    return SlurmJob.node_name(env) or socket.gethostname()
+
+
+__all__ = ["DETECTION_ORDER", "ClusterEnv", "ClusterInfo", "detect", "node_name", "SINGLE", "KINDS"]

@@ -29,6 +29,7 @@ STEP_NTASKS = "SLURM_STEP_NUM_TASKS"
 PROCID = "SLURM_PROCID"
 LOCALID = "SLURM_LOCALID"
 NODEID = "SLURM_NODEID"
+NODENAME = "SLURMD_NODENAME"  # the node as Slurm names it (every node of a test cluster has one host name)
 TASKS_PER_NODE = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
 _GPUS_PER_TASK = "SLURM_GPUS_PER_TASK"  # set in a task only inside an sbatch that asked for it
 _GPUS_ON_NODE = "SLURM_GPUS_ON_NODE"  # how many GPUs the step has on this node
@@ -60,6 +61,11 @@ class SlurmJob(ClusterEnv):
     @classmethod
     def process_id(cls, env: Env) -> int:
         return read_int(env, PROCID, fix=_FIX)
+
+    @classmethod
+    def node_name(cls, env: Env) -> str | None:
+        """This task's node as Slurm names it; None outside a Slurm task."""
+        return env.get(NODENAME) or None
 
     @classmethod
     def num_processes(cls, env: Env) -> int:
