@@ -14,6 +14,9 @@
 # than are free) really waits in the queue, as on a busy cluster: the retry tests use it to tell a
 # requeue from a restart inside the allocation.
 #
+# Every node has a /dev/shm of its own (a private tmpfs in the node's mount namespace), as real nodes
+# do: a node-local checkpoint on one node is not visible from another.
+#
 # One more node, 'island', alone in the hidden partition 'island', does not
 # share /tmp with this machine: its slurmd runs in its own mount namespace
 # with an empty tmpfs on /tmp, as a compute node sees none of the login
@@ -39,6 +42,7 @@ MAX_TIME=7-00:00:00  # partition debug's MaxTime
 ISLAND=island  # the node (and hidden partition) whose jobs see a private /tmp
 ISLAND_ADDR=127.0.2.1  # loopback, outside node1..16's 127.0.1.N
 ISLAND_PORT=17100
+NODE_SHM=2g  # each node's private /dev/shm (a tmpfs: memory is used only as it is filled)
 STRICT=strict  # the hidden partition of node1..N that does not oversubscribe: a job that does not fit waits
 
 die() { echo "local-cluster: $*" >&2; exit 1; }
@@ -189,7 +193,7 @@ up() {
     slurmctld
     for ((i = 1; i <= nodes; i++)); do
         mkdir -p "$DIR/spool/node$i"
-        slurmd -N "node$i"
+        start_node "node$i"
     done
     echo "$nodes" >"$DIR/nodes"
     start_island
@@ -214,6 +218,20 @@ down() {
     remove_fake_gpus
     rm -rf "$DIR"
     echo "local Slurm cluster down"
+}
+
+# A node's slurmd in a mount namespace of its own with a private, empty /dev/shm (NODE_SHM): as on a
+# real cluster, what a job keeps in a node's memory (the node-local checkpoint tier) is on that node
+# only, and no test can pass by reading a lost node's folder through this machine's /dev/shm. Without
+# CAP_SYS_ADMIN the nodes share /dev/shm, and the cluster says so.
+start_node() {
+    local node=$1
+    # shellcheck disable=SC2016  # $1 and $2 are the inner shell's arguments: the size and the node name
+    if ! unshare --mount --propagation private -- sh -c \
+        'mount -t tmpfs -o mode=1777,size="$1" node-shm /dev/shm && exec slurmd -N "$2"' node "$NODE_SHM" "$node"; then
+        echo "local-cluster: node $node shares this machine's /dev/shm: expected unshare --mount and a tmpfs mount to work (root with CAP_SYS_ADMIN), found them refused" >&2
+        slurmd -N "$node"
+    fi
 }
 
 # The island node's slurmd in a mount namespace of its own, /tmp an empty tmpfs there: every job step

@@ -113,6 +113,33 @@ def append_ended(run_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> 
     return numbered
 
 
+def note_resumed(run_dir: str | os.PathLike[str], step: int, start: int, tier: str, now: float | None = None
+                 ) -> dict[str, Any] | None:
+    """Process 0, at the first step an attempt completes after resuming: one `resumed` record in
+    RUN_DIR/attempts.jsonl, with the restart gap (from the previous attempt's recorded end to this step, the time
+    a failure cost before training went on) and the tier the state came from. None where no attempt's end is on
+    record (the first attempt, a run off Slurm and TPU) or the run dir cannot be written."""
+    now = time.time() if now is None else now
+    target = epath.Path(run_dir) / RECORD
+    try:
+        old = target.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    previous = _ended_in(old)
+    if not previous:
+        return None
+    record = {"event": "resumed", "attempt": len(previous) + 1, "time": round(now, 3), "step": step,
+              "from_step": start, "tier": tier, "gap_s": round(now - float(previous[-1].get("ended", now)), 3)}
+    torn = bool(old) and not old.endswith("\n")
+    try:
+        target.write_text(old + ("\n" if torn else "") + json.dumps(record) + "\n", encoding="utf-8")
+    except Exception as exc:  # noqa: BLE001 - gcsfs's errors are not OSError; the run goes on
+        log.warning("attempts: expected to record the restart gap in %s, found %s", target,
+                    getattr(exc, "strerror", None) or exc)
+        return None
+    return record
+
+
 def cause_of_end(records: list[dict[str, Any]], previous_ended_cleanly: bool, since: float) -> str:
     """Why the previous attempt ended: FAILURE or PREEMPTION. The batch script's record of an attempt that
     ended after `since` (the previous attempt's start) says it where there is one; otherwise an attempt
@@ -124,4 +151,4 @@ def cause_of_end(records: list[dict[str, Any]], previous_ended_cleanly: bool, si
     return PREEMPTION if previous_ended_cleanly else FAILURE
 
 
-__all__ = ["ENV", "FAILURE", "PREEMPTION", "RECORD", "append_ended", "cause_of_end", "ended", "note_hang", "note_start"]
+__all__ = ["ENV", "FAILURE", "PREEMPTION", "RECORD", "append_ended", "cause_of_end", "ended", "note_hang", "note_resumed", "note_start"]

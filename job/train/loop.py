@@ -36,6 +36,7 @@ from job.parallel.fingerprint import fingerprint
 from job.parallel.multihost import barrier, coordination_client, on_process_zero
 from job.runs import attempts, provenance, resume
 from job.runs.checkpoint import Checkpointer
+from job.runs.local_tier import LocalTier
 from job.runtime import compile_cache, preflight
 from job.runtime.cluster import ClusterInfo, node_name
 from job.runtime.compile_cache import CacheEvents
@@ -106,6 +107,8 @@ class Training:
         self.moved: epath.Path | None = None  # --no-resume: where the earlier checkpoints went
         self.changed: list[tuple[str, Any, Any]] = []  # the config fields changed since the saved run
         self.checkpoints: Checkpointer | None = None
+        self.local: LocalTier | None = None  # the node-local tier (--ckpt.local-every), made with the checkpointer
+        self.local_source = ""  # where a restore from the node-local tier read each process's shards
         self.report: Reporter | None = None
         self.profiler: StepProfiler | None = None
         self.compile_s = 0.0  # this process's own time compiling the steps ahead (the barrier's wait excluded)
@@ -169,12 +172,22 @@ class Training:
             self.changed = resume.check(run_dir, to_dict(cfg), *newest, built.planned.abstract)
         on_process_zero(_save_config, run_dir, cfg)
         on_process_zero(provenance.record, run_dir, self.argv, _topology(self.info, built.mesh))
-        if cfg.resume and checkpoints.all_steps():  # read back first: an unreadable newest step is set aside
+        if cfg.ckpt.local_every:
+            self.local = LocalTier(cfg.ckpt.local_dir, str(run_dir), cfg.ckpt.local_every, node_name(),
+                                   built.planned.abstract)
+        local = self.local.restore(built.planned.abstract, checkpoints.latest_step()) if (
+            self.local is not None and cfg.resume) else None
+        if local is not None:  # newer than the persistent tier's newest, and every process read its part back
+            start, state = local
+            self.local_source = self.local.sources(start)
+        elif cfg.resume and checkpoints.all_steps():  # read back first: an unreadable newest step is set aside
             start, state = checkpoints.restore_newest(built.planned.abstract)
         else:
             if cfg.resume:  # never from step 0 over checkpoints that were set aside as unreadable
                 resume.refuse_fresh_start_over_set_aside(checkpoints.directory)
             state = built.planned.init()
+            if self.local is not None:
+                self.local.clear()  # an earlier run's local steps are never restored into this one
         self.last_saved = start
         return start, state
 
@@ -187,7 +200,9 @@ class Training:
         on_process_zero(self.timer.resume, run_dir, start)
         on_process_zero(attempts.note_start, run_dir, self.timer.previous.get("attempt", 1))
         self.profiler = StepProfiler(cfg.profile.steps, cfg.steps, run_dir, self.info.process_id)
-        if start:
+        if start and self.local_source:
+            report.message("resumed from step %d (the node-local tier: %s)", start, self.local_source)
+        elif start:
             report.message("resumed from step %d (%s)", start, run_dir / "checkpoints")
         if start and self.changed:
             lr_note = optimizers.schedule_change(task, cfg, self.changed, start)  # None: the same schedule
@@ -245,6 +260,9 @@ class Training:
             watchdog = None
             for step in range(start, cfg.steps):
                 state, stop = self.step(built, state, step, upcoming, first=step == start)
+                if step == start and start:  # the first step after a restart: the gap it cost, on record
+                    tier = "node-local" if self.local_source else "persistent"
+                    on_process_zero(attempts.note_resumed, built.run_dir, step + 1, start, tier)
                 if stop:
                     done = step + 1
                     if self.last_saved != done:
@@ -293,6 +311,10 @@ class Training:
         if saves and not interrupted:
             at(done, "save")
             state = self.save(state, done)
+        elif self.local is not None and self.local.due(done) and not interrupted:
+            at(done, "save")
+            with timer.part("checkpoint"):
+                self.local.save(done, state)
         at(done, "sync")
         with timer.part("steps"):  # a collective every step: part of what a step costs
             stop = interrupted or self.guard.should_stop()
@@ -343,6 +365,8 @@ class Training:
         with timer.part("checkpoint"):
             self.checkpoints.wait()
             self.checkpoints.close()
+            if self.local is not None:
+                self.local.close(completed=code == 0 and self.last_saved == cfg.steps)
         timer.seconds["profile"] = self.profiler.seconds
         mine = np.array([self.cache_events.hits, self.cache_events.misses, self.compile_s], np.float32)
         counts = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 3)  # one small all-gather

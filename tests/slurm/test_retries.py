@@ -8,12 +8,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from job.observe.status import State, state_of
+from job.runs.config import CheckpointConfig
+from job.runs.local_tier import run_folder
 from tests.launching import ROOT, explain, launcher_argv, run, wait_for_line
 from tests.slurm.test_slurm import SMALL, deploy_argv, job_id, task_env
 
@@ -114,17 +117,20 @@ def _queue_state(slurm_env: dict[str, str], jid: str) -> str:
 def test_a_killed_process_restarts_on_a_spare_inside_the_allocation_while_a_requeued_job_would_wait(
         slurm_env: dict[str, str], tmp_path: Path, requeue: bool) -> None:
     """SPARES=1 in partition `strict` (no oversubscription: a job that does not fit waits): process 1 is SIGKILLed on node2
-    just after step 22; the supervisor starts a new step on node1 and node3 at once, from step 20's checkpoint,
-    while a job asking for every node stays pending; the run ends bitwise equal to an uninterrupted one, in the same
-    job (Restarts=0). With requeue disabled on the job (Requeue=0, as JobRequeue=0 or --no-requeue leave it), the
-    same."""
-    flags = ["--steps", "30", "--ckpt.every", "10", "--ckpt.no-background", "--log-every", "2", *SMALL]
+    just after step 22; the supervisor starts a new step on node1 and node3 at once, from step 20's node-local
+    checkpoint (persistent ones every 50 steps), process 1's shards sent by process 0, which held them on node1
+    (each node's /dev/shm is its own: node3 has none of them), while a job asking for every node stays pending;
+    the run ends bitwise equal to an uninterrupted one, in the same job (Restarts=0). With requeue disabled on the
+    job (Requeue=0, as JobRequeue=0 or --no-requeue leave it), the same."""
+    flags = ["--steps", "60", "--ckpt.every", "50", "--ckpt.local-every", "5", "--log-every", "2", *SMALL]
     reference = run(launcher_argv(2, [sys.executable, "-m", "job", "train", "--run-dir", str(tmp_path / "ref"),
                                       *flags], devices=1), timeout=300)
     assert reference.returncode == 0, explain(reference, reference.stdout, reference.stderr)
     run_dir = tmp_path / "run"
-    env = {**task_env(slurm_env), "NODE_FAULT": "node2", "NODE_FAULT_STEP": "22",
-           "NODE_FAULT_AFTER": str(run_dir / "checkpoints" / "20")}
+    # on node2: process 0's step 20, held there for it, is in: so is process 1's, sent to node1 at the same time
+    held = run_folder(CheckpointConfig.local_dir, str(run_dir)) / "20" / "process-0.npz"
+    env = {**task_env(slurm_env), "NODE_FAULT": "node2", "NODE_FAULT_STEP": "22", "NODE_FAULT_AFTER": str(held),
+           "NODE_FAULT_SETTLE_S": "1"}
     argv = deploy_argv(tmp_path, "--wait", "--partition", "strict", "--spares", "1", "--retries", "2",
                        job=["train", "--run-dir", str(run_dir), *FAULTY, *flags], nodes=2)
     proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -138,14 +144,25 @@ def test_a_killed_process_restarts_on_a_spare_inside_the_allocation_while_a_requ
     blocker = subprocess.run(["sbatch", "--parsable", "--partition=strict", "--nodes=4", "--exclusive", "--time=10",
                               f"--output={tmp_path}/blocker.log", "--wrap=sleep 600"], env=slurm_env,
                              capture_output=True, text=True, check=True).stdout.strip()
+    assert proc.stdout is not None
+    rest: list[str] = []
+    reader = threading.Thread(target=lambda: rest.extend(proc.stdout), daemon=True)
+    reader.start()
+    seen_while_ours_ran = set()
     try:
-        out, _ = proc.communicate(timeout=600)
-        blocked = _queue_state(slurm_env, blocker)
+        deadline = time.monotonic() + 600
+        while proc.poll() is None and time.monotonic() < deadline:
+            ours_now, theirs = _queue_state(slurm_env, jid), _queue_state(slurm_env, blocker)
+            if ours_now == "RUNNING":
+                seen_while_ours_ran.add(theirs)
+            time.sleep(0.5)
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        reader.join(timeout=30)
     finally:
         subprocess.run(["scancel", blocker], env=slurm_env, check=False)
-    output = "".join(seen) + out
+    output = "".join(seen + rest)
     assert proc.returncode == 0, output
-    assert blocked == "PENDING", blocked  # a requeued job would have waited behind it
+    assert seen_while_ours_ran == {"PENDING"}, seen_while_ours_ran  # a requeued job would have waited behind it
     shown = subprocess.run(["scontrol", "show", "job", jid], env=slurm_env, capture_output=True, text=True,
                            check=True).stdout
     assert "Restarts=0" in shown and "JobState=COMPLETED" in shown, shown
@@ -153,19 +170,25 @@ def test_a_killed_process_restarts_on_a_spare_inside_the_allocation_while_a_requ
 
     ours = json.loads((run_dir / "summary.json").read_text())
     ref = json.loads((tmp_path / "ref" / "summary.json").read_text())
-    assert ours["completed"] is True and ours["final_step"] == 30
+    assert ours["completed"] is True and ours["final_step"] == 60
     assert ours["params_sha256"] == ref["params_sha256"]  # resumed from its checkpoint, bitwise
     failed, done = _ended(run_dir)
+    (resumed,) = [r for r in _records(run_dir / "attempts.jsonl") if r["event"] == "resumed"]
+    assert resumed == {**resumed, "attempt": 2, "step": 21, "from_step": 20, "tier": "node-local"}, resumed
+    assert 0 < resumed["gap_s"] == pytest.approx(resumed["time"] - failed["ended"], abs=0.01)
     assert failed == {**failed, "job": jid, "attempt": 1, "code": 137, "outcome": "failed", "node": "node2",
                       "process": "1", "cause": "Killed", "nodes": "node1,node2",
                       "action": "restart 1 of 2 in the allocation, on a spare instead of node2"}, failed
     assert done == {**done, "job": jid, "attempt": 2, "code": 0, "outcome": "completed", "nodes": "node1,node3"}, done
     first = (tmp_path / "logs" / f"{jid}_0_log.out").read_text()
-    assert "resumed from step 20" in first, first
+    assert ("resumed from step 20 (the node-local tier: process 1's from process 0 on node1 over the network; the "
+            "others' from their own node)") in first, first
+    assert not (run_dir / "checkpoints" / "20").exists()  # not from the persistent tier: it has 50 and 60
     second = [line for line in (tmp_path / "logs" / f"{jid}_1_log.out").read_text().splitlines()
               if "process 1 of 2 (slurm) on" in line]
     assert [line.rsplit(" ", 1)[-1] for line in second] == ["node2", "node3"], second
     assert ours["goodput"]["failed_attempts"] == 1 and ours["goodput"]["lost_to_failures_s"] > 0
     assert state_of(run_dir).state is State.COMPLETED
-    print(f"restart in the allocation: the next step began {done['began'] - failed['ended']:.1f} s after the "
-          f"failed one ended; {ours['goodput']['lost_to_failures_s']:.1f} s lost to the failure")
+    print(f"restart in the allocation: the next step began {done['began'] - failed['ended']:.1f} s after the failed "
+          f"one ended, its first training step {resumed['gap_s']:.1f} s after; goodput: "
+          f"{ours['goodput']['lost_to_failures_s']:.1f} s lost to the failure")

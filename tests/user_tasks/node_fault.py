@@ -7,7 +7,8 @@ when it is asked for its rows of a train step at or past NODE_FAULT_STEP: on eve
 as a broken host fails every job it gets. With NODE_FAULT_AFTER (a path, such as a checkpoint's folder) it
 first waits, up to 120 s, for that path to exist: rows are asked for ahead of the step, so without it the
 fault could come while another process still commits an earlier step's save (a path that never appears
-ends the process with 97 and a line saying so, not with the fault). Elsewhere, and without NODE_FAULT, it
+ends the process with 97 and a line saying so, not with the fault); NODE_FAULT_SETTLE_S then waits that many
+seconds more (a node-local save's copy on its way to a peer). Elsewhere, and without NODE_FAULT, it
 is the lm task exactly (the same model, rows and losses), so a retried run can be compared with an
 uninterrupted lm run.
 """
@@ -24,7 +25,7 @@ from typing import Any
 
 from job.tasks.lm.task import TASK as LM
 
-NODE, STEP, AFTER = "NODE_FAULT", "NODE_FAULT_STEP", "NODE_FAULT_AFTER"
+NODE, STEP, AFTER, SETTLE = "NODE_FAULT", "NODE_FAULT_STEP", "NODE_FAULT_AFTER", "NODE_FAULT_SETTLE_S"
 
 
 class FaultyRows:
@@ -44,6 +45,7 @@ class FaultyRows:
                           "not faulting", file=sys.stderr, flush=True)
                     os._exit(97)
                 time.sleep(0.05)
+            time.sleep(float(os.environ.get(SETTLE, "0")))  # what runs beside the save it waited for, done too
             os.kill(os.getpid(), signal.SIGKILL)
         return self.inner.rows(split, step, start, stop)
 
