@@ -8,15 +8,16 @@
 # error (2) is never retried. Every attempt is recorded in JOB_LOG_DIR/JOBID-attempts.jsonl and the
 # run dir's attempts.jsonl. Bash keeps only this: a function that hands srun's words over.
 #
-# Variables: JOB_PYTHON (the supervisor's interpreter; default python3: it needs only the standard
-# library and this checkout), JOB_NODES, JOB_RETRIES, JOB_LOG_DIR (read by the supervisor).
+# Variables: JOB_SUPERVISOR_PYTHON (the supervisor's interpreter: the one make submit-slurm ran in;
+# python3 where that is not on the node: it needs only the standard library and this checkout),
+# JOB_NODES, JOB_RETRIES, JOB_LOG_DIR (read by the supervisor).
 
 JOB_CHECKOUT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
 
 # the checkout first on the supervisor's path only: the step's tasks get the job's environment as it is
 srun() {
-    local python=${JOB_PYTHON:-python3}
-    command -v "$python" >/dev/null || python=python3  # the tasks' interpreter may live only in their image
+    local python=${JOB_SUPERVISOR_PYTHON:-python3}
+    command -v "$python" >/dev/null || python=python3  # the submitting interpreter may not be on this node
     "$python" -c 'import sys; sys.path.insert(0, sys.argv.pop(1)); from deploy.slurm.supervise import main; sys.exit(main())' \
         "$JOB_CHECKOUT" -- "$@"
 }

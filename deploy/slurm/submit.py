@@ -157,11 +157,10 @@ def submitit_script(cfg: SlurmConfig, environ: Mapping[str, str] = os.environ) -
 
 def supervisor_environment(cfg: SlurmConfig) -> dict[str, str]:
     """What the job's supervisor reads in the batch script (deploy/slurm/supervise.py): the nodes a step uses (the
-    rest are spares), the retry budget, where attempts are recorded, and (submitit) the interpreter it runs in."""
-    ours = {"JOB_LOG_DIR": cfg.log_dir, "JOB_RETRIES": str(cfg.retries), "JOB_NODES": str(cfg.nodes)}
-    if cfg.via == "submitit" and not cfg.image:
-        ours["JOB_PYTHON"] = cfg.task_python
-    return ours
+    rest are spares), the retry budget, where attempts are recorded, and the interpreter it runs in (this one: the
+    tasks' may be a wrapper or live only in their image)."""
+    return {"JOB_LOG_DIR": cfg.log_dir, "JOB_RETRIES": str(cfg.retries), "JOB_NODES": str(cfg.nodes),
+            "JOB_SUPERVISOR_PYTHON": sys.executable}
 
 
 def exports(cfg: SlurmConfig) -> list[str]:
@@ -184,7 +183,8 @@ def sbatch_argv(cfg: SlurmConfig) -> list[str]:
 
 def batch_environment(cfg: SlurmConfig, environ: Mapping[str, str]) -> dict[str, str]:
     """What slurm/train.sbatch would see in the batch step of `sbatch_argv(cfg)`, for JOB_DRY_RUN=1."""
-    ours = {"IMAGE", "CONTAINER_RUNTIME", "JOB_PYTHON", "JOB_LOG_DIR", "JOB_DRY_RUN", "JOB_RETRIES", "JOB_NODES"}
+    ours = {"IMAGE", "CONTAINER_RUNTIME", "JOB_PYTHON", "JOB_LOG_DIR", "JOB_DRY_RUN", "JOB_RETRIES", "JOB_NODES",
+            "JOB_SUPERVISOR_PYTHON"}
     env = {k: v for k, v in environ.items() if k not in ours and not k.startswith("SLURM_")}
     env.update(pair.split("=", 1) for pair in exports(cfg))
     env.update(task_environment(cfg, environ), JOB_DRY_RUN="1", SLURM_JOB_NUM_NODES=str(cfg.allocated_nodes),

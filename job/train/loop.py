@@ -260,8 +260,8 @@ class Training:
             watchdog = None
             for step in range(start, cfg.steps):
                 state, stop = self.step(built, state, step, upcoming, first=step == start)
-                if step == start and start:  # the first step after a restart: the gap it cost, on record
-                    tier = "node-local" if self.local_source else "persistent"
+                if step == start:  # the first step after a restart (a failed attempt on record): the gap it cost
+                    tier = "node-local" if self.local_source else "persistent" if start else "none (from step 0)"
                     on_process_zero(attempts.note_resumed, built.run_dir, step + 1, start, tier)
                 if stop:
                     done = step + 1

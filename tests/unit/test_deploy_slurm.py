@@ -197,7 +197,7 @@ def test_gpu_xla_flags_are_set_only_on_the_gpu_path_and_on_both_paths() -> None:
     exports = [line for line in slurm.submitit_parameters(slurm.SlurmConfig(), environ)["setup"]
                if line.startswith("export ")]
     assert exports == ["export JOB_LOG_DIR=runs/slurm-logs", "export JOB_RETRIES=3", "export JOB_NODES=1",
-                       f"export JOB_PYTHON={sys.executable}"]  # the supervisor's (deploy/slurm/supervise.py)
+                       f"export JOB_SUPERVISOR_PYTHON={sys.executable}"]  # the supervisor's (deploy/slurm/supervise.py)
     gpu = slurm.SlurmConfig(gpus_per_node=4)
     assert [line for line in slurm.submitit_parameters(gpu, environ)["setup"] if "XLA_FLAGS" in line] == [
         "export XLA_FLAGS='--xla_dump_to=/tmp/d --xla_gpu_enable_latency_hiding_scheduler=true'"]
@@ -256,7 +256,7 @@ def test_the_gpu_probe_accepts_an_interpreter_with_the_plugin(tmp_path: Path) ->
     assert slurm.main(["--gpus-per-node=4", "--python=/opt/cuda/python", "--via=sbatch", f"--log-dir={tmp_path}"],
                       runner=runner) == 0
     assert [call[0] for call in actions(runner)] == ["/opt/cuda/python", "sbatch"]
-    assert f"--export=ALL,JOB_PYTHON=/opt/cuda/python,JOB_LOG_DIR={tmp_path},JOB_RETRIES=3,JOB_NODES=1" in actions(runner)[1]
+    assert f"--export=ALL,JOB_PYTHON=/opt/cuda/python,JOB_LOG_DIR={tmp_path},JOB_RETRIES=3,JOB_NODES=1,JOB_SUPERVISOR_PYTHON={sys.executable}" in actions(runner)[1]
 
 
 # ---------------------------------------------------------------------------------------------------- SBATCH_ARGS
@@ -595,7 +595,7 @@ def test_spares_ask_for_more_nodes_that_a_failed_node_does_not_take_down_and_the
     assert (cfg.nodes, cfg.spares, cfg.allocated_nodes) == (4, 1, 5)
     argv = slurm.sbatch_argv(cfg)
     assert "--nodes=5" in argv and "--no-kill" in argv
-    assert next(a for a in argv if a.startswith("--export=")).endswith(",JOB_NODES=4")
+    assert ",JOB_NODES=4," in next(a for a in argv if a.startswith("--export="))
     script = slurm.submitit_script(dataclasses.replace(cfg, via="submitit"), {})
     assert "#SBATCH --nodes=5" in script and "#SBATCH --no-kill" in script and "export JOB_NODES=4" in script
     plain = slurm.sbatch_argv(slurm.parse(["--nodes", "4", "--via", "sbatch"]))

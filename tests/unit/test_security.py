@@ -678,7 +678,7 @@ def test_a_slurm_submission_writes_no_secret_from_the_environment(tmp_path: Path
     assert not leaks({"sbatch argv": "\n".join(runner.calls[0])})
     export = next(a for a in runner.calls[0] if a.startswith("--export="))
     assert [item.split("=")[0] for item in export.removeprefix("--export=").split(",")] == [
-        "ALL", "JOB_LOG_DIR", "JOB_RETRIES", "JOB_NODES", "IMAGE", "CONTAINER_RUNTIME"]
+        "ALL", "JOB_LOG_DIR", "JOB_RETRIES", "JOB_NODES", "JOB_SUPERVISOR_PYTHON", "IMAGE", "CONTAINER_RUNTIME"]
 
 
 @dataclasses.dataclass
