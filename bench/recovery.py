@@ -67,7 +67,7 @@ def one(env: dict[str, str], folder: Path, case: str) -> dict[str, float]:
     run_dir = folder / "run"
     fault = {"NODE_FAULT": "node2", "NODE_FAULT_STEP": str(FAULT_STEP)}
     if tier == "local":  # the local step 20 is in on node2 (and so, sent at the same time, on node1)
-        held = run_folder(CheckpointConfig.local_dir, str(run_dir)) / "20" / "process-0.npz"
+        held = run_folder(CheckpointConfig.local_dir, str(run_dir)) / "20" / "process-0.jlt"
         fault.update(NODE_FAULT_AFTER=str(held), NODE_FAULT_SETTLE_S="1")
     argv = [sys.executable, "-m", "deploy.slurm", "--nodes", "2", "--partition", "strict", "--retries", "1",
             "--log-dir", str(folder / "logs"), "--wait", *submit, "--", "train", "--run-dir", str(run_dir),

@@ -6,7 +6,9 @@ Every `--ckpt.local-every` steps each process writes the shards it holds to a fo
 (`--ckpt.local-dir`, /dev/shm by default: memory), and sends the same bytes over the network to a peer: the next
 process, in process order, that runs on another node, which keeps them in its own node's folder. Losing one node
 then loses no local step: its processes' shards are held by their peers. A node's folder holds files by step and
-by the process whose shards they are (`STEP/process-P.npz`), whoever wrote them.
+by the process whose shards they are (`STEP/process-P.jlt`: a JSON header, then each shard's raw bytes),
+whoever wrote them. A save writes the shards straight from their buffers (the one copy the loop waits for), and
+sends the file on a thread (sendfile); a restore maps the file and copies each shard once, onto its device.
 
 At a restart (a spare in place of a lost node, or the same nodes) every process lists what its node's folder
 holds and where it listens; the newest step that every process's shards are somewhere for, saved on the same
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
+import mmap
 import json
 import logging
 import os
@@ -50,6 +52,7 @@ META = "__meta__"
 KEEP = 2  # local steps kept in a node's folder (the newest, and the one before while the newest is sent)
 HEADROOM = 2.0  # a save needs this many times its bytes free in the folder's file system (its own, a peer's)
 TIMEOUT_S = 120  # a peer that does not answer within this is taken as gone
+CHUNK = 8 << 20  # bytes read from a connection at a time
 
 
 def run_folder(local_dir: str, run_dir: str) -> Path:
@@ -74,85 +77,121 @@ def _index(index: tuple[slice, ...]) -> list[list[int | None]]:
     return [[s.start, s.stop] for s in index]
 
 
-def pack(state: Any, step: int, fingerprint: str) -> dict[str, np.ndarray]:
-    """This process's shards of every array leaf as host arrays (a copy: the step may reuse the buffers)."""
-    arrays: dict[str, np.ndarray] = {}
-    shards: list[list[list[Any]]] = []
+MAGIC = b"JLT1"  # a file: MAGIC, the header's length (8 bytes), the header (JSON), then each shard's bytes
+ALIGN = 64  # every shard starts at a multiple of this in the file (aligned views on a memory map)
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // ALIGN) * ALIGN
+
+
+def write_shards(path: Path, state: Any, step: int, fingerprint: str) -> int:
+    """This process's shards of every array leaf, written straight from their buffers (one copy: into the file's
+    pages), atomically; the bytes written. Called between steps: the next step may reuse the buffers."""
+    entries: list[dict[str, Any]] = []
+    arrays: list[np.ndarray] = []
+    offset = 0
     for i, leaf in enumerate(jax.tree.leaves(state)):
-        mine = []
-        if isinstance(leaf, jax.Array):
-            if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-                raise TypeError("typed PRNG key arrays")
-            for k, shard in enumerate(leaf.addressable_shards):
-                arrays[f"{i}/{k}"] = np.array(shard.data)
-                mine.append(_index(shard.index))
-        shards.append(mine)
-    meta = {"step": step, "process": jax.process_index(), "layout": fingerprint, "shards": shards}
-    arrays[META] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    return arrays
+        if not isinstance(leaf, jax.Array):
+            continue
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            raise TypeError("typed PRNG key arrays")
+        for shard in leaf.addressable_shards:
+            data = np.asarray(shard.data, order="C")  # (ascontiguousarray would make a scalar 1-d)
+            entries.append({"leaf": i, "index": _index(shard.index), "dtype": data.dtype.str, "shape": data.shape,
+                            "offset": offset, "nbytes": data.nbytes})
+            arrays.append(data)
+            offset = _aligned(offset + data.nbytes)
+    header = json.dumps({"step": step, "process": jax.process_index(), "layout": fingerprint,
+                         "arrays": entries}).encode()
+    start = _aligned(len(MAGIC) + 8 + len(header))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(MAGIC + len(header).to_bytes(8, "little") + header)
+        for entry, data in zip(entries, arrays):
+            f.seek(start + entry["offset"])
+            f.write(memoryview(data).cast("B"))
+        f.truncate(start + offset)
+    os.replace(tmp, path)
+    return start + offset
 
 
-def unpack(data: bytes, like: Any, fingerprint: str) -> Any:
-    """The state from this process's file, its arrays placed as `like`'s shardings say."""
-    with np.load(io.BytesIO(data)) as npz:
-        meta = json.loads(bytes(npz[META]).decode())
-        if meta["layout"] != fingerprint:
-            raise ValueError("saved on another layout")
-        leaves, treedef = jax.tree.flatten(like)
-        out = []
-        for i, target in enumerate(leaves):
-            if not hasattr(target, "sharding") or target.sharding is None:
-                out.append(target)
-                continue
-            saved = {json.dumps(index): f"{i}/{k}" for k, index in enumerate(meta["shards"][i])}
-            placed = []
-            for device, index in target.sharding.addressable_devices_indices_map(target.shape).items():
-                name = saved[json.dumps(_index(index))]
-                placed.append(jax.device_put(npz[name], device))
-            out.append(jax.make_array_from_single_device_arrays(target.shape, target.sharding, placed))
+def read_shards(path: Path, like: Any, fingerprint: str) -> Any:
+    """The state from this process's file, its arrays placed as `like`'s shardings say (the file is mapped, not
+    read: a shard is copied once, onto its device)."""
+    with open(path, "rb") as f:
+        # private copy-on-write pages: jax may keep a shard in them (no copy on the CPU), and a donated buffer is
+        # then written in place without touching the file; closed by the last array viewing it
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    if mapped[:len(MAGIC)] != MAGIC:
+        raise ValueError(f"{path}: not a node-local checkpoint file")
+    size = int.from_bytes(mapped[len(MAGIC):len(MAGIC) + 8], "little")
+    header = json.loads(mapped[len(MAGIC) + 8:len(MAGIC) + 8 + size])
+    if header["layout"] != fingerprint:
+        raise ValueError("saved on another layout")
+    start = _aligned(len(MAGIC) + 8 + size)
+    saved = {(e["leaf"], json.dumps(e["index"])): e for e in header["arrays"]}
+    leaves, treedef = jax.tree.flatten(like)
+    out = []
+    for i, target in enumerate(leaves):
+        if getattr(target, "sharding", None) is None:
+            out.append(target)
+            continue
+        placed = []
+        for device, index in target.sharding.addressable_devices_indices_map(target.shape).items():
+            e = saved[(i, json.dumps(_index(index)))]
+            view = np.frombuffer(mapped, dtype=np.dtype(e["dtype"]), count=int(np.prod(e["shape"], dtype=np.int64)),
+                                 offset=start + e["offset"]).reshape(e["shape"])
+            placed.append(jax.device_put(view, device))
+        out.append(jax.make_array_from_single_device_arrays(target.shape, target.sharding, placed))
     return jax.tree.unflatten(treedef, out)
 
 
-def _to_bytes(arrays: dict[str, np.ndarray]) -> bytes:
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    return buffer.getvalue()
-
-
-def _write(path: Path, data: bytes) -> None:
-    """Atomically: a reader sees the whole file or none."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def _file(folder: Path, step: int, process: int) -> Path:
-    return folder / str(step) / f"process-{process}.npz"
+    return folder / str(step) / f"process-{process}.jlt"
 
 
 def held(folder: Path) -> list[tuple[int, int]]:
     """(step, process) of every complete file in this node's folder."""
     out = []
-    for path in folder.glob("*/process-*.npz") if folder.exists() else []:
+    for path in folder.glob("*/process-*.jlt") if folder.exists() else []:
         with contextlib.suppress(ValueError):
             out.append((int(path.parent.name), int(path.stem.split("-", 1)[1])))
     return sorted(out)
 
 
+def _receive(reader: Any, size: int, path: Path) -> None:
+    """`size` bytes from a connection into `path`, atomically, in chunks (never the whole file in memory)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "wb") as f:
+        left = size
+        while left:
+            chunk = reader.read(min(left, CHUNK))
+            if not chunk:
+                raise ConnectionError(f"the connection closed with {left} of {size} bytes still to come")
+            f.write(chunk)
+            left -= len(chunk)
+    os.replace(tmp, path)
+
+
 class _Handler(socketserver.StreamRequestHandler):
-    """`GET STEP PROCESS` -> `SIZE` and the bytes (-1: none); `PUT STEP PROCESS SIZE` and the bytes -> `ok`."""
+    """`GET STEP PROCESS` -> `SIZE` and the file's bytes (-1: none); `PUT STEP PROCESS SIZE` and the bytes -> `ok`."""
 
     def handle(self) -> None:
         folder: Path = self.server.folder  # type: ignore[attr-defined]
         words = self.rfile.readline().decode().split()
         if len(words) == 3 and words[0] == "GET":
             path = _file(folder, int(words[1]), int(words[2]))
-            data = path.read_bytes() if path.exists() else None
-            self.wfile.write(f"{-1 if data is None else len(data)}\n".encode() + (data or b""))
+            if not path.exists():
+                self.wfile.write(b"-1\n")
+                return
+            with open(path, "rb") as f:
+                self.wfile.write(f"{os.fstat(f.fileno()).st_size}\n".encode())
+                self.connection.sendfile(f)
         elif len(words) == 4 and words[0] == "PUT":
-            data = self.rfile.read(int(words[3]))
-            _write(_file(folder, int(words[1]), int(words[2])), data)
+            _receive(self.rfile, int(words[3]), _file(folder, int(words[1]), int(words[2])))
             _prune(folder)
             self.wfile.write(b"ok\n")
 
@@ -169,18 +208,26 @@ def _prune(folder: Path) -> None:
         shutil.rmtree(folder / str(step), ignore_errors=True)
 
 
-def _ask(address: str, request: bytes, payload: bytes = b"") -> bytes:
+def _send(address: str, step: int, process: int, path: Path) -> None:
+    """PUT this process's file of `step` to the peer at `address` (the kernel copies it: sendfile)."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as conn, open(path, "rb") as f:
+        conn.sendall(f"PUT {step} {process} {os.fstat(f.fileno()).st_size}\n".encode())
+        conn.sendfile(f)
+        if conn.makefile("rb").readline().strip() != b"ok":
+            raise ConnectionError(f"{address} did not take step {step}'s file")
+
+
+def _fetch(address: str, step: int, process: int, path: Path) -> None:
+    """GET `process`'s file of `step` from the process at `address` into `path`."""
     host, port = address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as conn:
-        conn.sendall(request + payload)
+        conn.sendall(f"GET {step} {process}\n".encode())
         reader = conn.makefile("rb")
-        head = reader.readline().decode().strip()
-        if head == "ok":
-            return b""
-        size = int(head)
+        size = int(reader.readline())
         if size < 0:
-            raise FileNotFoundError(request.decode().strip())
-        return reader.read(size)
+            raise FileNotFoundError(f"{address} holds no file of process {process} at step {step}")
+        _receive(reader, size, path)
 
 
 class LocalTier:
@@ -219,37 +266,41 @@ class LocalTier:
         return self.every > 0 and done % self.every == 0
 
     def save(self, done: int, state: Any) -> None:
-        """Step `done`'s shards of this process: copied to host now, written and sent on a thread."""
+        """Step `done`'s shards of this process, written to its node's folder now (straight from their buffers: the
+        one copy the step must wait for, as the next step may reuse them), then sent to the peer on a thread."""
         self.wait()
-        try:
-            arrays = pack(state, done, self.fingerprint)
-        except TypeError as exc:
-            self._once("type", f"the node-local tier keeps no {exc}: only the persistent tier saves this state")
+        leaves = [leaf for leaf in jax.tree.leaves(state) if isinstance(leaf, jax.Array)]
+        if any(jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key) for leaf in leaves):
+            self._once("type", "the node-local tier keeps no typed PRNG key arrays: only the persistent tier saves "
+                       "this state")
             return
-        size = sum(a.nbytes for a in arrays.values())
+        size = sum(shard.data.nbytes for leaf in leaves for shard in leaf.addressable_shards)
         free = shutil.disk_usage(self.folder).free
         memory = headroom.host_available()  # a tmpfs's pages are memory, whatever its size says
         if str(self.folder).startswith("/dev/shm") and memory is not None:
             free = min(free, memory)
         if free < HEADROOM * size:
-            self._once("room", f"node-local save of step {done} skipped: expected {HEADROOM:.0f} x {size / 2**20:.0f} MiB "
-                       f"free in {self.folder}, found {free / 2**20:.0f} MiB. Fix: --ckpt.local-dir on a larger "
-                       "file system (node scratch), or a larger --ckpt.local-every")
+            self._once("room", f"node-local save of step {done} skipped: expected {HEADROOM:.0f} x "
+                       f"{size / 2**20:.0f} MiB free in {self.folder}, found {free / 2**20:.0f} MiB. Fix: "
+                       "--ckpt.local-dir on a larger file system (node scratch), or a larger --ckpt.local-every")
             return
-        self._writer = threading.Thread(target=self._write_and_send, args=(done, arrays), daemon=True,
-                                        name="job-local-save")
+        path = _file(self.folder, done, self.me)
+        try:
+            write_shards(path, state, done, self.fingerprint)
+        except OSError as exc:
+            self._once("write", f"node-local save of step {done} failed ({exc}); the persistent tier is unaffected")
+            return
+        self._writer = threading.Thread(target=self._send, args=(done, path), daemon=True, name="job-local-save")
         self._writer.start()
 
-    def _write_and_send(self, done: int, arrays: dict[str, np.ndarray]) -> None:
+    def _send(self, done: int, path: Path) -> None:
         try:
-            data = _to_bytes(arrays)
-            _write(_file(self.folder, done, self.me), data)
             _prune(self.folder)
             if self.peer is not None:
-                _ask(self.peers[self.peer]["address"], f"PUT {done} {self.me} {len(data)}\n".encode(), data)
+                _send(self.peers[self.peer]["address"], done, self.me, path)
         except Exception as exc:  # noqa: BLE001 - the tier is a shortcut: the persistent saves go on without it
-            self._once("write", f"node-local save of step {done} failed ({type(exc).__name__}: {exc}); the persistent "
-                       "tier is unaffected")
+            self._once("send", f"node-local save of step {done}: sending it to process {self.peer} failed "
+                       f"({type(exc).__name__}: {exc}); this node holds it, the persistent tier is unaffected")
 
     def wait(self) -> None:
         if self._writer is not None:
@@ -288,13 +339,10 @@ class LocalTier:
 
     def load(self, step: int, like: Any) -> Any:
         """This process's state of `step`, from its node's folder or from the process that holds it."""
-        source = self.source(step, self.me)
-        if source == self.me:
-            data = _file(self.folder, step, self.me).read_bytes()
-        else:
-            data = _ask(self.peers[source]["address"], f"GET {step} {self.me}\n".encode())
-            _write(_file(self.folder, step, self.me), data)  # held here now: the next restart needs no peer
-        return unpack(data, like, self.fingerprint)
+        source, path = self.source(step, self.me), _file(self.folder, step, self.me)
+        if source != self.me:  # held here from now on: the next restart needs no peer
+            _fetch(self.peers[source]["address"], step, self.me, path)
+        return read_shards(path, like, self.fingerprint)
 
     def restore(self, like: Any, newer_than: int | None) -> tuple[int, Any] | None:
         """The newest local step complete across the processes, when newer than `newer_than` (the persistent
@@ -333,4 +381,4 @@ class LocalTier:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-__all__ = ["KEEP", "LocalTier", "held", "layout", "pack", "run_folder", "unpack"]
+__all__ = ["KEEP", "LocalTier", "held", "layout", "read_shards", "run_folder", "write_shards"]

@@ -171,7 +171,7 @@ def test_a_killed_process_resumes_from_the_node_local_tier_bitwise_under_every_r
     assert not (run_dir / "checkpoints").exists() or not any((run_dir / "checkpoints").iterdir())
     (folder,) = local.iterdir()
     assert sorted(p.name for p in folder.iterdir()) == ["3", "6"]  # the newest two local steps
-    assert sorted(p.name for p in (folder / "6").iterdir()) == ["process-0.npz", "process-1.npz"]
+    assert sorted(p.name for p in (folder / "6").iterdir()) == ["process-0.jlt", "process-1.jlt"]
     resumed = train(2, 2, run_dir, *flags)
     assert "resumed from step 6 (the node-local tier: every process's from its own node)" in resumed.stderr, \
         explain(resumed)

@@ -128,7 +128,7 @@ def test_a_killed_process_restarts_on_a_spare_inside_the_allocation_while_a_requ
     assert reference.returncode == 0, explain(reference, reference.stdout, reference.stderr)
     run_dir = tmp_path / "run"
     # on node2: process 0's step 20, held there for it, is in: so is process 1's, sent to node1 at the same time
-    held = run_folder(CheckpointConfig.local_dir, str(run_dir)) / "20" / "process-0.npz"
+    held = run_folder(CheckpointConfig.local_dir, str(run_dir)) / "20" / "process-0.jlt"
     env = {**task_env(slurm_env), "NODE_FAULT": "node2", "NODE_FAULT_STEP": "22", "NODE_FAULT_AFTER": str(held),
            "NODE_FAULT_SETTLE_S": "1"}
     argv = deploy_argv(tmp_path, "--wait", "--partition", "strict", "--spares", "1", "--retries", "2",

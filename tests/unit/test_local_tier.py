@@ -18,14 +18,15 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from job.runs import local_tier
-from job.runs.local_tier import LocalTier, held, layout, pack, unpack
+from job.runs.local_tier import LocalTier, held, layout, read_shards, write_shards
 
 
 def _sharded_state(spec: P) -> dict[str, jax.Array]:
     mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
     kernel = jax.device_put(jnp.arange(64.0, dtype=jnp.float32).reshape(8, 8), NamedSharding(mesh, spec))
     bias = jax.device_put(jnp.arange(8, dtype=jnp.int32), NamedSharding(mesh, P()))
-    return {"kernel": kernel, "bias": bias}
+    count = jax.device_put(jnp.int32(3), NamedSharding(mesh, P()))  # a scalar, as an optimizer's step count
+    return {"kernel": kernel, "bias": bias, "count": count}
 
 
 def _abstract(state: dict[str, jax.Array]) -> dict[str, jax.ShapeDtypeStruct]:
@@ -33,23 +34,24 @@ def _abstract(state: dict[str, jax.Array]) -> dict[str, jax.ShapeDtypeStruct]:
 
 
 @pytest.mark.parametrize("spec", [P(), P("data"), P("data", "model"), P(None, "model")])
-def test_every_shard_round_trips_onto_the_same_layout(spec: P) -> None:
+def test_every_shard_round_trips_onto_the_same_layout(spec: P, tmp_path: Path) -> None:
     state = _sharded_state(spec)
     fingerprint = layout(state)
-    data = local_tier._to_bytes(pack(state, 7, fingerprint))
-    back = unpack(data, _abstract(state), fingerprint)
+    path = tmp_path / "7" / "process-0.jlt"
+    assert write_shards(path, state, 7, fingerprint) == path.stat().st_size
+    back = read_shards(path, _abstract(state), fingerprint)
     for name in state:
         assert back[name].sharding == state[name].sharding
         np.testing.assert_array_equal(np.asarray(back[name]), np.asarray(state[name]))
 
 
-def test_a_step_saved_on_another_layout_is_refused() -> None:
+def test_a_step_saved_on_another_layout_is_refused(tmp_path: Path) -> None:
     state = _sharded_state(P("data"))
-    data = local_tier._to_bytes(pack(state, 7, layout(state)))
+    write_shards(tmp_path / "f.jlt", state, 7, layout(state))
     other = _abstract(_sharded_state(P(None, "model")))
     assert layout(other) != layout(state)
     with pytest.raises(ValueError, match="another layout"):
-        unpack(data, other, layout(other))
+        read_shards(tmp_path / "f.jlt", other, layout(other))
 
 
 def test_one_process_saves_restores_keeps_two_steps_and_a_completed_run_leaves_nothing(tmp_path: Path) -> None:
@@ -71,11 +73,14 @@ def test_one_process_saves_restores_keeps_two_steps_and_a_completed_run_leaves_n
 def test_a_peers_server_takes_a_file_and_gives_it_back(tmp_path: Path) -> None:
     peer = LocalTier(str(tmp_path / "peer"), "/runs/a", 2, "127.0.0.1", _abstract(_sharded_state(P())))
     address = peer.peers[0]["address"]
-    assert local_tier._ask(address, b"PUT 4 3 5\n", b"bytes") == b""
+    sent = tmp_path / "sent.jlt"
+    sent.write_bytes(b"bytes" * 1000)
+    local_tier._send(address, 4, 3, sent)
     assert held(peer.folder) == [(4, 3)]
-    assert local_tier._ask(address, b"GET 4 3\n") == b"bytes"
+    local_tier._fetch(address, 4, 3, tmp_path / "back.jlt")
+    assert (tmp_path / "back.jlt").read_bytes() == sent.read_bytes()
     with pytest.raises(FileNotFoundError):
-        local_tier._ask(address, b"GET 4 2\n")
+        local_tier._fetch(address, 4, 2, tmp_path / "none.jlt")
     peer.close(completed=False)
     assert peer.folder.exists()  # a run that did not complete keeps its local steps
 
