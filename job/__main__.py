@@ -31,9 +31,17 @@ USAGE = __doc__.strip().split("\n", 1)[1]
 def main(argv: list[str] | None = None) -> int:
     hear_notices_early()  # a scheduler's notice during start-up stops the run with 75, not by its default action
     args = sys.argv[1:] if argv is None else argv
-    command, rest = (args[0], args[1:]) if args else ("train", [])
-    if command == "train" or command.startswith("--"):
-        return entry.train(rest if command == "train" else args)
+    if not args or args[0] in ("-h", "--help", "help"):  # the commands; nothing trains without `train`
+        print(f"usage: python -m job COMMAND [ARGS]\n\n{USAGE}\n\n`python -m job COMMAND --help` shows a command's "
+              "own flags", file=sys.stdout if args else sys.stderr)
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command.startswith("-"):
+        print(f"error: python -m job: expected a command first (train, eval, runs, ...: python -m job --help), found "
+              f"{command!r}. Fix: python -m job train {' '.join(args)}", file=sys.stderr)
+        return 2
+    if command == "train":
+        return entry.train(rest)
     if command == "rerun":
         # etils: only this command loads it
         from job.runs.provenance import rerun_command
@@ -70,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        return main(list(flags))
+        return main(["train", *flags] if flags and flags[0].startswith("-") else list(flags))  # a sweep's base
     if command == "demo" and not rest:
         # jax and flax: only the demo loads them
         from job.runtime.demo import DemoConfig, run

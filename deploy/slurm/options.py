@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from job.core import values
+from job.core.flags import require_command
 from job.errors import ConfigError, as_config_error
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -149,6 +150,7 @@ def switch(name: str, text: str) -> bool:
 def check(cfg: SlurmConfig) -> None:
     """Every check that needs no cluster."""
     time_minutes(cfg.time)
+    require_command(cfg.args)
     if cfg.via not in ("submitit", "sbatch"):
         raise ConfigError("VIA", expected="submitit or sbatch", found=cfg.via, fix="VIA=sbatch or leave it unset")
     for what, value in (("ACCOUNT", cfg.account), ("QOS", cfg.qos)):

@@ -148,7 +148,8 @@ def validate_job(cfg: TpuConfig) -> None:
         missing = [p for p in cfg.ship if not (Path(cfg.source_dir) / p).exists()]
         require(bool(cfg.ship) and not missing, "--ship", f"paths that exist under {cfg.source_dir}",
                 missing or "nothing", "run from the checkout's root, or pass existing paths to --ship")
-    trains = not cfg.job_args or cfg.job_args[0] == "train" or cfg.job_args[0].startswith("--")
+    flags.require_command(cfg.job_args)
+    trains = not cfg.job_args or cfg.job_args[0] == "train"
     if trains:  # `python -m job demo`, `tokenize`, ...: no run dir
         _check_run_dir(cfg, cfg.accel)
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from job.core.errors import ConfigError
+
 
 def spellings(flag: str) -> tuple[str, ...]:
     """Every way the parser takes `flag`: `--run-dir` -> ("--run-dir", "--run_dir")."""
@@ -76,4 +78,12 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-__all__ = ["flatten", "spellings", "value", "with_value", "without"]
+def require_command(args: Sequence[str], what: str = "ARGS") -> None:
+    """`python -m job` takes its command first (train, eval, runs, ...): job arguments that start with a flag are
+    refused before anything is queued, with the `train` they lack (nothing trains without it)."""
+    if args and args[0].startswith("-"):
+        raise ConfigError(what, expected="a command of python -m job first (train, eval, runs, ...)",
+                          found=" ".join(args), fix=f"{what}='train {' '.join(args)}'")
+
+
+__all__ = ["require_command", "flatten", "spellings", "value", "with_value", "without"]

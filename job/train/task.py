@@ -29,6 +29,7 @@ whole split (job/train/evaluation.py); other splits get --data.eval-batches batc
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import pkgutil
 from collections.abc import Callable, Mapping, Sequence
@@ -99,8 +100,8 @@ def load(name: str) -> Task:
     if ":" in name:
         return _load_from_module(name)
     if name not in names():
-        raise ConfigError("--task", expected=f"one of {', '.join(names())} (folders under job/tasks/)", found=name,
-                          fix=f"pass --task {DEFAULT_TASK}, or add the folder job/tasks/{name}/ with a TASK")
+        raise ConfigError("--task", expected=f"one of {', '.join(names())} (folders under job/tasks/), or MODULE:ATTR",
+                          found=name, fix=_unknown_task_fix(name))
     try:
         module = importlib.import_module(f"{TASKS_PACKAGE}.{name}.task")
     except ModuleNotFoundError as exc:
@@ -112,6 +113,18 @@ def load(name: str) -> Task:
         raise ConfigError(f"job/tasks/{name}/task.py", expected="a module-level TASK = job.task.Task(...)",
                           found=type(task).__name__, fix="define TASK there (see job/tasks/lm/task.py)")
     return task
+
+
+def _unknown_task_fix(name: str) -> str:
+    """A path or a dotted module: the MODULE:ATTR form; a typo: the nearest task; else how to add one."""
+    if "/" in name or "." in name:
+        module = name.removesuffix(".py").replace("/", ".").strip(".")
+        return f"pass --task {module}:TASK (MODULE:ATTR: an importable module, and the name of its job.task.Task)"
+    near = difflib.get_close_matches(name, names(), n=1, cutoff=0.6)
+    if near:
+        return f"pass --task {near[0]} (did you mean {near[0]}?)"
+    return (f"pass --task {DEFAULT_TASK}, or --task MODULE:ATTR for a task in your own package, or add the folder "
+            f"job/tasks/{name}/ with a TASK")
 
 
 def _load_from_module(spec: str) -> Task:
@@ -127,8 +140,11 @@ def _load_from_module(spec: str) -> Task:
                           fix=fix) from exc
     task = getattr(module, attr, None)
     if not isinstance(task, Task):
-        raise ConfigError("--task", expected=f"{module_name}.{attr} to be a job.task.Task", found=type(task).__name__,
-                          fix=f"define {attr} = job.task.Task(...) in {module_name}")
+        tasks = sorted(name for name, value in vars(module).items() if isinstance(value, Task))
+        found = f"no {attr} in {module_name}" if task is None else f"{attr} is a {type(task).__name__}"
+        fix = (f"pass --task {module_name}:{tasks[0]}" + (f" (its Tasks: {', '.join(tasks)})" if len(tasks) > 1 else "")
+               if tasks else f"define {attr} = job.task.Task(...) in {module_name}")
+        raise ConfigError("--task", expected=f"{module_name}.{attr} to be a job.task.Task", found=found, fix=fix)
     return task
 
 
