@@ -9,6 +9,7 @@ By exit code (job/core/exits.py):
   0   completed: nothing more.
   75  saved after a preemption signal: requeued (Slurm) or rerun (TPU), never spending a retry.
   2   a configuration error: the same flags fail again, so it is never retried.
+  130 saved and stopped after Ctrl-C: a person asked to stop; never retried (the same command resumes).
   any other code is a failure. While the retry budget (RETRIES) lasts:
       - with a spare node left in the allocation: restart there at once, without the failed node (Slurm);
       - with no spare left, where the job can be requeued: requeue it with the failed node excluded;
@@ -33,6 +34,7 @@ class Outcome(str, enum.Enum):
     COMPLETED = "completed"
     PREEMPTED = "preempted"
     CONFIGURATION_ERROR = "configuration error"
+    STOPPED = "stopped"
     FAILED = "failed"
 
     @classmethod
@@ -43,6 +45,8 @@ class Outcome(str, enum.Enum):
             return cls.PREEMPTED
         if code == exits.BAD_INPUT:
             return cls.CONFIGURATION_ERROR
+        if code == exits.STOPPED:
+            return cls.STOPPED
         return cls.FAILED
 
 
@@ -111,6 +115,8 @@ def decide(ended: Ended) -> Decision:
         return Decision(action=Action.RESTART if ended.same_allocation else Action.REQUEUE, **plain)
     if outcome is Outcome.CONFIGURATION_ERROR:
         return Decision(action=Action.STOP, why="the same flags would fail again", **plain)
+    if outcome is Outcome.STOPPED:
+        return Decision(action=Action.STOP, why="stopped with Ctrl-C after a save; the same command resumes", **plain)
     if ended.failures_before >= ended.retries:
         return Decision(action=Action.STOP, why=f"the retry budget is spent ({ended.retries} of {ended.retries})"
                         if ended.retries else "retries are off (RETRIES=0)", **plain)

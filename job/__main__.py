@@ -31,6 +31,8 @@ USAGE = __doc__.strip().split("\n", 1)[1]
 def main(argv: list[str] | None = None) -> int:
     hear_notices_early()  # a scheduler's notice during start-up stops the run with 75, not by its default action
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["train"]:  # Ctrl-C during start-up: the run stops with 130 once it can (twice: at once)
+        hear_notices_early(interrupt=True)
     if not args or args[0] in ("-h", "--help", "help"):  # the commands; nothing trains without `train`
         print(f"usage: python -m job COMMAND [ARGS]\n\n{USAGE}\n\n`python -m job COMMAND --help` shows a command's "
               "own flags", file=sys.stdout if args else sys.stderr)

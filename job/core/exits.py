@@ -5,6 +5,7 @@
     2   a configuration error (BAD_INPUT): the same flags fail again, never retried
     75  saved and stopped after a preemption signal (REQUEUE, EX_TEMPFAIL): run me again, no retry spent
     86  no step within the watchdog's timeout (HANG): a failure
+    130 saved and stopped after Ctrl-C (SIGINT, STOPPED): a person asked; the same command resumes, never retried
     128+N  killed by signal N: a failure; a crash (CRASHES) is the cause, the others' exits its echo
 """
 
@@ -16,6 +17,7 @@ COMPLETED = 0
 BAD_INPUT = 2  # a ConfigError, wherever it is found: before the start or inside the run
 REQUEUE = 75  # EX_TEMPFAIL: saved, stopped on purpose, run me again
 HANG = 86  # no step completed within the watchdog timeout
+STOPPED = 130  # 128 + SIGINT, as a shell says Ctrl-C: saved at the next step, stopped; the same command resumes
 
 # Deaths no process chooses: a JAX process that loses a peer exits 1 (a Python exception from the collective)
 # or aborts (SIGABRT, jax's fatal log), but is never killed by one of these unless something else killed it or
@@ -26,6 +28,7 @@ _MEANING = {
     BAD_INPUT: "a configuration error",
     REQUEUE: "saved and stopped: preempted",
     HANG: "no step within the watchdog's timeout",
+    STOPPED: "saved and stopped: Ctrl-C",
 }
 
 
@@ -65,5 +68,5 @@ def of_signal_text(text: str) -> int | None:
     return None
 
 
-__all__ = ["BAD_INPUT", "COMPLETED", "CRASHES", "HANG", "REQUEUE", "describe", "is_crash", "of_signal_text",
+__all__ = ["BAD_INPUT", "COMPLETED", "CRASHES", "HANG", "REQUEUE", "STOPPED", "describe", "is_crash", "of_signal_text",
            "signal_of"]

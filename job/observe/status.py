@@ -18,7 +18,8 @@ record of each split). The states:
   (RUN_DIR/attempts.jsonl, job.runs.attempts) as a failure it did not retry: "failed (exit 137, process 1
   on node2) at step N", "failed (exit 137, process 2 on pod-a worker 2) at step N";
 - retrying: the same, retried or restarted and not yet started again: "retrying at step N (retry 1 of 3 ...)";
-- stopped: an attempt started, did not end, and wrote nothing for `stale_s` (1 hour): it was
+- stopped: stopped with Ctrl-C after saving (summary.json's exit code 130: "stopped at step N (Ctrl-C;
+  the same command resumes)"); or an attempt started, did not end, and wrote nothing for `stale_s` (1 hour): it was
   killed, crashed, hung, or refused its input at start. Without the batch script's record its
   files cannot tell a failure from a kill: it reads "stopped at step N";
 - not started: none of these files.
@@ -36,7 +37,7 @@ from typing import Any
 
 from etils import epath
 
-from job.core import storage
+from job.core import exits, storage
 from job.core.flags import flatten
 from job.observe.goodput import RECORD as GOODPUT_RECORD
 from job.observe.goodput import read_records
@@ -67,6 +68,7 @@ class RunStatus:
     latest: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)  # split -> newest record
     goodput: float | None = None  # steps' share of the time: the last ended attempt's, or the running one's so far
     ended: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # FAILED, RETRYING: the batch script's record
+    interrupted: bool = False  # STOPPED: with Ctrl-C, after a save (exit 130)
 
     def describe(self) -> str:
         """'completed', 'running (attempt 2)', 'preempted at step 40', 'stopped at step 30 (quiet 2.1 h)'."""
@@ -76,6 +78,8 @@ class RunStatus:
             return f"failed ({_failure(self.ended)}) at step {self.step}"
         if self.state is State.RETRYING:
             return f"retrying at step {self.step} ({self.ended.get('action')} after {_failure(self.ended)})"
+        if self.state is State.STOPPED and self.interrupted:
+            return f"stopped at step {self.step} (Ctrl-C; the same command resumes)"
         if self.state in (State.PREEMPTED, State.STOPPED):
             quiet = f" (quiet {self.quiet_s / 3600:.1f} h)" if self.state is State.STOPPED and self.quiet_s else ""
             return f"{self.state} at step {self.step}{quiet}"
@@ -174,6 +178,8 @@ def state_of(run_dir: str | epath.Path, *, now: float | None = None, stale_s: fl
     if last is not None and last.get("event") == "end" and not start_after:
         # an attempt ends with an end record and then its summary; without its own summary it stopped there
         own = (summary.get("goodput") or {}).get("attempt", last.get("attempt")) == last.get("attempt")
+        if summary.get("completed") is False and own and summary.get("exit_code") == exits.STOPPED:
+            return dataclasses.replace(known, state=State.STOPPED, interrupted=True)
         return dataclasses.replace(known, state=State.PREEMPTED) if summary.get("completed") is False and own else known
     if known.quiet_s is not None and known.quiet_s < stale_s:
         return dataclasses.replace(known, state=State.RUNNING,

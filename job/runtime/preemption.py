@@ -21,6 +21,9 @@ from job.core import exits
 log = logging.getLogger(__name__)
 
 REQUEUE_EXIT_CODE = exits.REQUEUE  # EX_TEMPFAIL: saved, stopped on purpose, run me again
+STOPPED_EXIT_CODE = exits.STOPPED  # 128 + SIGINT: saved after Ctrl-C, stopped; the same command resumes
+# Ctrl-C: the first saves at the next step boundary and stops with STOPPED_EXIT_CODE, a second stops at once
+INTERRUPT = signal.SIGINT
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 # a scheduler's notice (Slurm's --signal=USR2@SECONDS, scancel --signal=USR2): heard from before the processes
 # join, where SIGTERM keeps its default until they have (the launcher's stop ends a process waiting to join)
@@ -39,17 +42,21 @@ class EarlyNotice:
         self.received: int | None = None
 
     def __call__(self, signum: int, _frame: FrameType | None) -> None:
+        if signum == INTERRUPT and self.received == INTERRUPT:
+            os.write(2, b"second Ctrl-C during start-up: stopping now\n")
+            os._exit(STOPPED_EXIT_CODE)
         if self.received is None:  # os.write: no lock a signal could interrupt
-            os.write(2, f"received {signal.Signals(signum).name} during start-up: the run stops with "
-                        f"{REQUEUE_EXIT_CODE} once it can\n".encode())
-        self.received = signum
+            code = STOPPED_EXIT_CODE if signum == INTERRUPT else REQUEUE_EXIT_CODE
+            os.write(2, f"received {signal.Signals(signum).name} during start-up: the run stops with {code} once "
+                        "it can\n".encode())
+        self.received = signum if self.received is None or signum == INTERRUPT else self.received
 
 
-def hear_notices_early() -> None:
-    """Take the notices (USR1, USR2) with an EarlyNotice: the first thing `python -m job` and a Slurm task do.
-    One already there is kept, with what it heard."""
+def hear_notices_early(interrupt: bool = False) -> None:
+    """Take the notices (USR1, USR2; with `interrupt`, Ctrl-C's SIGINT too) with an EarlyNotice: the first thing
+    `python -m job` and a Slurm task do. One already there is kept, with what it heard."""
     notice = EarlyNotice()
-    for sig in NOTICES:
+    for sig in (*NOTICES, *((INTERRUPT,) if interrupt else ())):
         if not isinstance(signal.getsignal(sig), EarlyNotice):
             signal.signal(sig, notice)
 
@@ -64,14 +71,21 @@ class PreemptionGuard:
         self.signals = signals
         self.received: int | None = None
         self.stopping = False  # should_stop said so: every process is saving and leaving
+        self.interrupted = False  # ... and one of them heard Ctrl-C: they leave with STOPPED_EXIT_CODE
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> PreemptionGuard:
         for sig in self.signals:
             self._previous[sig] = previous = signal.signal(sig, self._on_signal)
-            if isinstance(previous, EarlyNotice) and previous.received is not None:
-                self.received, previous.received = previous.received, None  # a notice during start-up, taken once
+            self._inherit(previous)
         return self
+
+    def _inherit(self, previous: object) -> None:
+        """A signal an EarlyNotice heard during start-up, taken once (Ctrl-C's over a notice)."""
+        if isinstance(previous, EarlyNotice) and previous.received is not None:
+            if self.received is None or previous.received == INTERRUPT:
+                self.received = previous.received
+            previous.received = None
 
     def take(self, *signals: signal.Signals) -> None:
         """Hear `signals` too from now on (SIGTERM once the processes have joined: jax's own preemption
@@ -79,6 +93,7 @@ class PreemptionGuard:
         for sig in signals:
             previous = signal.signal(sig, self._on_signal)
             self._previous.setdefault(sig, previous)
+            self._inherit(previous)
         self.signals = tuple(dict.fromkeys((*self.signals, *signals)))
 
     def __exit__(self, *exc: object) -> None:
@@ -87,23 +102,34 @@ class PreemptionGuard:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
 
+    @property
+    def exit_code(self) -> int:
+        """What a stop the processes agreed on exits with: STOPPED_EXIT_CODE after Ctrl-C (on any process), else
+        REQUEUE_EXIT_CODE (a preemption notice)."""
+        return STOPPED_EXIT_CODE if self.interrupted else REQUEUE_EXIT_CODE
+
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if signum == INTERRUPT and self.received == INTERRUPT:  # os.write: no lock a signal could interrupt
+            os.write(2, f"second Ctrl-C: stopping now, exit {STOPPED_EXIT_CODE}; a save in flight is never listed, "
+                        "the same command resumes from the newest complete one\n".encode())
+            os._exit(STOPPED_EXIT_CODE)
         if self.stopping:
             log.warning("received %s while leaving with %d: the saved exit stands", signal.Signals(signum).name,
-                        REQUEUE_EXIT_CODE)
+                        self.exit_code)
             return
-        if self.received is None:
-            log.warning("received %s: will save and stop at the next step boundary", signal.Signals(signum).name)
-        self.received = signum
+        if self.received is None or signum == INTERRUPT:
+            again = " (Ctrl-C again stops at once)" if signum == INTERRUPT else ""
+            log.warning("received %s: will save and stop at the next step boundary%s", signal.Signals(signum).name,
+                        again)
+            self.received = signum
 
     def should_stop(self) -> bool:
         """Collective: True on every process when any process got a signal."""
         import jax  # python -m job and deploy/ import this module: they start without jax
         from jax.experimental import multihost_utils
 
-        mine = np.int32(self.received is not None)
-        if jax.process_count() == 1:
-            self.stopping = bool(mine)
-        else:
-            self.stopping = bool(np.any(multihost_utils.process_allgather(mine)))
+        mine = np.int32(0 if self.received is None else 2 if self.received == INTERRUPT else 1)
+        every = mine if jax.process_count() == 1 else np.asarray(multihost_utils.process_allgather(mine))
+        self.stopping = bool(np.any(every))
+        self.interrupted = bool(np.any(every == 2))
         return self.stopping

@@ -119,7 +119,11 @@ class ProcessGroup:
             log.warning("second %s: killing every process now", signal.Signals(signum).name)
             self._send(signal.SIGKILL)
             return
-        log.info("forwarding %s to %d processes", signal.Signals(signum).name, len(self.procs))
+        if signum == signal.SIGINT:
+            log.warning("forwarding SIGINT to %d processes: python -m job train saves at the next step and stops "
+                        "with 130 (the same command resumes); Ctrl-C again kills them at once", len(self.procs))
+        else:
+            log.info("forwarding %s to %d processes", signal.Signals(signum).name, len(self.procs))
         self._send(signum)
 
     # ------------------------------------------------------------------ running

@@ -66,7 +66,7 @@ def run(cfg: TrainConfig, task: Task, argv: list[str] | None = None) -> int:
     # once the processes have joined (until then it ends a process, as the launcher's stop must)
     with PreemptionGuard(NOTICES) as guard:
         info = initialize()
-        guard.take(signal.SIGTERM)
+        guard.take(signal.SIGTERM, signal.SIGINT)
         return Training(cfg, task, argv, timer, info, guard).run()
 
 
@@ -131,12 +131,13 @@ class Training:
         self.open_records(built, start)
         made = {start: self.compile(built, state, start)}  # the first step's batch, made once
         if self.guard.should_stop():  # a signal during start-up (build, restore, compile): no step since the last save
-            self.report.message("preempted before the first step: nothing new to save; exiting with %d (requeue)",
-                                REQUEUE_EXIT_CODE)
+            why = "stopped (Ctrl-C)" if self.guard.interrupted else "preempted"
+            self.report.message("%s before the first step: nothing new to save; exiting with %d", why,
+                                self.guard.exit_code)
             self.report.flush()
             self.timer.flush()
             self.checkpoints.close()
-            return REQUEUE_EXIT_CODE
+            return self.guard.exit_code
         code, state = self.train(built, start, state, made)
         self.finish(built, state, code)
         return code
@@ -267,9 +268,13 @@ class Training:
                     done = step + 1
                     if self.last_saved != done:
                         state = self.save(state, done)
-                    self.report.message("preempted: saved step %d; exiting with %d (requeue)", done,
-                                        REQUEUE_EXIT_CODE)
-                    return REQUEUE_EXIT_CODE, state
+                    if self.guard.interrupted:
+                        self.report.message("stopped (Ctrl-C): saved step %d; exiting with %d. The same command "
+                                            "resumes from it", done, self.guard.exit_code)
+                    else:
+                        self.report.message("preempted: saved step %d; exiting with %d (requeue)", done,
+                                            REQUEUE_EXIT_CODE)
+                    return self.guard.exit_code, state
                 if watchdog is not None:
                     watchdog.kick()
                 elif cfg.watchdog_s > 0:  # armed after the first step: compilation may take long
@@ -311,13 +316,15 @@ class Training:
         if saves and not interrupted:
             at(done, "save")
             state = self.save(state, done)
-        elif self.local is not None and self.local.due(done) and not interrupted:
-            at(done, "save")
-            with timer.part("checkpoint"):
-                self.local.save(done, state)
         at(done, "sync")
         with timer.part("steps"):  # a collective every step: part of what a step costs
             stop = interrupted or self.guard.should_stop()
+        if self.local is not None and self.local.due(done) and not (saves or stop):
+            # after the step's last collective: every process has finished the step, its state is ready (reading a
+            # shard before the collective could wait on a step a peer has yet to run its part of)
+            at(done, "save")
+            with timer.part("checkpoint"):
+                self.local.save(done, state)
         if not first and not (evaluates or saves):  # a step's time: no compilation, evaluation or save
             self.watch.add(host_s, time.perf_counter() - step_began)
         return state, stop
@@ -378,6 +385,7 @@ class Training:
         self.report.close({
             "final_step": self.last_saved,
             "completed": code == 0,
+            "exit_code": code,  # 75: preempted (requeue me), 130: stopped with Ctrl-C (job/core/exits.py)
             "task": task.name,
             "parameters": built.planned.params,
             "train_loss": float(final["loss"]) if final else None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.launching import ROOT, child_env, explain, launcher_argv, rank_pids, run, scenario, train, wait_for_line
+from job.observe.status import state_of
 from tests.multiprocess.test_train import JOB, REQUEUE, SMALL
 from tests.records import records, summary
 
@@ -189,3 +191,34 @@ def test_a_killed_process_resumes_from_the_node_local_tier_bitwise_under_every_r
                                           *flags, "--no-resume"), devices=2), timeout=300)
     assert again.returncode == 137, explain(again)
     assert sorted(p.name for p in folder.iterdir()) == ["3"]
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_ctrl_c_saves_at_the_next_step_stops_with_130_and_the_same_command_resumes_bitwise(
+        tmp_path: Path, processes: int) -> None:
+    """Ctrl-C (SIGINT) to the launcher, or to `python -m job train` on its own: the step in progress ends, it is
+    saved, every process leaves with 130 and no traceback, no half-written checkpoint is left, `python -m job runs`
+    says stopped at that step, and the same command resumes it to an uninterrupted run's parameters."""
+    flags = ("--steps", "2000", "--ckpt.every", "1000", "--optim.decay-steps", "2000", *FLAGS)  # one schedule
+    reference, run_dir = tmp_path / "reference", tmp_path / "run"
+    command = [*JOB, "--run-dir", str(run_dir), *flags]
+    argv = launcher_argv(processes, command, devices=1) if processes > 1 else command
+    proc = subprocess.Popen(argv, env=child_env(XLA_FLAGS="--xla_force_host_platform_device_count=1"), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = wait_for_line(proc, "step 4/2000", timeout=180)
+    os.kill(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends the foreground process
+    out, _ = proc.communicate(timeout=120)
+    output = "".join(seen) + out
+    assert proc.returncode == 130, output
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+    stopped = int(re.search(r"stopped \(Ctrl-C\): saved step (\d+); exiting with 130", output).group(1))
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == [str(stopped)]  # nothing half-written beside it
+    status = state_of(run_dir)
+    assert status.describe() == f"stopped at step {stopped} (Ctrl-C; the same command resumes)", status
+
+    train(processes, 1, reference, *flags[:1], str(stopped + 3), *flags[2:])
+    resumed = run(launcher_argv(processes, [*JOB, "--run-dir", str(run_dir), "--steps", str(stopped + 3),
+                                            *flags[2:]], devices=1) if processes > 1 else
+                  [*JOB, "--run-dir", str(run_dir), "--steps", str(stopped + 3), *flags[2:]], timeout=300)
+    assert resumed.returncode == 0 and f"resumed from step {stopped}" in resumed.stderr, explain(resumed)
+    assert summary(run_dir)["params_sha256"] == summary(reference)["params_sha256"]

@@ -26,6 +26,8 @@ TABLE = [
     (75, 3, 0, False, None, False, True, Action.RESTART, False, None, "rerun (a preemption spends no retry)"),
     (2, 0, 1, True, "n2", True, False, Action.STOP, False, None, "not retried: the same flags would fail again"),
     (2, 0, 0, False, None, False, True, Action.STOP, False, None, "not retried: the same flags would fail again"),
+    (130, 0, 1, True, "n2", True, False, Action.STOP, False, None,
+     "not retried: stopped with Ctrl-C after a save; the same command resumes"),
     # failures (1, the watchdog's 86, SIGKILL's 137, SIGSEGV's 139, SIGABRT's 134, SIGTERM's 143): a spare first
     *[(code, 0, 1, True, "n2", False, False, Action.RESTART, True, "n2",
        "restart 1 of 3 in the allocation, on a spare instead of n2") for code in (1, 86, 137, 139, 134, 143)],
@@ -68,6 +70,7 @@ def test_retries_off_never_restart_a_failure() -> None:
 
 @pytest.mark.parametrize(("code", "outcome"), [(0, Outcome.COMPLETED), (2, Outcome.CONFIGURATION_ERROR),
                                                (75, Outcome.PREEMPTED), (86, Outcome.FAILED), (1, Outcome.FAILED),
+                                               (130, Outcome.STOPPED),
                                                (137, Outcome.FAILED), (143, Outcome.FAILED), (255, Outcome.FAILED)])
 def test_every_exit_code_has_one_outcome(code: int, outcome: Outcome) -> None:
     assert Outcome.of(code) is outcome
@@ -76,6 +79,7 @@ def test_every_exit_code_has_one_outcome(code: int, outcome: Outcome) -> None:
 @pytest.mark.parametrize(("code", "words"), [(0, "0"), (1, "1"), (2, "2 (a configuration error)"),
                                              (75, "75 (saved and stopped: preempted)"),
                                              (86, "86 (no step within the watchdog's timeout)"), (137, "137 (SIGKILL)"),
+                                             (130, "130 (saved and stopped: Ctrl-C)"),
                                              (-9, "-9 (SIGKILL)"), (139, "139 (SIGSEGV)"), (200, "200")])
 def test_an_exit_code_is_described_in_words(code: int, words: str) -> None:
     assert exits.describe(code) == words
