@@ -8,7 +8,7 @@ import signal
 import sys
 
 from job.core.errors import BAD_INPUT_EXIT_CODE
-from job.runtime.preemption import REQUEUE_EXIT_CODE, hear_notices_early
+from job.runtime.preemption import REQUEUE_EXIT_CODE, STOPPED_EXIT_CODE, hear_notices_early
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class JobTask:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         hear_notices_early()  # USR1, USR2: remembered for the loop's guard
         code = main(list(args))
-        if code in (REQUEUE_EXIT_CODE, BAD_INPUT_EXIT_CODE):  # the batch script acts on both (slurm/requeue.sh)
+        if code in (REQUEUE_EXIT_CODE, BAD_INPUT_EXIT_CODE, STOPPED_EXIT_CODE):  # the supervisor acts on each
             if code == REQUEUE_EXIT_CODE:
                 log.warning("saved after a preemption signal: leaving with %d for the batch script to requeue", code)
             sys.stdout.flush()

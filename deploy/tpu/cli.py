@@ -127,6 +127,10 @@ def pod(cfg: TpuConfig, runner: Runner) -> int:
             log.error("the job failed with %s: never retried (every rerun would fail the same way); fix it and "
                       "run again (worker logs: %s)", failure.describe(), logs)
             return failure.code
+        elif decision.outcome is Outcome.STOPPED:
+            log.warning("the job was stopped with Ctrl-C after saving (exit %d): not rerun; `make tpu-pod` again "
+                        "resumes it", failure.code)
+            return failure.code
         elif decision.action is Action.STOP:
             log.error("the job failed with %s; the retry budget is spent (%s): giving up. `make tpu-pod` again "
                       "resumes from the newest checkpoint with a new budget; worker logs: %s",
