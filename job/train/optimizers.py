@@ -16,12 +16,14 @@ and the same horizon as `steps`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import optax
 
+from job.core.errors import ConfigError
 from job.train.config import OPTIMIZER_NAMES, OptimConfig, TrainConfig, from_dict, to_dict
 from job.train.task import Task
 
@@ -88,10 +90,40 @@ def horizon(cfg: TrainConfig) -> int:
     return cfg.optim.decay_steps or cfg.steps
 
 
+class _Reads:
+    """`cfg.optim` as a task's own optimizer sees it: each field it reads is noted."""
+
+    def __init__(self, optim: Any) -> None:
+        object.__setattr__(self, "_optim", optim)
+        object.__setattr__(self, "read", set())
+
+    def __getattr__(self, name: str) -> Any:
+        self.read.add(name)
+        return getattr(self._optim, name)
+
+
 def for_task(task: Task, cfg: TrainConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """(transformation, schedule) of a run: the task's own, else --optim.*, over `horizon(cfg)` steps."""
+    """(transformation, schedule) of a run: the task's own, else --optim.*, over `horizon(cfg)` steps. A task's
+    own optimizer that does not read an --optim.* value the run was given stops the run here (exit 2): the flag
+    would change nothing (a sweep over it would train the same run again and again)."""
     steps = horizon(cfg)
-    return task.optimizer(cfg, steps) if task.optimizer else make_optimizer(cfg.optim, steps)
+    if not task.optimizer:
+        return make_optimizer(cfg.optim, steps)
+    seen = _Reads(cfg.optim)
+    built = task.optimizer(dataclasses.replace(cfg, optim=seen), steps)
+    defaults = type(cfg.optim)()
+    # decay_steps is the loop's (the horizon it passes as `steps`), read whether or not the task reads it
+    given = [f.name for f in dataclasses.fields(cfg.optim) if f.name != "decay_steps"
+             and getattr(cfg.optim, f.name) != getattr(defaults, f.name)]
+    unread = [name for name in given if name not in seen.read]
+    if unread:
+        flag = f"--optim.{unread[0].replace('_', '-')}"
+        raise ConfigError(flag, expected=f"only --optim.* flags task {task.name}'s own optimizer reads (Task.optimizer "
+                          f"builds it and reads no cfg.optim.{unread[0]})",
+                          found=" ".join(f"--optim.{n.replace('_', '-')} {getattr(cfg.optim, n)}" for n in unread),
+                          fix=f"drop {flag} (set it where the task's optimizer takes its values, e.g. its --model.* "
+                              f"config), or read cfg.optim.{unread[0]} in Task.optimizer")
+    return built
 
 
 def schedule_change(task: Task, cfg: TrainConfig, changes: Sequence[tuple[str, Any, Any]], step: int) -> str | None:

@@ -171,3 +171,20 @@ def test_the_saved_config_is_this_one_with_each_changed_field_given_back() -> No
     saved = saved_config(cfg, [("steps", 5, 10), ("optim.decay_steps", None, 7), ("model.gone", 3, None)], lm)
     assert saved.steps == 5 and saved.optim.decay_steps == 0  # a field the saved run lacked: its default
     assert saved.model == cfg.model and saved.optim.lr == cfg.optim.lr
+
+
+def test_an_optim_flag_a_tasks_own_optimizer_does_not_read_is_refused_not_ignored() -> None:
+    regression = task.load("tests.user_tasks.regression:TASK")
+    own = dataclasses.replace(regression, optimizer=lambda cfg, steps: (optax.sgd(0.1), optax.constant_schedule(0.1)))
+    cfg = config.parse(["--task", "tests.user_tasks.regression:TASK", "--optim.lr", "1e-5", "--optim.name", "sgd"],
+                       own)
+    with pytest.raises(ConfigError) as raised:
+        for_task(own, cfg)
+    assert raised.value.what == "--optim.name" and raised.value.found == "--optim.name sgd --optim.lr 1e-05"
+    assert "reads no cfg.optim.name" in raised.value.expected and raised.value.fix.startswith("drop --optim.name")
+    # a task's optimizer that reads the value takes it; with no --optim.* given, any task's optimizer builds
+    reads = dataclasses.replace(regression, optimizer=lambda cfg, steps: (
+        optax.sgd(cfg.optim.lr), optax.constant_schedule(cfg.optim.lr)))
+    lr_only = config.parse(["--task", "tests.user_tasks.regression:TASK", "--optim.lr", "1e-5"], reads)
+    assert float(for_task(reads, lr_only)[1](0)) == pytest.approx(1e-5)
+    assert for_task(own, config.parse(["--task", "tests.user_tasks.regression:TASK"], own))[0] is not None
