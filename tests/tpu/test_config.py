@@ -50,7 +50,8 @@ def test_every_generation_has_a_default_runtime() -> None:
     ({"runtime": "base $(id)"}, "RUNTIME"), ({"project": "P"}, "PROJECT"), ({"image": "a b"}, "IMAGE"),
     ({"retries": -1}, "RETRIES"), ({"remote_dir": "../x"}, "--remote-dir"), ({"ship": ("nope",)}, "--ship"),
     ({"job_args": ("train",)}, "--run-dir"), ({"job_args": ("train", "--run-dir", "runs/x")}, "--run-dir"),
-    ({"job_args": ("--steps", "3")}, "--run-dir"),
+    ({"job_args": ("train", "--steps", "3")}, "--run-dir"),
+    ({"job_args": ("--steps", "3")}, "ARGS='train --steps 3'"),  # no command first: refused with the fix
     ({"job_args": ("train", "--run-dir", "s3://bucket/run1")}, "gs://BUCKET"),  # only Cloud Storage URLs
     ({"job_args": ("train", "--run-dir", "gs://bucket")}, "not the bucket's root"),  # as the job refuses it
     ({"job_args": ("train", "--run-dir", "gs://Bad_Bucket/run1")}, "lowercase"),
@@ -64,7 +65,7 @@ def test_bad_values_name_the_variable_expected_and_fix(change: dict, what: str) 
 
 def test_a_single_host_slice_may_keep_checkpoints_on_its_disk() -> None:
     validate_job(TpuConfig(**{**GOOD, "accelerator": "v4-8", "job_args": ("train", "--run-dir", "runs/x")}))
-    validate_job(TpuConfig(**{**GOOD, "job_args": ("--run-dir=/mnt/shared/run",)}))
+    validate_job(TpuConfig(**{**GOOD, "job_args": ("train", "--run-dir=/mnt/shared/run")}))
     validate_job(TpuConfig(**{**GOOD, "job_args": ("demo",)}))  # no checkpoints: no run dir needed
 
 

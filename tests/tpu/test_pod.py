@@ -137,7 +137,7 @@ def test_hostile_args_reach_the_job_verbatim_and_create_no_file(cloud: Cloud) ->
     pwned = Path("/tmp/pwned")
     before = pwned.stat().st_mtime_ns if pwned.exists() else None
     hostile = "a b; touch /tmp/pwned $(id)"
-    proc = cloud.make("tpu-pod", TPU_NAME="pod-c", ZONE=ZONE, ACCELERATOR="v4-8", ARGS=f'--name "{hostile}"')
+    proc = cloud.make("tpu-pod", TPU_NAME="pod-c", ZONE=ZONE, ACCELERATOR="v4-8", ARGS=f'train --name "{hostile}"')
     assert proc.returncode != 0 and "exit code 2" in proc.stderr, explain(proc)  # the job refuses --name
     log = (cloud.local / "pod-c" / "logs" / "worker-0.log").read_text()
     assert f"Unrecognized options: --name, {hostile}" in log, log  # one argument, exactly as given
