@@ -35,7 +35,8 @@ def _squeue(slurm_env: dict[str, str], array_id: str) -> str:
 def test_a_sweep_is_one_array_two_at_once_and_a_preempted_element_is_requeued_alone(
         slurm_env: dict[str, str], tmp_path: Path) -> None:
     folder = tmp_path / "sweep"
-    job = ["train", "--run-dir", str(folder), "--steps", "30", "--ckpt.every", "10", "--log-every", "1", *SMALL]
+    # 120 steps: element 0 must still be running when the signal comes (at 30 it could end first on a busy machine)
+    job = ["train", "--run-dir", str(folder), "--steps", "120", "--ckpt.every", "10", "--log-every", "1", *SMALL]
     argv = deploy_argv(tmp_path, "--sweep", "seed=0,1,2,3", "--sweep-parallel", "2", "--wait", job=job, nodes=2)
     proc = subprocess.Popen(argv, env=task_env(slurm_env), cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -73,9 +74,9 @@ def test_a_sweep_is_one_array_two_at_once_and_a_preempted_element_is_requeued_al
     for seed in range(4):
         run_dir = folder / f"seed={seed}"
         summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["completed"] is True and summary["final_step"] == 30
+        assert summary["completed"] is True and summary["final_step"] == 120
         assert json.loads((run_dir / "config.json").read_text())["seed"] == seed
-        assert "process 0 of 2 (slurm)" in logs[seed] and _steps(run_dir) == 30
+        assert "process 0 of 2 (slurm)" in logs[seed] and _steps(run_dir) == 120
 
     table = subprocess.run([sys.executable, "-m", "job", "runs", str(folder)], capture_output=True, text=True,
                            cwd=ROOT, timeout=60)
