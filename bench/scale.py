@@ -33,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import npshards
 from bench.procs import BenchError, emit, launch_template, run_worker
 from bench.report import Section, standalone
 from bench.timing import fmt_ratio, fmt_s, interleave, median, ratio
@@ -91,10 +92,7 @@ def worker(argv: list[str]) -> None:
 
     def numpy_write() -> None:
         shutil.rmtree(npdir, ignore_errors=True)
-        npdir.mkdir()
-        for i, x in enumerate(leaves):
-            for j, shard in enumerate(x.addressable_shards):
-                np.save(npdir / f"{i}-{j}.npy", np.asarray(shard.data))
+        npshards.write(npdir, leaves)
 
     reps = 2 if quick else 3
     writes = interleave({"orbax": orbax_write, "numpy": numpy_write}, reps=reps, warmup=1)
@@ -103,12 +101,7 @@ def worker(argv: list[str]) -> None:
         jax.block_until_ready(ckpt.restore(saved[-1], planned.abstract))
 
     def numpy_restore() -> None:
-        arrays = []
-        for i, x in enumerate(leaves):
-            shards = [jax.device_put(np.load(npdir / f"{i}-{j}.npy"), shard.device)
-                      for j, shard in enumerate(x.addressable_shards)]
-            arrays.append(jax.make_array_from_single_device_arrays(x.shape, x.sharding, shards))
-        jax.block_until_ready(arrays)
+        jax.block_until_ready(npshards.read(npdir, leaves))
 
     restores = interleave({"orbax": orbax_restore, "numpy": numpy_restore}, reps=reps, warmup=1)
     restored = ckpt.restore(saved[-1], planned.abstract)

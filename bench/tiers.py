@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench import npshards
 from bench.procs import cpu_env, emit, run_worker
 from bench.report import Section, standalone
 from bench.timing import fmt_mb, fmt_ratio, fmt_s, fmt_x, interleave, median, ratio
@@ -170,25 +171,10 @@ def worker(argv: list[str]) -> None:
     npdisk = disk / "numpy"
 
     def numpy_write(folder: Path) -> Callable[[], None]:
-        def write() -> None:
-            folder.mkdir()
-            for i, x in enumerate(leaves):
-                for j, shard in enumerate(x.addressable_shards):
-                    with open(folder / f"{i}-{j}.npy", "wb") as fh:
-                        np.save(fh, np.asarray(shard.data))
-                        fh.flush()
-                        os.fsync(fh.fileno())
-        return write
+        return lambda: npshards.write(folder, leaves, sync=True)
 
     def numpy_read(folder: Path) -> Callable[[], object]:
-        def read() -> object:
-            arrays = []
-            for i, x in enumerate(leaves):
-                shards = [jax.device_put(np.load(folder / f"{i}-{j}.npy"), shard.device)
-                          for j, shard in enumerate(x.addressable_shards)]
-                arrays.append(jax.make_array_from_single_device_arrays(x.shape, x.sharding, shards))
-            return arrays
-        return read
+        return lambda: npshards.read(folder, leaves)
 
     def remove(folder: Path) -> Callable[[], None]:
         return lambda: shutil.rmtree(folder, ignore_errors=True)

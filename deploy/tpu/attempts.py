@@ -28,7 +28,6 @@ from deploy.tpu.config import TpuConfig
 from job.core import exits
 
 _LINE = re.compile(r"^worker (\d+): (?:ended (\d+) ([0-9.]+)|running|none)(?: (.*))?$")
-code_text = exits.describe  # `1`, `137 (SIGKILL)`, `86 (no step within the watchdog's timeout)`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,11 +77,11 @@ class Failure:
     def describe(self) -> str:
         """'exit code 1 on worker 2: ValueError: ...' (the failing worker's last log line)."""
         if self.cause is None:
-            return f"exit code {code_text(self.code)} (no worker said which failed first: see every worker's log)"
+            return f"exit code {exits.describe(self.code)} (no worker said which failed first: see every worker's log)"
         where = f"worker {self.cause.process}"
         if self.multislice:
             where += f" (worker {self.cause.worker} of {self.cause.node})"
-        return f"exit code {code_text(self.code)} on {where}" + (f": {self.cause.last_line}"
+        return f"exit code {exits.describe(self.code)} on {where}" + (f": {self.cause.last_line}"
                                                                    if self.cause.last_line else "")
 
     def where(self) -> str | None:

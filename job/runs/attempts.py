@@ -102,8 +102,7 @@ def append_ended(run_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> 
             old = ""
         numbered = {"event": "ended", "job": record.get("job"), "attempt": len(_ended_in(old)) + 1}
         numbered.update((key, value) for key, value in record.items() if key not in numbered)
-        torn = bool(old) and not old.endswith("\n")
-        target.write_text(old + ("\n" if torn else "") + json.dumps(numbered) + "\n", encoding="utf-8")
+        _write_after(target, old, numbered)
     except Exception as exc:  # noqa: BLE001 - gcsfs's HTTP and credential errors are not OSError; the run goes on
         log.warning("attempts: expected to append how this attempt ended (exit %s, %s) to %s, found %s: "
                     "`python -m job runs` will not show it. Fix: a run dir this machine can write (a gs:// URL, or a "
@@ -111,6 +110,13 @@ def append_ended(run_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> 
                     getattr(exc, "strerror", None) or exc)
         return None
     return numbered
+
+
+def _write_after(target: epath.Path, old: str, record: Mapping[str, Any]) -> None:
+    """`old` (the file's text as read), ended if it was torn, and `record` as its new last line, written back whole
+    (an object in a bucket cannot be appended to)."""
+    torn = bool(old) and not old.endswith("\n")
+    target.write_text(old + ("\n" if torn else "") + json.dumps(record) + "\n", encoding="utf-8")
 
 
 def note_resumed(run_dir: str | os.PathLike[str], step: int, start: int, tier: str, now: float | None = None
@@ -130,9 +136,8 @@ def note_resumed(run_dir: str | os.PathLike[str], step: int, start: int, tier: s
         return None
     record = {"event": "resumed", "attempt": len(previous) + 1, "time": round(now, 3), "step": step,
               "from_step": start, "tier": tier, "gap_s": round(now - float(previous[-1].get("ended", now)), 3)}
-    torn = bool(old) and not old.endswith("\n")
     try:
-        target.write_text(old + ("\n" if torn else "") + json.dumps(record) + "\n", encoding="utf-8")
+        _write_after(target, old, record)
     except Exception as exc:  # noqa: BLE001 - gcsfs's errors are not OSError; the run goes on
         log.warning("attempts: expected to record the restart gap in %s, found %s", target,
                     getattr(exc, "strerror", None) or exc)

@@ -27,15 +27,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import mmap
 import json
 import logging
+import mmap
 import os
 import shutil
 import socket
 import socketserver
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +47,6 @@ from job.runs import headroom
 log = logging.getLogger(__name__)
 
 KEY = "job/local-tier/"
-META = "__meta__"
 KEEP = 2  # local steps kept in a node's folder (the newest, and the one before while the newest is sent)
 HEADROOM = 2.0  # a save needs this many times its bytes free in the folder's file system (its own, a peer's)
 TIMEOUT_S = 120  # a peer that does not answer within this is taken as gone
@@ -87,15 +85,14 @@ def _aligned(offset: int) -> int:
 
 def write_shards(path: Path, state: Any, step: int, fingerprint: str) -> int:
     """This process's shards of every array leaf, written straight from their buffers (one copy: into the file's
-    pages), atomically; the bytes written. Called between steps: the next step may reuse the buffers."""
+    pages), atomically; the bytes written. Called between steps: the next step may reuse the buffers. Arrays of
+    plain dtypes only (`LocalTier.save` keeps a state with typed PRNG keys out)."""
     entries: list[dict[str, Any]] = []
     arrays: list[np.ndarray] = []
     offset = 0
     for i, leaf in enumerate(jax.tree.leaves(state)):
         if not isinstance(leaf, jax.Array):
             continue
-        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-            raise TypeError("typed PRNG key arrays")
         for shard in leaf.addressable_shards:
             data = np.asarray(shard.data, order="C")  # (ascontiguousarray would make a scalar 1-d)
             entries.append({"leaf": i, "index": _index(shard.index), "dtype": data.dtype.str, "shape": data.shape,
@@ -330,7 +327,7 @@ class LocalTier:
     def sources(self, step: int) -> str:
         """Where every process's shards of `step` come from, in words: 'process 1's from process 0 on node1 over
         the network; the others' from their own node'."""
-        remote = [(p, self.source(step, p)) for p in range(self.count) if self.source(step, p) != p]
+        remote = [(p, q) for p in range(self.count) if (q := self.source(step, p)) != p]
         if not remote:
             return "every process's from its own node"
         said = "; ".join(f"process {p}'s from process {q} on {self.peers[q]['node']} over the network"
