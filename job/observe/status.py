@@ -194,7 +194,8 @@ def pending(sweep: Sweep, *, now: float | None = None) -> list[Run]:
 
 def find_runs(folder: str | epath.Path) -> list[tuple[str, str, Values]]:
     """(name, run dir, values) of each run in `folder`: a sweep's (sweep.json) in its order, else every
-    subfolder holding a config.json, by name, its values the config fields that differ between them."""
+    subfolder holding a config.json, by name, its values the config fields that differ between the runs
+    that have them (a field only another task has is no difference), less those it leaves unset (None)."""
     plan = load_plan(folder)
     if plan is not None:
         return [(run.name, run.run_dir, run.values) for run in plan.runs]
@@ -205,9 +206,11 @@ def find_runs(folder: str | epath.Path) -> list[tuple[str, str, Values]]:
         return []
     configs = {child.name: flatten(_json(child / "config.json") or {}) for child in children}
     names = sorted({n for flat in configs.values() for n in flat} - set(NOT_VALUES))
-    differ = [n for n in names if len({json.dumps(flat.get(n), sort_keys=True) for flat in configs.values()}) > 1]
+    differ = [n for n in names
+              if len({json.dumps(flat[n], sort_keys=True) for flat in configs.values() if n in flat}) > 1]
     return [(child.name, f"{str(folder).rstrip('/')}/{child.name}",
-             tuple((n, _shown(configs[child.name].get(n))) for n in differ)) for child in children]
+             tuple((n, _shown(configs[child.name][n])) for n in differ if configs[child.name].get(n) is not None))
+            for child in children]
 
 
 def _shown(value: Any) -> str:

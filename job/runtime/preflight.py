@@ -203,6 +203,24 @@ def _post_verdict(client: Any, count: int, decide: Callable[[list[dict[str, Any]
     client.key_value_set("job/preflight/verdict", json.dumps(decide(rows)), allow_overwrite=True)
 
 
+def problems_of_all(name: str, problem: str | None, timeout_s: float | None = None) -> dict[int, str]:
+    """Every process's own finding about `name` (None: none), the same {process: problem} on every process,
+    so that all stop together on a problem only some processes saw. Collective (the coordination service's
+    key-value store and a barrier; no device collective)."""
+    import jax  # as in local_facts; multihost imports jax too
+
+    from job.parallel.multihost import barrier, coordination_client
+
+    if jax.process_count() == 1:
+        return {0: problem} if problem else {}
+    client = coordination_client()
+    prefix = f"job/problems/{name}/"
+    client.key_value_set(f"{prefix}{jax.process_index()}", problem or "", allow_overwrite=True)
+    barrier(f"problems/{name}", timeout_s)
+    found = {int(key.rsplit("/", 1)[-1]): value for key, value in client.key_value_dir_get(prefix)}
+    return {process: found[process] for process in sorted(found) if found[process]}
+
+
 def problems(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """Pass/fail facts some process failed, then the facts whose value differs between processes."""
     fields = sorted({k for row in rows for k in row} - set(IDENTITY) - set(REQUIRED), key=_order)

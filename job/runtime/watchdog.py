@@ -12,6 +12,7 @@ import faulthandler
 import logging
 import os
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -63,11 +64,24 @@ class Watchdog:
                 said = f"roll call failed: {type(exc).__name__}: {exc}"
             if said:
                 print(f"watchdog: {said}", file=sys.stderr, flush=True)
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        sys.stderr.flush()
+        _dump_stacks()
         if self.before_exit is not None:
             try:
                 self.before_exit()
             except Exception:  # noqa: BLE001, S110  (leaving is all that is left to do)
                 pass
         os._exit(HANG_EXIT_CODE)
+
+
+def _dump_stacks() -> None:
+    """Every thread's stack on sys.stderr, through its write (so a process's log file, RUN_DIR/logs, keeps them
+    too): faulthandler writes to a file descriptor, so to a temporary file first; straight to stderr's when
+    there is none to be had."""
+    try:
+        with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as stacks:
+            faulthandler.dump_traceback(file=stacks, all_threads=True)
+            stacks.seek(0)
+            sys.stderr.write(stacks.read())
+    except OSError:
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    sys.stderr.flush()

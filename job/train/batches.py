@@ -47,6 +47,24 @@ def global_batch(source: Rows, sharding: Any, *, split: str, step: int, size: in
     return to_global(source.rows(split, step, offset + start, offset + stop), sharding, size)
 
 
+def impurity(source: Rows, split: str, step: int, start: int, stop: int) -> tuple[dict[str, Any], str | None]:
+    """Rows start..stop of `step` asked for twice: (the first answer, None when both are the same bytes, else
+    where they first differ). The loop's promises (bitwise resume, the same batch on every topology) rest on
+    `rows` being a pure function of (split, step, start, stop)."""
+    first, again = source.rows(split, step, start, stop), source.rows(split, step, start, stop)
+    said = f"rows({split!r}, {step}, {start}, {stop}) asked twice"
+    if sorted(first) != sorted(again):
+        return first, f"{said}: fields {sorted(first)}, then {sorted(again)}"
+    for name in sorted(first):
+        a, b = np.asarray(first[name]), np.asarray(again[name])
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return first, f"{said}: field {name!r} {a.dtype}{list(a.shape)}, then {b.dtype}{list(b.shape)}"
+        if a.tobytes() != b.tobytes():
+            row = next((i for i in range(len(a)) if a[i].tobytes() != b[i].tobytes()), 0) if a.ndim else 0
+            return first, f"{said}: field {name!r} differs, first at row {start + row}"
+    return first, None
+
+
 class Prefetch(Generic[T]):
     """`make(step)` for each step of `steps` in order, up to `depth` steps ahead, on a daemon thread.
 

@@ -29,6 +29,11 @@ QUIET_LOGGERS = ("absl", "jax", "orbax", "fsspec", "gcsfs")
 
 def setup_logging() -> None:
     """INFO lines with the time and the logger's name; other libraries' chatter at WARNING."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):  # a library's own basicConfig came first (absl's first log line, at import)
+        if type(handler) is logging.StreamHandler and handler.stream is sys.stderr and handler.formatter is not None \
+                and handler.formatter._fmt == logging.BASIC_FORMAT:
+            root.removeHandler(handler)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     for noisy in QUIET_LOGGERS:

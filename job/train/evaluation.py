@@ -101,18 +101,23 @@ def pieces(size: int | None, *, batch: int, divisor: int, batches: int, full: bo
     """The eval batches of one split: `batches` batches of an endless split; of a finite one of `size`
     rows, a full pass (`full`), else its first `batches` batches (the whole split when it is shorter)."""
     if size is None:
-        return [Piece(step, 0, batch) for step in range(batches)]
+        return [part for step in range(batches) for part in _fitted(Piece(step, 0, batch), divisor)]
     whole_batches = size // batch
     count = whole_batches if full else min(batches, whole_batches)
-    out = [Piece(0, i * batch, batch) for i in range(count)]
+    out = [part for i in range(count) for part in _fitted(Piece(0, i * batch, batch), divisor)]
     if full or batches > whole_batches:  # the whole split: its last rows too
-        left = size - whole_batches * batch
-        sharded = left - left % divisor
-        if sharded:
-            out.append(Piece(0, whole_batches * batch, sharded))
-        if left % divisor:
-            out.append(Piece(0, whole_batches * batch + sharded, left % divisor, whole=True))
+        out += _fitted(Piece(0, whole_batches * batch, size - whole_batches * batch), divisor)
     return out
+
+
+def _fitted(piece: Piece, divisor: int) -> list[Piece]:
+    """`piece` as the pieces its rows take on `divisor` data-parallel shards: the rows that split evenly,
+    sharded, then the few left, whole on every device (a full pass's tail; any batch of a run evaluated on
+    devices its batch does not split over)."""
+    sharded = piece.rows - piece.rows % divisor
+    return [part for part in (dataclasses.replace(piece, rows=sharded),
+                              Piece(piece.step, piece.offset + sharded, piece.rows % divisor, whole=True))
+            if part.rows]
 
 
 def check_splits(splits: Sequence[str], task_name: str) -> None:

@@ -27,6 +27,7 @@ from jax.experimental import multihost_utils
 
 from job.core import storage
 from job.core.errors import ConfigError
+from job.observe import process_log
 from job.observe.goodput import Goodput, describe
 from job.observe.profile import StepProfiler
 from job.observe.report import Reporter
@@ -34,6 +35,7 @@ from job.observe.stragglers import StragglerWatch
 from job.parallel import sharding
 from job.parallel.fingerprint import fingerprint
 from job.parallel.multihost import barrier, coordination_client, on_process_zero
+from job.parallel.rows import row_span
 from job.runs import attempts, provenance, resume
 from job.runs.checkpoint import Checkpointer
 from job.runs.local_tier import LocalTier
@@ -46,7 +48,7 @@ from job.runtime.rollcall import Answer, Progress, leave, roll_call
 from job.runtime.watchdog import Watchdog
 from job.train import optimizers
 from job.train import state as state_plan
-from job.train.batches import Prefetch, global_batch
+from job.train.batches import Prefetch, global_batch, impurity, to_global
 from job.train.config import TrainConfig, to_dict, to_json
 from job.train.evaluation import Evaluator, summary_fields
 from job.train.steps import jit_eval_step, jit_train_step, leaked_tracer_note
@@ -67,7 +69,8 @@ def run(cfg: TrainConfig, task: Task, argv: list[str] | None = None) -> int:
     with PreemptionGuard(NOTICES) as guard:
         info = initialize()
         guard.take(signal.SIGTERM, signal.SIGINT)
-        return Training(cfg, task, argv, timer, info, guard).run()
+        with process_log.teed(cfg.run_dir, info.process_id):  # RUN_DIR/logs/process-N.log, beside the console
+            return Training(cfg, task, argv, timer, info, guard).run()
 
 
 @dataclasses.dataclass
@@ -149,7 +152,7 @@ class Training:
         log.info("process %d of %d (%s) on %s", info.process_id, info.num_processes, info.kind, node_name())
         run_dir = storage.run_path(cfg.run_dir)  # a local folder or gs://BUCKET/FOLDER (etils.epath)
         checked = preflight.check(to_dict(cfg), run_dir / "checkpoints")
-        mesh = sharding.make_mesh(model_axis=cfg.model_axis)
+        mesh = run_mesh(cfg.model_axis)
         check_batch(cfg, mesh)
         # shapes and placement first, no array made; the state is then created as its shards, or restored into them
         source, schedule, planned, evaluator = plan_run(cfg, task, mesh)
@@ -229,8 +232,7 @@ class Training:
         cfg = self.cfg
         with self.timer.part("compile"), sharding.mesh_context(built.mesh), leaked_tracer_note():  # as steps are called
             began = time.perf_counter()
-            batch = global_batch(built.source, built.batch_sharding, split="train", step=start,
-                                 size=cfg.data.global_batch)
+            batch = first_batch(built.source, built.batch_sharding, step=start, size=cfg.data.global_batch)
             built.train_step.lower(state, batch).compile()
             built.evaluator.compile(state)
             self.compile_s = time.perf_counter() - began
@@ -398,6 +400,34 @@ class Training:
             "slowest_hosts": self.watch.slowest(),  # the processes named as stragglers, each at its slowest
             "goodput": split,
         })
+
+
+def run_mesh(model_axis: int, flag: str = "--model-axis") -> jax.sharding.Mesh:
+    """The ("data", "model") mesh over every device of the job; a model axis that does not fit them is one
+    error naming the user's flag (`flag`), not the function that builds the mesh."""
+    try:
+        return sharding.make_mesh(model_axis=model_axis)
+    except ConfigError as exc:
+        raise ConfigError(flag, expected=exc.expected, found=exc.found,
+                          fix=exc.fix.replace("use one of", f"pass {flag} one of", 1)) from None
+
+
+def first_batch(source: Rows, batch_sharding: Any, *, step: int, size: int) -> dict[str, jax.Array]:
+    """The batch of the first step, its rows asked for twice first: a source whose answers differ (an unseeded
+    rng, a stream read on) stops every process with one error (exit 2) before any step, instead of training
+    on with resume and topology invariance silently lost."""
+    start, stop = row_span(batch_sharding, size)
+    rows, problem = impurity(source, "train", step, start, stop)
+    found = preflight.problems_of_all("pure_rows", problem)
+    if found:
+        process, said = next(iter(found.items()))
+        raise ConfigError("the task's rows", expected="rows(split, step, start, stop) a pure function of its "
+                          "arguments: the same rows every time a batch is asked for", found=f"process {process}: {said}",
+                          fix="draw the rows' randomness from job.random (row_bits, uniform, below: keyed by seed, "
+                              "split, step and row), not from an unseeded np.random.default_rng(), random or a stream "
+                              "read on; an iterator-style pipeline: index a dataset by (step * global batch + row) "
+                              "(docs/your-model.md)")
+    return to_global(rows, batch_sharding, size)
 
 
 def check_batch(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> None:

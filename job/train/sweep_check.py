@@ -95,9 +95,19 @@ def check_run(run: Run, devices: int | None = None) -> config.TrainConfig:
                               + "python -m job train --help lists every flag")
     cfg = _parse(words, task)
     config.validate(cfg, task)
+    # optax only here: deploy imports this module without a task (a task's own module imports jax anyway)
+    from job.train import optimizers
+
+    optimizers.for_task(task, cfg)  # an --optim.* value the task's own optimizer never reads is refused
     if devices is not None:
         check_mesh(cfg, devices)
     return cfg
+
+
+def check_args(args: Sequence[str], devices: int | None = None) -> config.TrainConfig:
+    """One command line (ARGS: `train --task ... --data.global-batch ...`) checked as `check_run` checks a sweep's
+    run, the batch against `devices` when given: its config, or the first ConfigError."""
+    return check_run(Run(name="ARGS", values=(), run_dir="", flags=tuple(args)), devices)
 
 
 def _parse(words: list[str], task: tasks.Task) -> config.TrainConfig:
@@ -153,4 +163,4 @@ def sweep_command(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["SHOWN_FAILURES", "check", "check_mesh", "check_run", "prepare", "sweep_command", "switches"]
+__all__ = ["SHOWN_FAILURES", "check", "check_args", "check_mesh", "check_run", "prepare", "sweep_command", "switches"]

@@ -5,6 +5,7 @@
     model, cfg = trained.load_model("runs/example", ema=True)  # the EMA's parameters (--ema.decay runs)
 
     python -m job eval --run-dir runs/example [--step N]       # any topology: RUN_DIR/eval-STEP.json
+    python -m job eval --run-dir runs/example --model-axis 1   # this tensor-parallel run's model axis here
     python -m job export --run-dir runs/example OUT [--step N] # the model's state alone, an orbax checkpoint
 
 The model comes back in eval mode (dropout off), whole on this host's devices.
@@ -16,6 +17,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import sys
 from typing import Any
 
@@ -88,23 +90,48 @@ def run_dir_parser(prog: str) -> argparse.ArgumentParser:
 
 
 def eval_command(argv: list[str]) -> int:
-    """`python -m job eval --run-dir D [--step N]`: restore a checkpoint on this topology, evaluate it as
-    the run does (--data.eval-batches batches of each split), write D/eval-STEP.json on process 0."""
-    args = run_dir_parser("eval").parse_args(argv)
+    """`python -m job eval --run-dir D [--step N] [--model-axis M]`: restore a checkpoint on this topology,
+    evaluate it as the run does (--data.eval-batches batches of each split), write D/eval-STEP.json on
+    process 0."""
+    p = run_dir_parser("eval")
+    p.add_argument("--model-axis", type=values.for_argparse(values.whole, fix="pass --model-axis 1", minimum=1),
+                   default=None, help="the model axis here (default: the run's, else the largest that divides both "
+                                      "it and this job's devices)")
+    args = p.parse_args(argv)
     try:
         cfg, chosen = saved_config(args.run_dir)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return BAD_INPUT_EXIT_CODE
-    return evaluate_checkpoint(cfg, chosen, args.step)
+    return evaluate_checkpoint(cfg, chosen, args.step, model_axis=args.model_axis)
 
 
-def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None) -> int:
-    """`python -m job eval`: restore step `step` (default the newest) of cfg.run_dir on this topology and
-    evaluate every eval split as the run does; process 0 writes RUN_DIR/eval-STEP.json. Returns 0."""
+def eval_mesh(saved: int, given: int | None = None) -> jax.sharding.Mesh:
+    """The mesh an evaluation runs on: `given` (eval's --model-axis; an error names it), else the run's own
+    model axis `saved` where it fits this job's devices, else the largest that divides both it and them
+    (said in the log: the checkpoint is resharded as it is restored, as an elastic resume does)."""
+    if given is not None:
+        return loop.run_mesh(given)
+    try:
+        return sharding.make_mesh(model_axis=saved)
+    except ConfigError:
+        n = jax.device_count()
+        here = math.gcd(saved, n // len({getattr(d, "slice_index", 0) for d in jax.devices()}))
+        on_process_zero(log.info, "the run's --model-axis %d does not fit this job's %d device(s): evaluating with "
+                        "a model axis of %d (the checkpoint is resharded as it is restored; eval's --model-axis "
+                        "chooses another)", saved, n, here)
+        return loop.run_mesh(here)
+
+
+def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None, *,
+                        model_axis: int | None = None) -> int:
+    """`python -m job eval`: restore step `step` (default the newest) of cfg.run_dir on this topology (its
+    model axis `model_axis`, else as `eval_mesh` picks) and evaluate every eval split as the run does;
+    process 0 writes RUN_DIR/eval-STEP.json. Returns 0."""
     initialize()
     run_dir = storage.run_path(cfg.run_dir)
-    mesh = sharding.make_mesh(model_axis=cfg.model_axis)
+    mesh = eval_mesh(cfg.model_axis, model_axis)
+    cfg = dataclasses.replace(cfg, model_axis=mesh.shape[sharding.MODEL_AXIS])
     _, _, planned, evaluator = loop.plan_run(cfg, task, mesh)
     checkpoints = Checkpointer(run_dir / "checkpoints", cfg.ckpt)
     try:

@@ -175,6 +175,11 @@ MID_TRAINING = {
         ("watchdog: no training step completed for", "[rank 0] watchdog: roll call of 2 processes: process 1 on ",
          f"is waiting for its batch of step {FAULT_STEP} (its data source) while the others are", "is the one stuck")),
 }
+# what the failing process's own log file (RUN_DIR/logs/process-RANK.log) holds besides the console
+LOGGED = {
+    "exception in rank 1": ("RuntimeError: injected fault in rank 1", "Traceback (most recent call last)"),
+    "rank 1 hangs in Python (--watchdog-s 5)": ("watchdog: no training step completed for", "Thread 0x"),
+}
 SMOKE_FAULT = "SIGKILL of rank 1"  # the one fault case of the second Python's smoke (make test-smoke)
 
 
@@ -184,6 +189,10 @@ def test_fault_during_training(name: str, tmp_path: Path, straight: Path, record
     rank, fault, flags, code, says = MID_TRAINING[name]
     outcome = faulty(tmp_path, rank, fault, *flags)
     check(outcome, since=outcome.first("FAULT"), code=code, says=says, name=name, record=record_property)
+    logs = {p: (tmp_path / "logs" / f"process-{p}.log").read_text() for p in (0, 1)}
+    for process, text in logs.items():  # each process's own output, in its own file
+        assert f"process {process} of 2 (local) on " in text and f"process {1 - process} of 2" not in text, text
+    assert all(line in logs[rank] for line in LOGGED.get(name, ())), logs[rank]
     saved = complete_steps(tmp_path)
     assert 4 in saved and max(saved) < FAULT_STEP, saved  # step 4's save had finished before step 6's began
     record_property("steps_redone", FAULT_STEP - 1 - max(saved))

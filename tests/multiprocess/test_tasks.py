@@ -50,16 +50,29 @@ def test_a_users_task_outside_the_package_with_its_own_optimizer_learns_and_resu
 
 
 def test_each_train_batch_is_asked_of_the_source_once_on_every_process(tmp_path: Path) -> None:
-    # the first step's batch is made for its compilation and then handed to the step, not made again
+    # the first step's batch is made for its compilation and then handed to the step, not made again; its rows
+    # are asked for twice (the check that the source is a pure function), every later batch's once
     asked = tmp_path / "asked"
     train(2, 2, tmp_path / "run", "--task", "tests.user_tasks.counted:TASK", "--steps", "3", "--eval-every", "3",
           "--log-every", "3", ROWS_ASKED=str(asked))
     for process in (0, 1):
         calls = [line.split() for line in Path(f"{asked}.{process}").read_text().splitlines()]
         # 16 rows a step: each process's 2 devices hold 8 of them
-        assert [step for split, step, _, _ in calls if split == "train"] == ["0", "1", "2"], (process, calls)
+        assert [step for split, step, _, _ in calls if split == "train"] == ["0", "0", "1", "2"], (process, calls)
         assert {(start, stop) for _, _, start, stop in calls} == {("0", "8") if process == 0 else ("8", "16")}
     assert summary(tmp_path / "run")["final_step"] == 3
+
+
+def test_rows_only_one_process_finds_impure_stop_every_process_with_exit_2_naming_that_process(
+        tmp_path: Path) -> None:
+    # tests/user_tasks/unseeded.py:LATE_ROWS draws rows 8.. from an unseeded generator: process 1's half
+    proc = train(2, 1, tmp_path, "--task", "tests.user_tasks.unseeded:LATE_ROWS", "--steps", "3", expect=2)
+    for rank in (0, 1):
+        said = [line for line in proc.stdout.splitlines() + proc.stderr.splitlines()
+                if line.startswith(f"[rank {rank}]") and "ConfigError: the task's rows" in line]
+        assert len(said) == 1 and "process 1: rows('train', 0, 8, 16) asked twice: field 'x' differs, first at " \
+            "row 8" in said[0], (rank, proc.stderr)
+    assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
 
 
 def test_a_task_that_imports_only_the_public_names_trains_on_2_x_2(tmp_path: Path) -> None:

@@ -101,3 +101,38 @@ def test_the_lm_samples_from_its_trained_checkpoint(trained_run: Path) -> None:
     assert greedy[:4] == [1, 5, 6, 7] and len(greedy) == 14 and all(0 <= t < 32 for t in greedy)
     assert sample("--top-k", "1") == greedy  # greedy is deterministic
     assert len(sample("--top-k", "4", "--seed", "3", "--ema")) == 14
+
+
+@pytest.fixture(scope="module")
+def tensor_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("tensor") / "run"
+    train(2, 2, run_dir, "--steps", "4", "--log-every", "2", "--eval-every", "4", "--rule", "tensor",
+          "--model-axis", "2", *SMALL)
+    return run_dir
+
+
+@pytest.mark.parametrize(("n", "devices"), [(1, 1), (1, 3)])
+def test_a_tensor_parallel_run_is_evaluated_and_sampled_on_devices_its_model_axis_does_not_divide(
+        tensor_run: Path, n: int, devices: int) -> None:
+    proc = run(launcher_argv(n, [sys.executable, "-m", "job", "eval", "--run-dir", str(tensor_run)],
+                             devices=devices), timeout=300)
+    assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
+    assert (f"the run's --model-axis 2 does not fit this job's {devices} device(s): evaluating with a model axis "
+            "of 1") in proc.stderr
+    written, expected = json.loads((tensor_run / "eval-4.json").read_text())["splits"]["eval"], final_eval(tensor_run)
+    assert written["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    sampled = subprocess.run([sys.executable, "-m", "job", "sample", "--task", "lm", "--run-dir", str(tensor_run),
+                              "--prompt", "1 5", "--tokens", "3"], capture_output=True, text=True, timeout=300)
+    assert sampled.returncode == 0 and len(sampled.stdout.split()) == 5, sampled.stdout + sampled.stderr
+
+
+def test_a_model_axis_that_does_not_divide_the_devices_names_the_users_flag_in_train_and_eval(
+        tensor_run: Path, tmp_path: Path) -> None:
+    proc = run(launcher_argv(1, [sys.executable, "-m", "job", "eval", "--run-dir", str(tensor_run),
+                                 "--model-axis", "3"], devices=2), timeout=300)
+    assert proc.returncode == 2, explain(proc, proc.stdout, proc.stderr)
+    assert ("--model-axis: expected a positive divisor of the device count 2, found 3. Fix: pass --model-axis one "
+            "of [1, 2]") in proc.stderr and "make_mesh" not in proc.stderr
+    trained = train(2, 2, tmp_path, "--steps", "2", "--model-axis", "3", expect=2)
+    assert "--model-axis: expected a positive divisor of the device count 4, found 3. Fix: pass --model-axis one " \
+           "of [1, 2, 4]" in trained.stderr and "make_mesh" not in trained.stderr

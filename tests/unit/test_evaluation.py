@@ -54,6 +54,13 @@ def test_without_a_full_pass_a_finite_split_reads_its_first_batches_and_an_endle
     assert pieces(None, batch=16, divisor=4, batches=0, full=True) == []
 
 
+def test_a_batch_the_data_shards_do_not_split_is_read_as_its_sharded_rows_and_a_whole_rest() -> None:
+    # a run trained with batch 32 on 4 devices, evaluated on 3: each batch is still 32 rows, the same rows
+    assert pieces(None, batch=32, divisor=3, batches=2, full=False) == [
+        Piece(0, 0, 30), Piece(0, 30, 2, whole=True), Piece(1, 0, 30), Piece(1, 30, 2, whole=True)]
+    assert covered(pieces(70, batch=32, divisor=3, batches=1, full=True)) == list(range(70))
+
+
 class Sized:
     def __init__(self, sizes: dict) -> None:
         self.sizes = sizes

@@ -4,13 +4,19 @@ module's own Tasks); job arguments that start with a flag are refused before any
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from deploy.runner import Runner
 from deploy.slurm import submit as slurm
 from job import __main__ as job_cli
 from job.errors import ConfigError
-from job.train import task
+from job.train import batches, task
+from tests import launching
+from tests.user_tasks import regression, unseeded
 
 
 def test_python_m_job_alone_lists_the_commands_and_trains_nothing(capsys: pytest.CaptureFixture[str]) -> None:
@@ -58,3 +64,38 @@ def test_slurm_refuses_job_arguments_without_a_command_before_anything_is_queued
     assert slurm.main(["--dry-run", "--", "--steps", "5"], runner=Runner(dry_run=True)) == 2
     err = capsys.readouterr().err
     assert "ARGS: expected a command of python -m job first" in err and "Fix: ARGS='train --steps 5'" in err
+
+
+def test_an_unseeded_source_stops_the_run_before_its_first_step_naming_the_split_the_step_and_the_fix(
+        tmp_path: Path) -> None:
+    proc = launching.run([sys.executable, "-m", "job", "train", "--task", "tests.user_tasks.unseeded:TASK",
+                          "--steps", "5", "--run-dir", str(tmp_path / "run")], JAX_PLATFORMS="cpu")
+    assert proc.returncode == 2, launching.explain(proc)
+    error = [line for line in proc.stderr.splitlines() if "rows(" in line]
+    assert len(error) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert ("the task's rows: expected rows(split, step, start, stop) a pure function of its arguments" in error[0]
+            and "process 0: rows('train', 0, 0, 16) asked twice: field 'x' differs, first at row 0" in error[0]
+            and "Fix: draw the rows' randomness from job.random" in error[0]), error
+    assert not list((tmp_path / "run").glob("checkpoints/*")), "nothing trained, nothing saved"
+
+
+def test_a_pure_source_asked_twice_is_the_same_and_each_kind_of_difference_is_named() -> None:
+    pure = regression.Rows(features=3)
+    rows, problem = batches.impurity(pure, "train", 4, 2, 6)
+    assert problem is None and np.array_equal(rows["x"], pure.rows("train", 4, 2, 6)["x"])
+    assert batches.impurity(unseeded.Rows(3, fresh_from=4), "train", 0, 0, 6)[1] == (
+        "rows('train', 0, 0, 6) asked twice: field 'x' differs, first at row 4")
+
+    class Grows:  # each answer has one column more: another shape; from the third on, one field more
+        calls = 0
+
+        def rows(self, split: str, step: int, start: int, stop: int) -> dict:
+            self.calls += 1
+            more = {"extra": np.zeros(1)} if self.calls > 3 else {}
+            return {"x": np.zeros((stop - start, self.calls), np.float32), **more}
+
+    grows = Grows()
+    assert batches.impurity(grows, "eval", 1, 0, 2)[1] == (
+        "rows('eval', 1, 0, 2) asked twice: field 'x' float32[2, 1], then float32[2, 2]")
+    assert batches.impurity(grows, "eval", 1, 0, 2)[1] == (
+        "rows('eval', 1, 0, 2) asked twice: fields ['x'], then ['extra', 'x']")

@@ -5,6 +5,7 @@ change to what a run writes shows here."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import subprocess
@@ -51,8 +52,8 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     return now
 
 
-def cfg_of(run_dir: Path, **changes: Any) -> config.TrainConfig:
-    base = config.defaults(tasks.load("lm"))
+def cfg_of(run_dir: Path, task: str = "lm", **changes: Any) -> config.TrainConfig:
+    base = config.defaults(tasks.load(task))
     optim = {k.removeprefix("optim_"): v for k, v in changes.items() if k.startswith("optim_")}
     plain = {k: v for k, v in changes.items() if not k.startswith("optim_")}
     return config.TrainConfig(**{**vars(base), "run_dir": str(run_dir), "log_every": 10, "eval_every": 20,
@@ -67,18 +68,19 @@ def restore(run_dir: Path, cfg: config.TrainConfig) -> None:
 
 
 def attempt(run_dir: Path, cfg: config.TrainConfig, clock: Clock, *, start: int, reach: int, ends: str | None,
-            loss: float = 1.0) -> None:
-    """One attempt as the loop writes it: restore's files, goodput's attempt line, a train record and a
-    goodput progress line every log_every steps, an eval every eval_every, and, when it `ends`
-    ("completed" or "preempted"), goodput's end line and summary.json ("killed at its end": not the summary)."""
+            loss: float = 1.0, accuracy: float | None = None) -> None:
+    """One attempt of cfg's task as the loop writes it: restore's files, goodput's attempt line, a train record
+    (its throughput in the task's unit) and a goodput progress line every log_every steps, an eval (with
+    `accuracy` when given) every eval_every, and, when it `ends` ("completed" or "preempted"), goodput's end
+    line and summary.json ("killed at its end": not the summary)."""
     path = epath.Path(run_dir)
     timer = Goodput(clock=clock, wall=clock)
     clock.t += 5.0  # start-up
     restore(run_dir, cfg)
     timer.resume(path, start)
-    lm = tasks.load("lm")
-    report = Reporter(path, start_step=start, total_steps=cfg.steps, items_per_step=64 * 32, unit=lm.unit,
-                      shown=lm.shown)
+    task = tasks.load(cfg.task)
+    report = Reporter(path, start_step=start, total_steps=cfg.steps, items_per_step=64 * 32, unit=task.unit,
+                      shown=task.shown)
     timer.started()
     for step in range(start + 1, reach + 1):
         with timer.step():
@@ -87,7 +89,7 @@ def attempt(run_dir: Path, cfg: config.TrainConfig, clock: Clock, *, start: int,
             report.train(step, {"loss": loss + 1.0 / step, "accuracy": 0.5}, 1e-3)
             timer.progress(path, step)
         if step % cfg.eval_every == 0:
-            report.eval(step, {"loss": loss + 2.0 / step})
+            report.eval(step, {"loss": loss + 2.0 / step, **({} if accuracy is None else {"accuracy": accuracy})})
     if ends is None:
         report.flush()
         timer.flush()
@@ -96,7 +98,7 @@ def attempt(run_dir: Path, cfg: config.TrainConfig, clock: Clock, *, start: int,
     if ends == "killed at its end":  # between the end record and summary.json
         report.flush()
         return
-    report.close({"final_step": reach, "completed": ends == "completed", "task": "lm",
+    report.close({"final_step": reach, "completed": ends == "completed", "task": cfg.task,
                   "train_loss": loss + 1.0 / reach, "goodput": timer.finish()})
 
 
@@ -264,6 +266,76 @@ def test_a_folder_of_runs_not_launched_as_a_sweep_shows_the_flags_that_differ(tm
     assert text.splitlines()[1].split()[:4] == ["run", "lr", "seed", "state"]
 
 
+def test_one_runs_own_folder_is_a_one_row_table(tmp_path: Path, clock: Clock,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from job.__main__ import main
+
+    run_dir = tmp_path / "lm1"
+    attempt(run_dir, cfg_of(run_dir), clock, start=0, reach=40, ends="completed")
+    table = runs_table.rows(f"{run_dir}/", now=clock.t)
+    assert [(row.name, row.values, row.status.state) for row in table] == [("lm1", (), State.COMPLETED)]
+    assert main(["runs", str(run_dir)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{run_dir}: 1 run(s): 1 completed; best by eval_loss (lower is better): lm1 (1.05)"
+    assert lines[1].split() == ["run", "state", "step", "train", "loss", "eval", "loss", "tok/s", "goodput"]
+    assert lines[2].split()[:6] == ["*", "lm1", "completed", "40/40", "1.025", "1.05"] and len(lines) == 3
+
+
+def test_runs_of_two_tasks_show_what_differs_between_runs_that_have_it_and_never_null(tmp_path: Path,
+                                                                                      clock: Clock) -> None:
+    longer = dataclasses.replace(config.defaults(tasks.load("lm")).model, seq_len=64)
+    for name, cfg in (("lm-32", cfg_of(tmp_path / "lm-32")), ("lm-64", cfg_of(tmp_path / "lm-64", model=longer)),
+                      ("spirals", cfg_of(tmp_path / "spirals", "classify"))):
+        attempt(tmp_path / name, cfg, clock, start=0, reach=40, ends="completed")
+    lm_values = (("data.global_batch", "32"), ("model.mlp_dim", "256"))
+    # the lm runs' vocab_size, source, heads ... are no difference: the classifier has none; seq_len is one
+    assert [values for _, _, values in find_runs(str(tmp_path))] == [
+        (*lm_values, ("model.seq_len", "32"), ("task", "lm")), (*lm_values, ("model.seq_len", "64"), ("task", "lm")),
+        (("data.global_batch", "64"), ("model.mlp_dim", "128"), ("task", "classify"))]
+    text = runs_table.render(str(tmp_path), runs_table.rows(str(tmp_path), now=clock.t))
+    lines = [line.split() for line in text.splitlines()]
+    assert lines[1][:6] == ["run", "global_batch", "mlp_dim", "seq_len", "task", "state"]
+    assert lines[3][:5] == ["lm-64", "32", "256", "64", "lm"]
+    assert lines[4][:6] == ["spirals", "64", "128", "-", "classify", "completed"]
+    assert "null" not in "\n".join(text.splitlines()[1:]) and len(lines[1]) == 13
+
+
+def test_the_column_ranked_by_is_always_shown_and_one_no_run_fills_is_not(tmp_path: Path, clock: Clock) -> None:
+    for seed, accuracy in ((0, 0.7), (1, 0.9)):
+        run_dir = tmp_path / "spirals" / f"seed={seed}"
+        attempt(run_dir, cfg_of(run_dir, "classify", seed=seed), clock, start=0, reach=40, ends="completed",
+                accuracy=accuracy)
+    table = runs_table.rows(str(tmp_path / "spirals"), now=clock.t)
+    lines = [line.split() for line in runs_table.render("spirals", table, "eval_accuracy", higher=True).splitlines()]
+    assert lines[1][6:11] == ["eval", "loss", "eval", "accuracy", "samples/s"]
+    assert lines[2][6] == "0.7" and lines[3][:2] == ["*", "seed=1"] and lines[3][7] == "0.9"
+    assert "accuracy" not in runs_table.render("spirals", table).splitlines()[1]  # ranked by eval_loss: not shown
+    lines = [line.split() for line in runs_table.render("spirals", table, "test_accuracy").splitlines()]
+    assert lines[1][8:10] == ["test", "accuracy"] and lines[2][6] == lines[3][6] == "-"  # none recorded: still shown
+    # a sweep in its first minute: no losses, throughput or goodput yet, and no column for them but the ranked one
+    made = sweep.plan("seed=0,1", ["train", "--run-dir", str(tmp_path / "sweep")])
+    sweep.save_plan(made)
+    restore(Path(made.runs[0].run_dir), cfg_of(made.runs[0].run_dir, seed=0))
+    lines = [line.split() for line in runs_table.render(
+        "sweep", runs_table.rows(str(tmp_path / "sweep"), now=clock.t + 5)).splitlines()]
+    assert lines[1:] == [["run", "seed", "state", "step", "eval", "loss"], ["seed=0", "0", "running", "0/40", "-"],
+                         ["seed=1", "1", "not", "started", "-", "-"]]
+
+
+def test_throughput_is_in_each_tasks_unit_named_in_each_cell_when_the_units_differ(tmp_path: Path,
+                                                                                   clock: Clock) -> None:
+    attempt(tmp_path / "lm", cfg_of(tmp_path / "lm"), clock, start=0, reach=40, ends="completed")
+    attempt(tmp_path / "spirals", cfg_of(tmp_path / "spirals", "classify"), clock, start=0, reach=40, ends="completed")
+    table = runs_table.rows(str(tmp_path), now=clock.t)
+    assert "samples_per_s" in table[1].status.latest["train"]  # the Reporter names the task's unit in the record
+    lines = [line.split() for line in runs_table.render(str(tmp_path), table).splitlines()]
+    assert lines[1][-2:] == ["throughput", "goodput"]
+    assert lines[2][-2] == "tok/s" and lines[3][-2] == "samples/s"
+    assert lines[3][-3].replace(",", "").isdigit()
+    alone = [line.split() for line in runs_table.render("spirals", table[1:]).splitlines()]
+    assert alone[1][-2] == "samples/s" and alone[2][-2].replace(",", "").isdigit()
+
+
 def test_python_m_job_runs_prints_the_table_and_an_empty_folder_is_exit_2(tmp_path: Path, clock: Clock,
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
     from job.__main__ import main
@@ -276,8 +348,8 @@ def test_python_m_job_runs_prints_the_table_and_an_empty_folder_is_exit_2(tmp_pa
     assert "best by train_loss (lower is better)" in capsys.readouterr().out  # without --max or --min: lower
     (tmp_path / "empty").mkdir()
     assert main(["runs", str(tmp_path / "empty")]) == 2
-    assert capsys.readouterr().err.startswith("error: SWEEP_DIR: expected a sweep folder (with sweep.json) or a "
-                                              "folder of run folders")
+    assert capsys.readouterr().err.startswith("error: SWEEP_DIR: expected a sweep folder (with sweep.json), a "
+                                              "folder of run folders (each with a config.json) or one run's folder")
 
 
 def test_python_m_job_runs_never_imports_jax(tmp_path: Path, clock: Clock) -> None:

@@ -191,6 +191,15 @@ def test_each_check_a_run_makes_at_its_start_is_made_for_every_run(spec: str, me
     assert message in str(caught.value)
 
 
+def test_a_sweep_over_an_optim_flag_a_tasks_own_optimizer_never_reads_is_refused() -> None:
+    base = ["train", "--task", "tests.user_tasks.digits:TASK", "--steps", "40", "--run-dir", "runs/digits"]
+    with pytest.raises(ConfigError) as caught:
+        sweep_check.prepare("optim.lr=1e-3,1e-2", base)
+    assert str(caught.value).startswith("sweep run 'lr=1e-3': --optim.lr: expected only --optim.* flags task ")
+    assert "1 other run(s) fail too: lr=1e-2" in caught.value.fix
+    sweep_check.prepare("seed=0,1", base)  # what the task reads sweeps as before
+
+
 def test_with_the_device_count_known_the_batch_and_the_model_axis_must_split() -> None:
     with pytest.raises(ConfigError) as caught:
         sweep_check.prepare("data.global-batch=32,12", BASE, devices=8)
