@@ -83,6 +83,9 @@ class TrainConfig(Generic[M, D]):
     # "model") or fsdp_tensor (both, on a 2-D mesh); see job/parallel/sharding.py
     rule: str = "replicated"
     model_axis: int = 1  # devices per tensor-parallel group (the mesh's "model" axis)
+    # named mesh axes with sizes, in order ("data=-1,expert=2": -1 takes the devices the others leave); empty:
+    # ("data", "model") from --model-axis. Axes: data, model, expert, sequence, or a task's own (its logical_axes)
+    mesh: str = ""
     accum_steps: int = 1  # micro-batches per step: gradients of K slices of the global batch, one update
     resume: bool = True  # continue from the newest complete checkpoint in run_dir
     watchdog_s: float = 600.0  # no step within this many seconds: dump every stack, exit 86 (0 = off)
@@ -118,6 +121,32 @@ def defaults(task: Task) -> TrainConfig:
     return TrainConfig(model=task.model_config(), data=task.data_config(), task=task.name)
 
 
+DATA_FIELDS = ("global_batch", "eval_batches")  # what the loop reads of a task's data config
+
+
+def mesh_axes(cfg: TrainConfig) -> dict[str, int]:
+    """The run's mesh axes and sizes, -1 for the devices the others leave: --mesh, else ("data", "model") of
+    --model-axis. A ConfigError for a bad --mesh, or for --mesh and --model-axis both given."""
+    from job.parallel.sharding import MODEL_AXIS, parse_mesh  # jax: as in validate
+
+    if not cfg.mesh:
+        return {"data": -1, MODEL_AXIS: cfg.model_axis}
+    axes = parse_mesh(cfg.mesh)
+    if cfg.model_axis != 1:
+        raise ConfigError("--model-axis", expected="no --model-axis with --mesh (the mesh names every axis)",
+                          found=f"--model-axis {cfg.model_axis} --mesh {cfg.mesh}",
+                          fix=f"drop --model-axis and name the axis in the mesh: --mesh {cfg.mesh},model="
+                              f"{cfg.model_axis}" if MODEL_AXIS not in axes else "drop --model-axis")
+    return axes
+
+
+def model_axis(cfg: TrainConfig) -> int:
+    """The size of the run's "model" axis, as the task's validate checks its dimensions against it (1 when
+    the mesh has none; the devices left when --mesh gives it -1, checked once the devices are known)."""
+    size = mesh_axes(cfg).get("model", 1)
+    return 1 if size == -1 else size
+
+
 def validate(cfg: TrainConfig, task: Task) -> None:
     """Every check that needs no devices (run before anything starts); raises ConfigError on the first bad value."""
     # jax and flax: this module imports without them (--help, deploy's tools)
@@ -125,8 +154,14 @@ def validate(cfg: TrainConfig, task: Task) -> None:
     from job.train.evaluation import check_splits
 
     check_splits(task.eval_splits, task.name)
+    missing = [name for name in DATA_FIELDS if not hasattr(cfg.data, name)]
+    if missing:
+        raise ConfigError(f"Task.data_config of {task.name}", expected=f"a dataclass with the fields "
+                          f"{' and '.join(DATA_FIELDS)} (the loop reads them)",
+                          found=f"{type(cfg.data).__name__} without {', '.join(missing)}",
+                          fix="add global_batch: int = 32 and eval_batches: int = 2 to it (docs/your-model.md)")
     rule_table(cfg.rule)  # an unknown --rule: its ConfigError
-    task.validate(cfg.model, cfg.data, rule=cfg.rule, model_axis=cfg.model_axis)
+    task.validate(cfg.model, cfg.data, rule=cfg.rule, model_axis=model_axis(cfg))
     optim, run_dir = cfg.optim, cfg.run_dir
     checks = (  # (ok, flag, expected, found, fix); comparisons are written so that NaN fails them
         (1 <= cfg.accum_steps <= MAX_ACCUM, "--accum-steps", f"an integer 1..{MAX_ACCUM}", cfg.accum_steps,

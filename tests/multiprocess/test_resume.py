@@ -155,6 +155,28 @@ def test_a_recorded_run_reruns_bitwise_into_a_new_dir_and_a_code_difference_is_s
     assert refused.returncode == BAD_INPUT and "expected a new or empty folder" in refused.stderr
 
 
+def test_a_users_task_package_is_recorded_and_a_change_to_it_is_said_before_the_rerun(tmp_path: Path) -> None:
+    """The task in a package of the user's own (mypkg/, on PYTHONPATH): provenance.json names its module and
+    hashes its files; after an edit to the package, rerun says which package changed and from which hash."""
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    shutil.copy(ROOT / "tests" / "user_tasks" / "regression.py", tmp_path / "mypkg" / "tasks.py")
+    user = {"PYTHONPATH": str(tmp_path)}
+    train(2, 1, tmp_path / "original", "--task", "mypkg.tasks:TASK", "--steps", "2", **user)
+    task = json.loads((tmp_path / "original" / "provenance.json").read_text())["attempts"][-1]["task"]
+    assert task["file"] == str(tmp_path / "mypkg" / "tasks.py") and task["files"] == 2, task
+    assert task["pythonpath"] == str(tmp_path) and task["git"] is None  # tmp_path: no repository
+
+    with open(tmp_path / "mypkg" / "tasks.py", "a", encoding="utf-8") as f:
+        f.write("# the user edits the model after the run\n")
+    proc = subprocess.run([sys.executable, "-m", "job", "rerun", str(tmp_path / "original"), str(tmp_path / "again")],
+                          env=child_env(**user), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
+    assert (f"task package mypkg: its files changed since the run (hash {task['sha256']} -> "
+            in proc.stderr), proc.stderr
+    assert summary(tmp_path / "again")["params_sha256"] == summary(tmp_path / "original")["params_sha256"]
+
+
 @pytest.mark.parametrize("rule", ["replicated", "fsdp"])
 def test_a_killed_process_resumes_from_the_node_local_tier_bitwise_under_the_data_parallel_rules(
         tmp_path: Path, rule: str) -> None:

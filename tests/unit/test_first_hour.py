@@ -4,6 +4,7 @@ module's own Tasks); job arguments that start with a flag are refused before any
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from deploy.runner import Runner
 from deploy.slurm import submit as slurm
 from job import __main__ as job_cli
 from job.errors import ConfigError
-from job.train import batches, task
+from job.train import batches, config, task
 from tests import launching
 from tests.user_tasks import regression, unseeded
 
@@ -99,3 +100,17 @@ def test_a_pure_source_asked_twice_is_the_same_and_each_kind_of_difference_is_na
         "rows('eval', 1, 0, 2) asked twice: field 'x' float32[2, 1], then float32[2, 2]")
     assert batches.impurity(grows, "eval", 1, 0, 2)[1] == (
         "rows('eval', 1, 0, 2) asked twice: fields ['x'], then ['extra', 'x']")
+
+
+def test_a_data_config_without_the_fields_the_loop_reads_is_one_error_naming_them() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class BatchOnly:  # a user's data config that forgot eval_batches
+        global_batch: int = 16
+
+    own = dataclasses.replace(regression.TASK, data_config=BatchOnly)
+    with pytest.raises(ConfigError) as raised:
+        config.validate(config.defaults(own), own)
+    assert str(raised.value) == ("Task.data_config of regression: expected a dataclass with the fields global_batch "
+                                 "and eval_batches (the loop reads them), found 'BatchOnly without eval_batches'. "
+                                 "Fix: add global_batch: int = 32 and eval_batches: int = 2 to it "
+                                 "(docs/your-model.md)")
