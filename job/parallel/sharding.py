@@ -18,6 +18,7 @@ placement happens once, in `shard_model`, against a ("data", "model") mesh:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import math
 import types
@@ -40,23 +41,32 @@ T = TypeVar("T")
 
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
-LOGICAL_AXES: tuple[str, ...] = ("embed", "mlp", "heads", "vocab", "in", "out")
+EXPERT_AXIS = "expert"  # a mixture of experts' experts (and, for every other layer, more data parallelism)
+SEQUENCE_AXIS = "sequence"  # activations split along the sequence (a model's constraints name it "length")
+# the mesh axes the presets name; a mesh without one of them keeps what maps to it whole
+KNOWN_AXES: tuple[str, ...] = (DATA_AXIS, MODEL_AXIS, EXPERT_AXIS, SEQUENCE_AXIS)
+LOGICAL_AXES: tuple[str, ...] = ("embed", "mlp", "heads", "vocab", "in", "out", "experts", "batch", "length")
 # the leading dimension of a stack of layers made by nnx.vmap and run by nnx.scan (transform_metadata
 # {nnx.PARTITION_NAME: "layers"}, as flax's and MaxText's scanned models name it): every rule keeps it whole
 LAYERS_AXIS = "layers"
 
+MeshAxes = str | tuple[str, ...] | None  # what a logical axis maps to: a mesh axis, several, or none (whole)
+
+# in every preset: experts over "expert", an activation's batch over the batch axes, its length over "sequence"
+_EVERY = {"experts": EXPERT_AXIS, "batch": (DATA_AXIS, EXPERT_AXIS), "length": SEQUENCE_AXIS}
 _FSDP = {"embed": DATA_AXIS}
 _TENSOR = {"mlp": MODEL_AXIS, "heads": MODEL_AXIS, "vocab": MODEL_AXIS}
-RULES: Mapping[str, tuple[tuple[str, str | None], ...]] = types.MappingProxyType({
-    "replicated": tuple((name, None) for name in LOGICAL_AXES),
-    "fsdp": tuple((name, _FSDP.get(name)) for name in LOGICAL_AXES),
-    "tensor": tuple((name, _TENSOR.get(name)) for name in LOGICAL_AXES),
+RULES: Mapping[str, tuple[tuple[str, MeshAxes], ...]] = types.MappingProxyType({
+    "replicated": tuple((name, _EVERY.get(name)) for name in LOGICAL_AXES),
+    "fsdp": tuple((name, _FSDP.get(name, _EVERY.get(name))) for name in LOGICAL_AXES),
+    "tensor": tuple((name, _TENSOR.get(name, _EVERY.get(name))) for name in LOGICAL_AXES),
 })
 # what --rule accepts: RULES (the seed-parity table) and both at once on a 2-D mesh, "embed" over
 # "data" and the tensor-parallel axes over "model"
-TRAIN_RULES: Mapping[str, tuple[tuple[str, str | None], ...]] = types.MappingProxyType({
-    **RULES, "fsdp_tensor": tuple((name, _FSDP.get(name, _TENSOR.get(name))) for name in LOGICAL_AXES)})
-del _FSDP, _TENSOR
+TRAIN_RULES: Mapping[str, tuple[tuple[str, MeshAxes], ...]] = types.MappingProxyType({
+    **RULES, "fsdp_tensor": tuple((name, _FSDP.get(name, _TENSOR.get(name, _EVERY.get(name))))
+                                  for name in LOGICAL_AXES)})
+del _EVERY, _FSDP, _TENSOR
 UNANNOTATED = "an nnx.Param without a sharding annotation"
 
 
@@ -70,13 +80,18 @@ def partitioned(init: Callable[..., Any], names: Sequence[str | None]) -> Callab
     return nnx.with_partitioning(init, tuple(names), eager_sharding=False)
 
 
-def make_mesh(devices: Sequence[jax.Device] | None = None, model_axis: int = 1) -> Mesh:
-    """A ("data", "model") mesh with Auto axes; data = len(devices) // model_axis.
+def make_mesh(devices: Sequence[jax.Device] | None = None, model_axis: int = 1, *,
+              axes: Mapping[str, int] | None = None) -> Mesh:
+    """A ("data", "model") mesh with Auto axes; data = len(devices) // model_axis. With `axes` (e.g.
+    {"data": -1, "expert": 2}, as `parse_mesh` reads --mesh), a mesh of those axes in that order (-1: the
+    devices the others leave), and `model_axis` is not read.
 
-    Devices of several slices (GPU nodes, TPU slices) give a hybrid mesh: "data"
-    runs across slices, each "model" group stays inside one slice.
+    Devices of several slices (GPU nodes, TPU slices) give a hybrid mesh: the first axis ("data")
+    runs across slices, every other axis (each "model" group) stays inside one slice.
     """
     devices = list(jax.devices() if devices is None else devices)
+    if axes is not None:
+        return _named_mesh(devices, axes)
     if spans_slices(devices):
         return _multi_slice_mesh(devices, model_axis)
     n = len(devices)
@@ -98,9 +113,68 @@ def _multi_slice_mesh(devices: list[Any], model_axis: int) -> Mesh:
     return hybrid_mesh(devices, (len(devices) // model_axis, model_axis), (DATA_AXIS, MODEL_AXIS), what)
 
 
+_MESH_FIX = "pass --mesh NAME=SIZE,... with sizes that multiply to the device count, e.g. --mesh data=-1,expert=2"
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """--mesh "data=4,expert=2" -> {"data": 4, "expert": 2}: named axes in order, each a size >= 1 or -1 (the
+    devices the others leave, for one axis at most). Needs no devices: `mesh_shape` fits it to a count."""
+    found: dict[str, int] = {}
+    for word in text.split(","):
+        name, eq, size = (part.strip() for part in word.partition("="))
+        if not eq or not name.isidentifier() or name in found:
+            raise ConfigError("--mesh", expected="distinct NAME=SIZE words joined by commas (NAME an identifier)",
+                              found=text, fix=_MESH_FIX)
+        try:
+            found[name] = int(size)
+        except ValueError:
+            found[name] = 0
+        if found[name] < 1 and found[name] != -1:
+            raise ConfigError("--mesh", expected=f"axis {name!r} of a size >= 1, or -1 (the devices left)",
+                              found=text, fix=_MESH_FIX)
+    if list(found.values()).count(-1) > 1:
+        raise ConfigError("--mesh", expected="-1 for one axis at most", found=text, fix=_MESH_FIX)
+    return found
+
+
+def mesh_shape(axes: Mapping[str, int], devices: int, what: str = "--mesh") -> dict[str, int]:
+    """`axes` (from `parse_mesh`) with its -1 filled in for `devices` devices; a ConfigError naming `what`
+    unless the sizes multiply to exactly that count."""
+    fixed = math.prod(size for size in axes.values() if size != -1)
+    rest = devices // fixed if fixed and devices % fixed == 0 else 0
+    shape = {name: rest if size == -1 else size for name, size in axes.items()}
+    if math.prod(shape.values()) != devices or not all(shape.values()):
+        spelled = ",".join(f"{name}={size}" for name, size in axes.items())
+        raise ConfigError(what, expected=f"axis sizes whose product is the job's {devices} devices", found=spelled,
+                          fix=f"give one axis -1 (the devices the others leave), e.g. --mesh "
+                              f"{','.join(f'{n}={-1 if i == 0 else s}' for i, (n, s) in enumerate(axes.items()))}")
+    return shape
+
+
+def _named_mesh(devices: list[Any], axes: Mapping[str, int]) -> Mesh:
+    """The mesh of `axes` over `devices`; across slices, the first axis spans them and the rest stay inside
+    one (the fast network), or one ConfigError that says which axis would cross."""
+    shape = mesh_shape(axes, len(devices))
+    names, sizes = tuple(shape), tuple(shape.values())
+    if spans_slices(devices):
+        per_slice, slices = equal_slices(devices, "--mesh")
+        inside = math.prod(sizes[1:])
+        if sizes[0] % slices or per_slice % inside:
+            raise ConfigError("--mesh", expected=f"a first axis ({names[0]!r}, across the {slices} slices or nodes) "
+                              f"that is a multiple of {slices}, and the other axes within one slice's {per_slice} "
+                              "devices (an axis other than the first never crosses the slower network)",
+                              found=",".join(f"{n}={s}" for n, s in shape.items()),
+                              fix=f"put the axis that spans nodes first and keep the product of the others a "
+                                  f"divisor of {per_slice}, e.g. --mesh {names[0]}=-1,{names[-1]}=..."
+                                  if len(names) > 1 else f"make {names[0]} a multiple of {slices}")
+        return hybrid_mesh(devices, sizes, names, "--mesh")
+    return jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(names), devices=devices)
+
+
 def batch_axes(mesh: Mesh) -> tuple[str, ...]:
-    """Every mesh axis but "model": the axes a batch's leading dimension spans."""
-    return tuple(name for name in mesh.axis_names if name != MODEL_AXIS)
+    """Every mesh axis but "model" and "sequence": the axes a batch's leading dimension spans ("data", and
+    "expert": the layers other than the experts are data-parallel over it)."""
+    return tuple(name for name in mesh.axis_names if name not in (MODEL_AXIS, SEQUENCE_AXIS))
 
 
 def batch_size_divisor(mesh: Mesh) -> int:
@@ -114,10 +188,10 @@ def batch_sharding(mesh: Mesh, whole: int = 0) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(*(None,) * whole, batch_axes(mesh)))
 
 
-AxisRules = Mapping[str, Mapping[str, str | None]]  # {logical name: {rule: mesh axis or None}}
+AxisRules = Mapping[str, Mapping[str, MeshAxes]]  # {logical name: {rule: mesh axis, axes or None}}
 
 
-def rule_table(rule: str, logical_axes: AxisRules | None = None) -> dict[str, str | None]:
+def rule_table(rule: str, logical_axes: AxisRules | None = None) -> dict[str, MeshAxes]:
     """{logical axis name: mesh axis or None} of `rule`: the built-in table merged with a task's own
     names (`Task.logical_axes`, e.g. {"experts": {"tensor": "model"}}); a rule a name does not mention
     keeps that dimension whole. Every rule knows LAYERS_AXIS, a scanned stack's layer dimension, and keeps
@@ -130,8 +204,9 @@ def rule_table(rule: str, logical_axes: AxisRules | None = None) -> dict[str, st
     for name, by_rule in (logical_axes or {}).items():
         problem = _axis_rule_problem(name, by_rule)
         if problem:
-            raise ConfigError(f"logical axis {name!r}", expected="{rule: 'data', 'model' or None} with rules "
-                              f"from {', '.join(TRAIN_RULES)}", found=f"{by_rule!r} ({problem})",
+            raise ConfigError(f"logical axis {name!r}", expected="{rule: a mesh axis ('data', 'model', "
+                              "'expert', 'sequence' or a --mesh axis of your own), a tuple of them, or None} with "
+                              f"rules from {', '.join(TRAIN_RULES)}", found=f"{by_rule!r} ({problem})",
                               fix=f"declare it like logical_axes={{{name!r}: {{'tensor': 'model'}}}}")
         table[name] = by_rule.get(rule)
     return table
@@ -145,21 +220,28 @@ def _axis_rule_problem(name: Any, by_rule: Any) -> str:
     for rule, axis in by_rule.items():
         if rule not in TRAIN_RULES:
             return f"unknown rule {rule!r}"
-        if axis not in (DATA_AXIS, MODEL_AXIS, None):
-            return f"mesh axis {axis!r} is neither {DATA_AXIS!r}, {MODEL_AXIS!r} nor None"
+        named = axis if isinstance(axis, tuple) else (axis,)
+        if axis is not None and not all(isinstance(a, str) and a.isidentifier() for a in named):
+            return f"mesh axis {axis!r} is not a name, a tuple of names or None"
     return ""
 
 
-def _spec_for(names: Any, shape: tuple[int, ...], rule: Mapping[str, str | None],
-              mesh: Mesh) -> tuple[PartitionSpec | None, str]:
-    """The spec for one annotated variable, or (None, why it cannot be used)."""
+def _targets(axis: MeshAxes) -> tuple[str, ...]:
+    return () if axis is None else (axis,) if isinstance(axis, str) else tuple(axis)
+
+
+def _spec_for(names: Any, shape: tuple[int, ...], rule: Mapping[str, MeshAxes], mesh: Any,
+              notes: list[str] | None = None) -> tuple[PartitionSpec | None, str]:
+    """The spec for one annotated variable, or (None, why it cannot be used). A mesh axis the mesh lacks
+    (one of KNOWN_AXES) leaves its dimension whole; where two dimensions map to one mesh axis, the first
+    takes it and the later stays whole, as flax's logical axis rules resolve it (said in `notes`)."""
     if not isinstance(names, (tuple, list, PartitionSpec)):
         return None, f"annotation {names!r} is not a tuple of logical axis names"
     names = tuple(names)
     if len(names) != len(shape):
         return None, f"{len(names)} names {names} for an array of rank {len(shape)} {shape}"
     spec: list[str | tuple[str, ...] | None] = []
-    used: set[str] = set()
+    used: dict[str, Any] = {}  # mesh axis -> the logical name whose dimension took it
     for dim, entry in zip(shape, names):
         group = entry if isinstance(entry, tuple) else (entry,)
         mesh_axes: list[str] = []
@@ -168,15 +250,18 @@ def _spec_for(names: Any, shape: tuple[int, ...], rule: Mapping[str, str | None]
                 continue
             if name not in rule:
                 return None, f"unknown logical axis {name!r} (known: {', '.join(rule)})"
-            axis = rule[name]
-            if axis is None:
-                continue
-            if axis not in mesh.shape:
-                return None, f"{name!r} maps to mesh axis {axis!r}, absent from mesh axes {mesh.axis_names}"
-            if axis in used:
-                return None, f"mesh axis {axis!r} used by two dimensions"
-            used.add(axis)
-            mesh_axes.append(axis)
+            for axis in _targets(rule[name]):
+                if axis not in mesh.shape:
+                    if axis in KNOWN_AXES:
+                        continue  # this mesh has no such axis: nothing to split over
+                    return None, f"{name!r} maps to mesh axis {axis!r}, absent from mesh axes {mesh.axis_names}"
+                if axis in used:
+                    if notes is not None and mesh.shape[axis] > 1:
+                        notes.append(f"{names}: {name!r} stays whole, mesh axis {axis!r} already splits its "
+                                     f"{used[axis]!r} dimension")
+                    continue
+                used[axis] = entry
+                mesh_axes.append(axis)
         size = math.prod(mesh.shape[a] for a in mesh_axes)
         if dim % size:
             return None, f"dimension {dim} ({entry!r}) not divisible by mesh size {size} of {tuple(mesh_axes)}"
@@ -187,7 +272,7 @@ def _spec_for(names: Any, shape: tuple[int, ...], rule: Mapping[str, str | None]
 
 
 def placement(state: Any, mesh: Mesh, rule: str = "replicated",
-              logical_axes: AxisRules | None = None) -> tuple[Any, list[str]]:
+              logical_axes: AxisRules | None = None, *, notes: list[str] | None = None) -> tuple[Any, list[str]]:
     """(the NamedSharding of every array of an NNX state, the variables that fell back to replicated).
 
     `state` may be abstract (`nnx.eval_shape`): only each variable's shape and annotation are read,
@@ -195,9 +280,11 @@ def placement(state: Any, mesh: Mesh, rule: str = "replicated",
     unannotated ones replicate, and so does one whose annotation cannot be used. The fallbacks name
     those annotations and, under every rule but "replicated", each `nnx.Param` without one (other
     variables, such as rng state and optimizer moments without a source annotation, replicate
-    silently)."""
+    silently). Where two dimensions of one variable map to one mesh axis, the first takes it: `notes`,
+    when given, gets one line per kind of variable (annotation) that kept a dimension whole so."""
     table = rule_table(rule, logical_axes)  # the rule's names and a task's own, LAYERS_AXIS among them
     fallbacks: list[str] = []
+    noted: list[str] = []
 
     def place(path: tuple[Any, ...], var: Any) -> Any:
         value = var.get_value() if isinstance(var, nnx.Variable) else var
@@ -209,7 +296,7 @@ def placement(state: Any, mesh: Mesh, rule: str = "replicated",
             if rule != "replicated" and isinstance(var, nnx.Param):
                 fallbacks.append(f"{path_str(path)}: {UNANNOTATED}")
         else:
-            found, why = _spec_for(names, tuple(value.shape), table, mesh)
+            found, why = _spec_for(names, tuple(value.shape), table, mesh, noted)
             if found is None:
                 fallbacks.append(f"{path_str(path)}: {why}")
             else:
@@ -217,6 +304,8 @@ def placement(state: Any, mesh: Mesh, rule: str = "replicated",
         return NamedSharding(mesh, spec)
 
     shardings = jax.tree_util.tree_map_with_path(place, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    if notes is not None:
+        notes.extend(dict.fromkeys(noted))  # once per kind: an expert kernel and its Adam moments say it once
     return shardings, fallbacks
 
 
@@ -226,7 +315,9 @@ def fallback_warning(what: str, fallbacks: Sequence[str], mesh: Mesh,
     return (f"{what}: {len(fallbacks)} variable(s) fell back to replicated:\n  " + "\n  ".join(fallbacks)
             + "\nFix: annotate with job.sharding.axes(...) using one name per dimension from "
             f"{tuple(table)} (None for a dimension kept whole; a task declares more in Task.logical_axes), "
-            f"and sizes divisible by the mesh axes {dict(mesh.shape)}")
+            f"and sizes divisible by the mesh axes {dict(mesh.shape)}. Two dimensions may map to one mesh axis "
+            "(the first takes it, the later stays whole); a name must map to an axis of the mesh (--mesh) or "
+            f"one of {KNOWN_AXES}")
 
 
 def shard_model(node: Any, mesh: Mesh, rule: str = "replicated") -> Any:
@@ -368,19 +459,47 @@ def pad_for_mesh(n: int, mesh: Mesh) -> tuple[int, int]:
     return -(-int(n) // divisor) * divisor, int(n)
 
 
+# the rule table `constrain` reads while a model is traced: set by mesh_context(mesh, rules=...) for the
+# calls inside it (a context variable: each thread and task sees its own, none outside the context)
+_RULES: contextvars.ContextVar[Mapping[str, MeshAxes] | None] = contextvars.ContextVar("job_sharding_rules",
+                                                                                      default=None)
+
+
 @contextlib.contextmanager
-def mesh_context(mesh: Mesh | None) -> Iterator[Mesh | None]:
-    """`with mesh_context(mesh):` enters `jax.set_mesh(mesh)`; a no-op for None."""
+def mesh_context(mesh: Mesh | None, rules: Mapping[str, MeshAxes] | None = None) -> Iterator[Mesh | None]:
+    """`with mesh_context(mesh):` enters `jax.set_mesh(mesh)`; a no-op for None. With `rules` (a
+    `rule_table`), `constrain` inside lays activations out by them."""
     if mesh is None:
         yield None
         return
-    with jax.set_mesh(mesh):
-        yield mesh
+    token = _RULES.set(dict(rules)) if rules is not None else None
+    try:
+        with jax.set_mesh(mesh):
+            yield mesh
+    finally:
+        if token is not None:
+            _RULES.reset(token)
+
+
+def constrain(x: T, names: Sequence[Any]) -> T:
+    """`x` (an activation inside a model) laid out by the logical axis `names`, one per dimension, under the
+    run's rule table: `jax.lax.with_sharding_constraint` by logical name, as flax's
+    `with_logical_constraint` does. `("batch", "length", "embed")` splits a [B, L, D] activation's batch over
+    the batch axes and its length over "sequence" where the mesh has them. Outside a mesh_context with rules
+    (a model called on its own), and for a shape the mesh does not divide (a last partial batch), `x`
+    as it is."""
+    table = _RULES.get()
+    mesh = jax.sharding.get_abstract_mesh()
+    if table is None or mesh.empty:
+        return x
+    spec, _ = _spec_for(tuple(names), tuple(x.shape), table, mesh)
+    return x if spec is None else jax.lax.with_sharding_constraint(x, spec)
 
 
 __all__ = [
-    "DATA_AXIS", "LAYERS_AXIS", "LOGICAL_AXES", "MODEL_AXIS", "RULES", "TRAIN_RULES", "AxisRules", "axes", "batch_axes",
-    "batch_size_divisor", "check_batch_divisible", "fallback_warning", "make_mesh", "mesh_context",
-    "pad_for_mesh", "partitioned", "placement", "replicate", "resolve_mesh", "rule_table",
-    "shard_batch", "shard_model", "shard_sample_init", "sharding_of",
+    "DATA_AXIS", "EXPERT_AXIS", "KNOWN_AXES", "LAYERS_AXIS", "LOGICAL_AXES", "MODEL_AXIS", "RULES", "SEQUENCE_AXIS",
+    "TRAIN_RULES", "AxisRules", "MeshAxes", "axes", "batch_axes", "batch_size_divisor", "check_batch_divisible",
+    "constrain", "fallback_warning", "make_mesh", "mesh_context", "mesh_shape", "pad_for_mesh", "parse_mesh",
+    "partitioned", "placement", "replicate", "resolve_mesh", "rule_table", "shard_batch", "shard_model",
+    "shard_sample_init", "sharding_of",
 ]

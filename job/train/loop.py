@@ -152,7 +152,7 @@ class Training:
         log.info("process %d of %d (%s) on %s", info.process_id, info.num_processes, info.kind, node_name())
         run_dir = storage.run_path(cfg.run_dir)  # a local folder or gs://BUCKET/FOLDER (etils.epath)
         checked = preflight.check(to_dict(cfg), run_dir / "checkpoints")
-        mesh = run_mesh(cfg.model_axis)
+        mesh = run_mesh(cfg.model_axis, mesh=cfg.mesh)
         check_batch(cfg, mesh)
         # shapes and placement first, no array made; the state is then created as its shards, or restored into them
         source, schedule, planned, evaluator = plan_run(cfg, task, mesh)
@@ -175,7 +175,7 @@ class Training:
         if newest is not None:
             self.changed = resume.check(run_dir, to_dict(cfg), *newest, built.planned.abstract)
         on_process_zero(_save_config, run_dir, cfg)
-        on_process_zero(provenance.record, run_dir, self.argv, _topology(self.info, built.mesh))
+        on_process_zero(provenance.record, run_dir, self.argv, _topology(self.info, built.mesh), task=self.cfg.task)
         if cfg.ckpt.local_every:
             self.local = LocalTier(cfg.ckpt.local_dir, str(run_dir), cfg.ckpt.local_every, node_name(),
                                    built.planned.abstract)
@@ -230,7 +230,8 @@ class Training:
         process that loaded its programs from the cache waits here for one that compiles, not in the first
         collective (whose CPU transport, gloo, gives up after 30 s). Returns that batch, for the first step."""
         cfg = self.cfg
-        with self.timer.part("compile"), sharding.mesh_context(built.mesh), leaked_tracer_note():  # as steps are called
+        with (self.timer.part("compile"), sharding.mesh_context(built.mesh, run_rules(cfg, self.task)),
+              leaked_tracer_note()):  # as steps are called
             began = time.perf_counter()
             batch = first_batch(built.source, built.batch_sharding, step=start, size=cfg.data.global_batch)
             built.train_step.lower(state, batch).compile()
@@ -252,7 +253,8 @@ class Training:
             return global_batch(built.source, built.batch_sharding, split="train", step=step,
                                 size=cfg.data.global_batch)
 
-        with contextlib.ExitStack() as stack, sharding.mesh_context(built.mesh), leaked_tracer_note():
+        with (contextlib.ExitStack() as stack, sharding.mesh_context(built.mesh, run_rules(cfg, self.task)),
+              leaked_tracer_note()):
             stack.callback(self.profiler.stop)
             # however the loop ends (an error, too), the records so far are written; a full disk there is
             # a warning, not an error over the one that ended the loop (a failed save's CheckpointError)
@@ -402,9 +404,18 @@ class Training:
         })
 
 
-def run_mesh(model_axis: int, flag: str = "--model-axis") -> jax.sharding.Mesh:
-    """The ("data", "model") mesh over every device of the job; a model axis that does not fit them is one
-    error naming the user's flag (`flag`), not the function that builds the mesh."""
+def run_rules(cfg: TrainConfig, task: Task) -> dict[str, sharding.MeshAxes]:
+    """The run's rule table (--rule and the task's own logical axes): how the state is placed, and how a
+    model's `job.sharding.constrain` lays its activations out while its steps are traced."""
+    return sharding.rule_table(cfg.rule, getattr(task, "logical_axes", None))
+
+
+def run_mesh(model_axis: int, flag: str = "--model-axis", mesh: str = "") -> jax.sharding.Mesh:
+    """The run's mesh over every device of the job: --mesh's axes (`mesh`), else ("data", "model") of
+    `model_axis`; a model axis that does not fit the devices is one error naming the user's flag (`flag`),
+    not the function that builds the mesh."""
+    if mesh:
+        return sharding.make_mesh(axes=sharding.parse_mesh(mesh))
     try:
         return sharding.make_mesh(model_axis=model_axis)
     except ConfigError as exc:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,8 @@ from job.core.errors import ConfigError
 from job.parallel import sharding
 from job.parallel.multihost import on_process_zero
 from job.train.ema import EMA
+
+log = logging.getLogger("job.train")
 
 
 def count_params(model: nnx.Module) -> int:
@@ -95,7 +98,10 @@ def plan(task: Any, cfg: Any, mesh: Mesh, tx: Any) -> Plan:
         module.train()
     graphdef, abstract_state = nnx.split(abstract_nodes)
     logical_axes = getattr(task, "logical_axes", None)
-    shardings, fallbacks = sharding.placement(abstract_state, mesh, cfg.rule, logical_axes)
+    notes: list[str] = []
+    shardings, fallbacks = sharding.placement(abstract_state, mesh, cfg.rule, logical_axes, notes=notes)
+    for note in notes:  # a dimension kept whole because an earlier one of the variable took its mesh axis
+        on_process_zero(log.info, "--rule %s: %s", cfg.rule, note)
     if fallbacks:  # one warning for the run, from process 0
         message = sharding.fallback_warning(f"--rule {cfg.rule}", fallbacks, mesh,
                                             sharding.rule_table(cfg.rule, logical_axes))

@@ -131,20 +131,22 @@ def _reason(text: str) -> str:
 
 
 def check_mesh(cfg: config.TrainConfig, devices: int) -> None:
-    """The run's mesh on `devices` devices: --model-axis divides them, the batch splits over the rest."""
+    """The run's mesh on `devices` devices: --mesh's sizes multiply to them (or --model-axis divides them),
+    the batch splits over the batch axes."""
     # jax only with --devices: deploy's sweeps import this module
     from jax.sharding import AbstractMesh
 
-    from job.parallel.sharding import DATA_AXIS, MODEL_AXIS
+    from job.parallel.sharding import mesh_shape
 
     # the rule the loop applies to its mesh at start
     from job.train.loop import check_batch
 
-    if cfg.model_axis < 1 or devices % cfg.model_axis:
+    if not cfg.mesh and (cfg.model_axis < 1 or devices % cfg.model_axis):
         divisors = [d for d in range(1, devices + 1) if devices % d == 0]
         raise ConfigError("--model-axis", expected=f"a divisor of the job's {devices} devices", found=cfg.model_axis,
                           fix=f"pass --model-axis one of {divisors}")
-    check_batch(cfg, AbstractMesh((devices // cfg.model_axis, cfg.model_axis), (DATA_AXIS, MODEL_AXIS)))
+    shape = mesh_shape(config.mesh_axes(cfg), devices)
+    check_batch(cfg, AbstractMesh(tuple(shape.values()), tuple(shape)))
 
 
 def sweep_command(argv: list[str]) -> int:

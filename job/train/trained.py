@@ -36,6 +36,7 @@ from job.runtime.distributed import initialize
 from job.train import config, loop, state
 from job.train import task as tasks
 from job.train.config import TrainConfig
+from job.train.config import model_axis as model_axis_of
 from job.train.task import Task
 
 log = logging.getLogger("job.train.trained")
@@ -106,21 +107,23 @@ def eval_command(argv: list[str]) -> int:
     return evaluate_checkpoint(cfg, chosen, args.step, model_axis=args.model_axis)
 
 
-def eval_mesh(saved: int, given: int | None = None) -> jax.sharding.Mesh:
-    """The mesh an evaluation runs on: `given` (eval's --model-axis; an error names it), else the run's own
-    model axis `saved` where it fits this job's devices, else the largest that divides both it and them
-    (said in the log: the checkpoint is resharded as it is restored, as an elastic resume does)."""
+def eval_mesh(cfg: TrainConfig, given: int | None = None) -> tuple[jax.sharding.Mesh, TrainConfig]:
+    """(the mesh an evaluation runs on, the run's config on it): `given` (eval's --model-axis; an error names
+    it), else the run's own mesh (--mesh, or its --model-axis) where it fits this job's devices, else the
+    largest model axis that divides both the run's and them (said in the log: the checkpoint is resharded as
+    it is restored, as an elastic resume does)."""
     if given is not None:
-        return loop.run_mesh(given)
+        return loop.run_mesh(given), dataclasses.replace(cfg, model_axis=given, mesh="")
     try:
-        return sharding.make_mesh(model_axis=saved)
+        return loop.run_mesh(cfg.model_axis, mesh=cfg.mesh), cfg
     except ConfigError:
+        saved = model_axis_of(cfg)
         n = jax.device_count()
         here = math.gcd(saved, n // len({getattr(d, "slice_index", 0) for d in jax.devices()}))
-        on_process_zero(log.info, "the run's --model-axis %d does not fit this job's %d device(s): evaluating with "
-                        "a model axis of %d (the checkpoint is resharded as it is restored; eval's --model-axis "
-                        "chooses another)", saved, n, here)
-        return loop.run_mesh(here)
+        on_process_zero(log.info, "the run's %s does not fit this job's %d device(s): evaluating with a model "
+                        "axis of %d (the checkpoint is resharded as it is restored; eval's --model-axis chooses "
+                        "another)", f"--mesh {cfg.mesh}" if cfg.mesh else f"--model-axis {saved}", n, here)
+        return loop.run_mesh(here), dataclasses.replace(cfg, model_axis=here, mesh="")
 
 
 def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None, *,
@@ -130,8 +133,7 @@ def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None, *
     process 0 writes RUN_DIR/eval-STEP.json. Returns 0."""
     initialize()
     run_dir = storage.run_path(cfg.run_dir)
-    mesh = eval_mesh(cfg.model_axis, model_axis)
-    cfg = dataclasses.replace(cfg, model_axis=mesh.shape[sharding.MODEL_AXIS])
+    mesh, cfg = eval_mesh(cfg, model_axis)
     _, _, planned, evaluator = loop.plan_run(cfg, task, mesh)
     checkpoints = Checkpointer(run_dir / "checkpoints", cfg.ckpt)
     try:
@@ -139,7 +141,7 @@ def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None, *
         restored = checkpoints.restore(chosen, planned.abstract)
     finally:
         checkpoints.close()
-    with sharding.mesh_context(mesh):
+    with sharding.mesh_context(mesh, loop.run_rules(cfg, task)):
         results = evaluator.run(restored) or {}
     record = {"step": chosen, "splits": {split: {"rows": evaluator.rows(split), "batches": len(evaluator.plan[split]),
                                                  **metrics} for split, metrics in results.items()}}

@@ -70,14 +70,15 @@ def shard_quietly(node: object, mesh: Mesh, rule: str) -> list[str]:
 # --- constants and annotations -------------------------------------------------------------
 
 def test_constants() -> None:
-    assert sh.LOGICAL_AXES == ("embed", "mlp", "heads", "vocab", "in", "out")
-    assert (sh.MODEL_AXIS, sh.DATA_AXIS) == ("model", "data")
+    assert sh.LOGICAL_AXES == ("embed", "mlp", "heads", "vocab", "in", "out", "experts", "batch", "length")
+    assert (sh.MODEL_AXIS, sh.DATA_AXIS, sh.EXPERT_AXIS, sh.SEQUENCE_AXIS) == ("model", "data", "expert", "sequence")
+    every = (("experts", "expert"), ("batch", ("data", "expert")), ("length", "sequence"))
     assert dict(sh.RULES) == {
-        "replicated": tuple((n, None) for n in sh.LOGICAL_AXES),
+        "replicated": (*((n, None) for n in sh.LOGICAL_AXES[:6]), *every),
         "fsdp": (("embed", "data"), ("mlp", None), ("heads", None), ("vocab", None),
-                 ("in", None), ("out", None)),
+                 ("in", None), ("out", None), *every),
         "tensor": (("embed", None), ("mlp", "model"), ("heads", "model"), ("vocab", "model"),
-                   ("in", None), ("out", None)),
+                   ("in", None), ("out", None), *every),
     }
     assert all(isinstance(v, tuple) for v in sh.RULES.values())
     with pytest.raises(TypeError):
@@ -276,13 +277,89 @@ def test_shard_model_idempotent(mesh42: Mesh) -> None:
                  jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(net))))
 
 
-def test_mesh_lacking_mapped_axis_falls_back() -> None:
+def test_a_mesh_without_a_known_axis_keeps_its_dimensions_whole_and_an_axis_it_lacks_else_falls_back() -> None:
     data_only = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     net = Net(nnx.Rngs(0))
-    msgs = [m for m in shard_quietly(net, data_only, "tensor") if "fell back" in m]
-    assert len(msgs) == 1
-    assert "up/kernel: 'mlp' maps to mesh axis 'model', absent from mesh axes ('data',)" in msgs[0]
+    said = "".join(m for m in shard_quietly(net, data_only, "tensor") if "fell back" in m)
+    assert "bad_name:" in said and "up/kernel" not in said  # no "model" axis: as if of size 1
     assert specs(net)["up/kernel"] == P()
+    state = nnx.state(Net(nnx.Rngs(0)))
+    _, fallbacks = sh.placement(state, data_only, "tensor", {"mlp": {"tensor": "stage"}})  # a name of its own
+    assert any("up/kernel: 'mlp' maps to mesh axis 'stage', absent from mesh axes ('data',)" in f for f in fallbacks)
+
+
+class Experts(nnx.Module):
+    """A mixture of experts' kernels, annotated as MaxText annotates them."""
+
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.wi = nnx.Param(sh.partitioned(nnx.initializers.lecun_normal(), ("experts", "embed", "mlp"))(
+            rngs.params(), (4, 8, 16)))
+
+
+def test_two_dimensions_on_one_mesh_axis_the_first_takes_it_the_later_stays_whole_with_one_note() -> None:
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    state = nnx.state(Experts(nnx.Rngs(0)))
+    notes: list[str] = []
+    shardings, fallbacks = sh.placement(state, mesh, "tensor", {"experts": {"tensor": "model"}}, notes=notes)
+    assert not fallbacks and shardings["wi"].spec == P("model")  # experts over "model", mlp whole
+    assert notes == ["('experts', 'embed', 'mlp'): 'mlp' stays whole, mesh axis 'model' already splits its "
+                     "'experts' dimension"]
+    # with an expert axis of its own: experts over it, embed over data under fsdp, mlp over model under tensor
+    mesh3 = jax.make_mesh((2, 2, 2), ("data", "expert", "model"), axis_types=(AxisType.Auto,) * 3)
+    assert sh.placement(state, mesh3, "fsdp_tensor")[0]["wi"].spec == P("expert", "data", "model")
+    assert sh.placement(state, mesh3, "tensor")[0]["wi"].spec == P("expert", None, "model")
+
+
+@pytest.mark.parametrize(("text", "devices", "shape"), [
+    ("data=4,expert=2", 8, {"data": 4, "expert": 2}),
+    ("data=-1,expert=2", 8, {"data": 4, "expert": 2}),
+    ("data=2, model=-1", 8, {"data": 2, "model": 4}),
+    ("sequence=8", 8, {"sequence": 8}),
+])
+def test_a_mesh_flag_names_axes_and_sizes_with_one_minus_one_for_the_rest(text: str, devices: int,
+                                                                          shape: dict) -> None:
+    assert sh.mesh_shape(sh.parse_mesh(text), devices) == shape
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("data=4,data=2", "distinct NAME=SIZE words"), ("data", "distinct NAME=SIZE words"),
+    ("data=0", "axis 'data' of a size >= 1, or -1"), ("data=two", "axis 'data' of a size >= 1"),
+    ("data=-1,model=-1", "-1 for one axis at most"), ("4=data", "distinct NAME=SIZE words"),
+])
+def test_a_bad_mesh_flag_is_one_error_with_the_fix(text: str, said: str) -> None:
+    with pytest.raises(ConfigError, match=said) as raised:
+        sh.parse_mesh(text)
+    assert raised.value.what == "--mesh" and "--mesh data=-1,expert=2" in raised.value.fix
+
+
+def test_a_mesh_whose_sizes_do_not_multiply_to_the_devices_names_the_count_and_a_fix() -> None:
+    with pytest.raises(ConfigError) as raised:
+        sh.mesh_shape(sh.parse_mesh("data=3,expert=2"), 8)
+    assert str(raised.value) == ("--mesh: expected axis sizes whose product is the job's 8 devices, found "
+                                 "'data=3,expert=2'. Fix: give one axis -1 (the devices the others leave), e.g. "
+                                 "--mesh data=-1,expert=2")
+    mesh = sh.make_mesh(axes={"data": -1, "expert": 2, "model": 2})
+    assert dict(mesh.shape) == {"data": 2, "expert": 2, "model": 2} and sh.batch_axes(mesh) == ("data", "expert")
+    assert sh.batch_size_divisor(sh.make_mesh(axes={"data": 2, "sequence": 4})) == 2  # sequence: not the batch
+
+
+def test_constrain_lays_an_activation_out_by_logical_names_under_the_rules_and_is_a_no_op_outside() -> None:
+    mesh = sh.make_mesh(axes={"data": 2, "sequence": 4})
+    x = jnp.ones((4, 8, 6))
+    seen = {}
+
+    def layer(x: jax.Array) -> jax.Array:
+        y = sh.constrain(x * 2, ("batch", "length", "embed"))
+        seen["spec"] = getattr(jax.typeof(y), "sharding", None)
+        return y
+
+    assert sh.constrain(x, ("batch", "length", "embed")) is x  # no rules: as it is
+    with sh.mesh_context(mesh, rules=sh.rule_table("fsdp")):
+        out = jax.jit(layer)(x)
+    # batch over data; embed (data under fsdp) stays whole: data is taken by the batch
+    assert out.sharding.spec == P("data", "sequence")
+    with sh.mesh_context(mesh, rules=sh.rule_table("fsdp")):
+        assert jax.jit(lambda x: sh.constrain(x, ("batch", "length", None)))(jnp.ones((3, 8, 6))).shape == (3, 8, 6)
 
 
 def test_unknown_rule() -> None:

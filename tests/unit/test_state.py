@@ -38,14 +38,14 @@ class Cfg:
 
 class Net(nnx.Module):
     """The flax MNIST tutorial's ingredients: a layer, batch norm, dropout; one kernel in the task's own
-    "experts" axis name, written with nnx.with_partitioning (flax's eager sharding would need a mesh)."""
+    "gates" axis name, written with nnx.with_partitioning (flax's eager sharding would need a mesh)."""
 
     def __init__(self, rngs: nnx.Rngs, deterministic: bool = False) -> None:
         self.up = nnx.Linear(16, 32, kernel_init=nnx.with_partitioning(nnx.initializers.lecun_normal(),
-                                                                       ("embed", "experts")), rngs=rngs)
+                                                                       ("embed", "gates")), rngs=rngs)
         self.bn = nnx.BatchNorm(32, rngs=rngs)
         self.dropout = nnx.Dropout(0.5, deterministic=deterministic, rngs=rngs)
-        self.down = nnx.Linear(32, 4, kernel_metadata=sh.axes("experts", None), rngs=rngs)
+        self.down = nnx.Linear(32, 4, kernel_metadata=sh.axes("gates", None), rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.down(self.dropout(self.bn(self.up(x))))
@@ -54,7 +54,7 @@ class Net(nnx.Module):
 @dataclasses.dataclass(frozen=True)
 class FakeTask:
     deterministic: bool = False
-    logical_axes: dict = dataclasses.field(default_factory=lambda: {"experts": {"tensor": "model",
+    logical_axes: dict = dataclasses.field(default_factory=lambda: {"gates": {"tensor": "model",
                                                                                 "fsdp_tensor": "model"}})
 
     def build(self, cfg: object, rngs: nnx.Rngs) -> Net:
@@ -99,21 +99,22 @@ def test_steps_run_in_train_mode_and_evaluations_in_eval_mode(deterministic: boo
 
 
 def test_a_tasks_own_axis_names_join_the_table_and_an_unknown_one_falls_back_with_one_warning(mesh42: Mesh) -> None:
-    assert sh.rule_table("tensor", {"experts": {"tensor": "model"}})["experts"] == "model"
-    assert sh.rule_table("fsdp", {"experts": {"tensor": "model"}})["experts"] is None  # not mentioned: whole
-    task = FakeTask(logical_axes={"experts": {"fsdp": None}})
+    assert sh.rule_table("tensor", {"gates": {"tensor": "model"}})["gates"] == "model"
+    assert sh.rule_table("fsdp", {"gates": {"tensor": "model"}})["gates"] is None  # not mentioned: whole
+    task = FakeTask(logical_axes={"gates": {"fsdp": None}})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         state.plan(dataclasses.replace(task, logical_axes={}), Cfg(), mesh42, optax.adam(1e-3))
     messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
-    assert len(messages) == 1 and "model/up/kernel: unknown logical axis 'experts'" in messages[0], messages
+    assert len(messages) == 1 and "model/up/kernel: unknown logical axis 'gates'" in messages[0], messages
     assert "Task.logical_axes" in messages[0]
 
 
 @pytest.mark.parametrize(("axes", "problem"), [
-    ({"experts": {"tensr": "model"}}, "unknown rule 'tensr'"),
-    ({"experts": {"tensor": "modle"}}, "mesh axis 'modle'"),
-    ({"experts": "model"}, "not a mapping"),
+    ({"gates": {"tensr": "model"}}, "unknown rule 'tensr'"),
+    ({"gates": {"tensor": "mo del"}}, "mesh axis 'mo del' is not a name"),
+    ({"gates": {"tensor": ("model", 3)}}, "is not a name, a tuple of names or None"),
+    ({"gates": "model"}, "not a mapping"),
 ])
 def test_a_bad_axis_declaration_is_one_clear_error(axes: dict, problem: str) -> None:
     with pytest.raises(ConfigError, match=problem):
