@@ -313,3 +313,23 @@ def test_devices_numbered_by_partition_index_give_the_slice_index_mesh(case: tup
 
 def multihost_mesh_ids(devices: list) -> list[int]:
     return [d.id for d in hybrid_mesh(devices, (len(devices),), ("devices",), "test").devices.flat]
+
+
+# ------------------------------------------------------------------------ named axes (--mesh)
+
+
+@pytest.mark.parametrize("topo", [Topology(2, 4, 1), Topology(4, 8, 2)], ids=str)
+def test_a_named_mesh_across_slices_keeps_every_axis_but_the_first_inside_one_slice(topo: Topology) -> None:
+    mesh = sh.make_mesh(topo.gpus(), axes={"data": -1, "expert": 2, "model": 2})
+    assert dict(mesh.shape) == {"data": topo.devices // 4, "expert": 2, "model": 2}
+    for row in mesh.devices.reshape(mesh.devices.shape[0], -1):  # one data index: an expert x model group
+        assert len({d.slice_index for d in row}) == 1, row
+    _assert_loader_order(mesh)
+
+
+def test_a_named_mesh_whose_inner_axes_would_cross_slices_is_one_error_naming_the_flag() -> None:
+    topo = Topology(2, 4, 1)
+    with pytest.raises(ConfigError) as raised:
+        sh.make_mesh(topo.gpus(), axes={"data": 1, "expert": 8})
+    assert raised.value.what == "--mesh" and "across the 2 slices or nodes" in raised.value.expected
+    assert "a divisor of 4" in raised.value.fix and raised.value.found == "data=1,expert=8"
