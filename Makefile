@@ -122,21 +122,36 @@ submit-slurm: $(BIN)/.installed ## submit the job: NODES=4 [GPUS_PER_NODE TASKS_
 WHERE ?=
 QUICK ?=
 PROBE_WAIT ?=
+# ARGS or SWEEP given: every doctor checks that run too (its task, config, global batch over the devices asked)
+DOCTOR_RUN = --check-run=$(if $(filter command line,$(origin ARGS) $(origin SWEEP)),1,0)
 
-doctor: $(BIN)/.installed ## what would fail, found before anything starts: one line per check, exit 1 if any fails. Slurm (submit-slurm's variables): partition, its state, NODES/GPUS_PER_NODE/TIME against its limits, then a one-task probe (run dir shared with the compute nodes, PYTHON's import job, IMAGE's runtime; QUICK=1: no probe); Cloud TPU (tpu-pod's variables, with TPU_NAME); local (NPROC, DEVICES: port, /dev/shm, cores, memory, the venv). WHERE=local|slurm|tpu
+doctor: $(BIN)/.installed ## what would fail, found before anything starts: one line per check, exit 1 if any fails. Slurm (submit-slurm's variables): partition, its state, NODES/GPUS_PER_NODE/TIME against its limits, a one-task probe (run dir shared, PYTHON, IMAGE's runtime; QUICK=1: none); Cloud TPU (tpu-pod's variables); local (NPROC, DEVICES: port, /dev/shm, cores, memory, venv); ARGS: its task, config, batch over the devices. WHERE=local|slurm|tpu
 	@if [ -f $(SLURM_ENV) ]; then . $(SLURM_ENV); fi; \
-	where=$(call quote,WHERE); \
-	if [ -z "$$where" ]; then \
-		if [ -n $(call quote,TPU_NAME) ]; then where=tpu; elif command -v sbatch >/dev/null; then where=slurm; else where=local; fi; \
-	fi; \
+	where=$(call quote,WHERE) why=given; \
+	if [ -n "$$where" ]; then :; \
+	elif [ -n $(call quote,TPU_NAME) ]; then where=tpu why="TPU_NAME is set; WHERE=slurm or WHERE=local to choose"; \
+	elif command -v sbatch >/dev/null; then where=slurm why="sbatch is on PATH; WHERE=local or WHERE=tpu to choose"; \
+	else where=local why="no TPU_NAME, no sbatch on PATH; WHERE=slurm or WHERE=tpu to choose"; fi; \
+	case $$where in \
+		local|slurm|tpu) echo "make doctor: WHERE=$$where ($$why)" ;; \
+		*) echo "make doctor: expected WHERE=local, slurm or tpu, found WHERE=$$where. Fix: WHERE=slurm, or leave it unset (TPU_NAME set: tpu; sbatch on PATH: slurm; else local)" >&2; exit 2 ;; \
+	esac; \
 	case $$where in \
 		slurm) $(BIN)/python -m deploy.slurm.doctor $(SLURM_FLAGS) --quick=$(call quote,QUICK) \
-			--probe-wait=$(call quote,PROBE_WAIT) ;; \
-		tpu) $(TPU_CLI) doctor $(TPU_FLAGS) ;; \
+			--probe-wait=$(call quote,PROBE_WAIT) $(DOCTOR_RUN) ;; \
+		tpu) $(TPU_CLI) doctor $(TPU_FLAGS) $(DOCTOR_RUN) ;; \
 		local) JAX_PLATFORMS=cpu $(BIN)/python -m deploy.local_doctor -n $(call quote,NPROC) \
-			--devices-per-process $(call quote,DEVICES) --python $(BIN)/python ;; \
-		*) echo "make doctor: expected WHERE=local, slurm or tpu, found WHERE=$$where. Fix: WHERE=slurm, or leave it unset (TPU_NAME set: tpu; sbatch on PATH: slurm; else local)" >&2; exit 2 ;; \
+			--devices-per-process $(call quote,DEVICES) --python $(BIN)/python --args=$(call quote,ARGS) \
+			--sweep=$(call quote,SWEEP) $(DOCTOR_RUN) ;; \
 	esac
+
+# make rehearse ARGS='train --task mypkg.tasks:TASK ...': deploy/rehearse.py; STEPS: each run's steps (default 6)
+STEPS ?=
+.PHONY: rehearse
+
+rehearse: $(BIN)/.installed ## ARGS proven on local CPU before a queue: losses on 2x2 = 1x4, bitwise resume, eval; STEPS=6
+	@JAX_PLATFORMS=cpu $(BIN)/python -m deploy.rehearse $(if $(value STEPS),--steps=$(call quote,STEPS)) \
+		--args=$(call quote,ARGS)
 
 # ------------------------------------------------------------------ Cloud TPU pods (deploy/tpu/cli.py)
 # make tpu-pod TPU_NAME=my-pod ZONE=us-central2-b ACCELERATOR=v4-32 ARGS='train --run-dir /mnt/BUCKET/run1'

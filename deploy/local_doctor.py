@@ -1,9 +1,10 @@
 """`make doctor WHERE=local`: what would make the local launcher's run fail on this machine, before it starts.
 
     python -m deploy.local_doctor -n 4 --devices-per-process 2 [--python .venv/bin/python] [--port P] [--host H]
+        [--args 'train ...'] [--sweep 'optim.lr=1e-3,3e-3'] [--check-run 0]
 
 Takes the launcher's own flags (`python -m job.launch`, read by its parser, so a bad -n fails the same
-way) and prints one line per check, exit 1 when any failed:
+way) and the job's ARGS, and prints one line per check, exit 1 when any failed:
 
 | check          | fails when                                                                            |
 |----------------|---------------------------------------------------------------------------------------|
@@ -12,6 +13,11 @@ way) and prints one line per check, exit 1 when any failed:
 | cores          | more than 8 processes per usable core (16 on 2 cores is the most measured to work)    |
 | memory         | less available (MemAvailable, within the cgroup's limit) than 300 MiB per process    |
 | venv           | --python cannot `import job, jax`                                                     |
+| run            | ARGS (every run of SWEEP with it): its task does not import, its config does not      |
+|                | validate, or its global batch does not split over -n x --devices-per-process devices |
+
+Without --args (or with --check-run 0: make doctor without ARGS or SWEEP) the run's line says it was not
+checked.
 """
 
 from __future__ import annotations
@@ -26,9 +32,10 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from deploy.checks import Check, report
-from deploy.runner import Runner
+from deploy.checks import Check, Devices, report, run_check, run_skipped
+from deploy.runner import Runner, shell_words
 from job import launch
+from job.core import values
 from job.runs.headroom import CGROUP_ROOT, PROC_CGROUP, host_available
 
 SHM = Path("/dev/shm")
@@ -167,26 +174,54 @@ def venv(python: str, runner: Runner) -> Check:
     return Check(name, True, f"{python}: Python {version}, jax {jax_version}, job from {job_file.strip()}")
 
 
-def checks(cfg: launch.LaunchConfig, python: str, runner: Runner, machine: Machine) -> Iterator[Check]:
+@dataclasses.dataclass(frozen=True)
+class DoctorOptions:
+    python: str = sys.executable  # --python: the interpreter the processes run (make passes .venv's)
+    args: tuple[str, ...] | None = None  # --args: ARGS, what `python -m job` runs in each process; None: not given
+    sweep: str | None = None  # --sweep: SWEEP, its runs each checked with ARGS
+    check_run: bool = True  # --check-run 0: the run's line says it was not checked (make doctor without ARGS, SWEEP)
+
+
+def devices(cfg: launch.LaunchConfig) -> Devices:
+    """The job's devices as the launcher hands them out: its GPUs, else -n x --devices-per-process CPU devices."""
+    if cfg.gpus:
+        return Devices(sum(len(visible.split(",")) for visible in cfg.gpus), f"the GPUs of NPROC={cfg.num_processes}")
+    each = cfg.devices_per_process or 1
+    return Devices(cfg.num_processes * each, f"NPROC={cfg.num_processes} x DEVICES={each}")
+
+
+def run(cfg: launch.LaunchConfig, options: DoctorOptions) -> Check:
+    if options.args is None or not options.check_run:
+        return run_skipped(devices(cfg))
+    return run_check(options.args, options.sweep, devices(cfg))
+
+
+def checks(cfg: launch.LaunchConfig, options: DoctorOptions, runner: Runner, machine: Machine) -> Iterator[Check]:
     yield coordinator(cfg)
     yield shared_memory(cfg, machine)
     yield cores(cfg, machine)
     yield memory(cfg, machine)
-    yield venv(python, runner)
+    yield venv(options.python, runner)
+    yield run(cfg, options)
 
 
-def parse(argv: Sequence[str]) -> tuple[launch.LaunchConfig, str]:
-    """The launcher's config (its own parser: a bad -n is refused as `make run-local` would refuse it), and
-    --python, the interpreter the processes run (make passes .venv's)."""
-    parser = argparse.ArgumentParser(add_help=False)
+def parse(argv: Sequence[str]) -> tuple[launch.LaunchConfig, DoctorOptions]:
+    """The launcher's config (its own parser: a bad -n is refused as `make run-local` would refuse it), and the
+    doctor's own flags."""
+    parser = argparse.ArgumentParser(prog="python -m deploy.local_doctor", add_help=False)
     parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--args", type=shell_words, default=None)
+    parser.add_argument("--sweep", default="")
+    parser.add_argument("--check-run", type=values.for_argparse(values.switch), nargs="?", const=True, default=True)
     ours, rest = parser.parse_known_args(list(argv))
-    return launch.parse_args([*rest, "--", sys.executable]), ours.python
+    options = DoctorOptions(python=ours.python, args=ours.args, sweep=ours.sweep.strip() or None,
+                            check_run=ours.check_run)
+    return launch.parse_args([*rest, "--", sys.executable]), options
 
 
 def main(argv: Sequence[str] | None = None, runner: Runner | None = None, machine: Machine | None = None) -> int:
-    cfg, python = parse(sys.argv[1:] if argv is None else argv)
-    return report(checks(cfg, python, runner or Runner(), machine or here()), before="running")
+    cfg, options = parse(sys.argv[1:] if argv is None else argv)
+    return report(checks(cfg, options, runner or Runner(), machine or here()), before="running")
 
 
 if __name__ == "__main__":

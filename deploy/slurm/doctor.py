@@ -2,13 +2,19 @@
 
     make doctor NODES=4 [PARTITION=gpu TIME=2-00:00:00 GPUS_PER_NODE=8 IMAGE=... PYTHON=... ARGS='train --run-dir ...']
     python -m deploy.slurm.doctor --nodes 4 [any flag of python -m deploy.slurm] [--quick] [--probe-wait 60]
+        [--check-run 0]
 
 One line per check, ok or the problem and its fix; exit 1 when any failed. The quick part reads
 the cluster (scontrol, sinfo: deploy/slurm/partitions.py), and is what `make submit-slurm` runs
-before it queues anything. The probe (not with --quick) is one task through srun, with the job's
-partition, account, QOS and constraint and a 5-minute limit: it starts within --probe-wait seconds or
-is reported as not started, and on the local cluster it takes under a second (docs/slurm.md). On the
-compute node it checks, with slurm/doctor-probe.sh:
+before it queues anything. Then the run itself is checked here (`deploy.checks.run_check`): ARGS, or
+every run of SWEEP, parses, its task imports, its config validates and its global batch splits over
+the job's devices, NODES x GPUS_PER_NODE, or without GPUs NODES x TASKS_PER_NODE tasks of one CPU
+device each (XLA_FLAGS' host device count, which sbatch passes on, when it sets one); with
+--check-run 0 (make doctor without ARGS or SWEEP) its line says it was not checked. The probe (not
+with --quick) is one task through srun, with the job's partition, account, QOS and constraint and a
+5-minute limit: it starts within --probe-wait seconds or is reported as not started, and on the
+local cluster it takes under a second (docs/slurm.md). On the compute node it checks, with
+slurm/doctor-probe.sh:
 
 - that the folder make runs in is there too (the job starts in it);
 - that the run dir is the same folder: it writes a token into it, which this node must read back
@@ -31,13 +37,14 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from deploy.checks import Check, report
+from deploy.checks import Check, Devices, failed, report, run_check, run_skipped
 from deploy.runner import Runner
-from deploy.slurm import partitions
+from deploy.slurm import array, partitions
 from deploy.slurm.options import ROOT, SlurmConfig, check, resource_options, switch, time_minutes
 from deploy.slurm.submit import LOCAL_CLUSTER_ENV, check_gpu_python, parse
 from job.core import values
 from job.errors import ConfigError, as_config_error
+from job.launch import HOST_DEVICES_FLAG
 from job.runtime.cluster.base import SKIP_GPU_CHECK, skips_gpu_check
 
 PROBE_SCRIPT = ROOT / "slurm" / "doctor-probe.sh"
@@ -53,6 +60,7 @@ SHARED_FIX = ("a --run-dir on a file system the compute nodes mount too (a share
 class DoctorOptions:
     quick: bool = False  # --quick: no probe job (what make submit-slurm runs)
     probe_wait_s: int = PROBE_WAIT_S  # --probe-wait: seconds the probe may wait for a node
+    check_run: bool = True  # --check-run 0: the run's line says it was not checked (make doctor without ARGS, SWEEP)
 
 
 def run_dir_of(args: Sequence[str]) -> str:
@@ -64,10 +72,6 @@ def run_dir_of(args: Sequence[str]) -> str:
         elif arg.startswith(("--run-dir=", "--run_dir=")):
             found = arg.split("=", 1)[1]
     return found
-
-
-def failed(name: str, exc: ConfigError) -> Check:
-    return Check(name, False, f"{exc.what}: expected {exc.expected}, found {exc.found!r}", fix=exc.fix)
 
 
 def quick_checks(cfg: SlurmConfig, runner: Runner, environ: Mapping[str, str]) -> Iterator[Check]:
@@ -94,6 +98,34 @@ def quick_checks(cfg: SlurmConfig, runner: Runner, environ: Mapping[str, str]) -
                         if skips_gpu_check(environ) else f"{cfg.task_python} has jax's CUDA plugin")
         except ConfigError as exc:
             yield failed("GPU interpreter here", exc)
+
+
+def host_devices(environ: Mapping[str, str]) -> int:
+    """CPU devices per task: XLA_FLAGS' --xla_force_host_platform_device_count (sbatch passes it on), else 1."""
+    found = 1
+    for flag in environ.get("XLA_FLAGS", "").split():
+        name, _, value = flag.partition("=")
+        if name == HOST_DEVICES_FLAG and value.isdigit() and int(value) > 0:
+            found = int(value)
+    return found
+
+
+def devices(cfg: SlurmConfig, environ: Mapping[str, str]) -> Devices:
+    """The job's devices as the submit path asks for them (`array.devices`): NODES x GPUS_PER_NODE; without GPUs
+    NODES x TASKS_PER_NODE tasks, each with its CPU devices."""
+    gpus = array.devices(cfg)
+    if gpus is not None:
+        return Devices(gpus, f"NODES={cfg.nodes} x GPUS_PER_NODE={cfg.gpus_per_node}")
+    each = host_devices(environ)
+    tasks = f"NODES={cfg.nodes} x TASKS_PER_NODE={cfg.ntasks_per_node}"
+    return Devices(cfg.nodes * cfg.ntasks_per_node * each,
+                   f"{tasks} x {each} CPU devices from XLA_FLAGS" if each > 1 else f"{tasks}, one CPU device each")
+
+
+def run(cfg: SlurmConfig, environ: Mapping[str, str], options: DoctorOptions) -> Check:
+    if not options.check_run:
+        return run_skipped(devices(cfg, environ))
+    return run_check(cfg.args, cfg.sweep, devices(cfg, environ))
 
 
 def container_runtime(cfg: SlurmConfig, runner: Runner) -> str:
@@ -273,11 +305,12 @@ def _runtime_check(cfg: SlurmConfig, runtime: str, found: Mapping[str, str], nod
 
 
 def checks(cfg: SlurmConfig, runner: Runner, environ: Mapping[str, str], options: DoctorOptions) -> Iterator[Check]:
-    """Every check of `cfg`, in the order printed: the quick ones, then (unless quick) the probe's."""
+    """Every check of `cfg`, in the order printed: the quick ones, the run's, then (unless quick) the probe's."""
     reachable = True
     for found in quick_checks(cfg, runner, environ):
         reachable = reachable and (found.ok or found.name not in ("sbatch", "partition", "access"))
         yield found
+    yield run(cfg, environ, options)
     if not options.quick and reachable:
         yield from probe_checks(cfg, runner, environ, options.probe_wait_s)
 
@@ -288,12 +321,14 @@ def parse_options(argv: Sequence[str]) -> tuple[DoctorOptions, list[str]]:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--quick", nargs="?", const="1", default="")
     parser.add_argument("--probe-wait", default="")
+    parser.add_argument("--check-run", default="1")
     ours, rest = parser.parse_known_args(list(argv[:cut]))
     quick = switch("QUICK", ours.quick.strip())
     with as_config_error("PROBE_WAIT", expected="whole seconds 1..86400", found=ours.probe_wait,
                          fix="PROBE_WAIT=60, or leave it unset"):
         wait = values.whole(ours.probe_wait.strip() or str(PROBE_WAIT_S), minimum=1, maximum=86400)
-    return DoctorOptions(quick=quick, probe_wait_s=wait), [*rest, *argv[cut:]]
+    return DoctorOptions(quick=quick, probe_wait_s=wait, check_run=switch("--check-run", ours.check_run.strip())), \
+        [*rest, *argv[cut:]]
 
 
 def main(argv: Sequence[str] | None = None, runner: Runner | None = None,

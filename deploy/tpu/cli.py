@@ -12,8 +12,9 @@ Commands (`make tpu-<command>` runs each):
             exit but 2) is rerun from its newest checkpoint up to --retries times (the policy is
             deploy/attempts.py's). Each attempt's end is one line of RUN_DIR/attempts.jsonl.
     create  create or reuse the slice and wait until it is READY
-    doctor  check the request, gcloud's account and project, the accelerator type and runtime
-            version in the zone, the slice, and a gs:// run dir: one line each (deploy/tpu/doctor.py)
+    doctor  check the request, the run (ARGS' task, config and global batch on the slice's devices),
+            gcloud's account and project, the accelerator type and runtime version in the zone, the
+            slice, and a gs:// run dir: one line each (deploy/tpu/doctor.py)
     run     ship, set up and run the job on a READY slice (no retries)
     logs    copy every worker's log to LOCAL_DIR/NAME/logs/ and print worker 0's end
     stop    stop the job: SIGTERM (it saves a checkpoint), SIGKILL after --stop-grace seconds
@@ -265,11 +266,11 @@ COMMANDS = tuple(HANDLERS)
 CREATING = ("pod", "create")  # the commands that may create a slice: the doctor's quick part runs first
 
 
-def dispatch(command: str, cfg: TpuConfig, runner: Runner) -> int:
+def dispatch(command: str, cfg: TpuConfig, runner: Runner, *, check_run: bool = True) -> int:
     """Check everything that needs no network (and, before creating anything, the doctor's quick part), then
-    run one command; its exit status. `doctor` makes all its checks itself."""
+    run one command; its exit status. `doctor` makes all its checks itself (the run's with `check_run`)."""
     if command == "doctor":
-        return doctor.doctor(cfg, runner)
+        return doctor.doctor(cfg, runner, check_run)
     if command in ("pod", "run"):
         validate_job(cfg)
     if cfg.sweep is not None and command != "pod":
@@ -332,10 +333,19 @@ def _parser() -> argparse.ArgumentParser:
                    help="CREATE_DEADLINE: how long stock-outs are retried, e.g. 2h (default)")
     p.add_argument("--stockout-backoff", type=_positive_seconds, default=capacity.DEFAULT_BACKOFF_S,
                    help="seconds before the first retry after a stock-out (doubles, at most 600)")
+    p.add_argument("--check-run", type=_on_off, nargs="?", const=True, default=True,
+                   help="doctor: check ARGS' task, config and global batch on the slice's devices (default 1; make "
+                        "doctor passes 0 without ARGS or SWEEP)")
     return p
 
 
 def parse_args(argv: Sequence[str]) -> tuple[str, TpuConfig]:
+    command, cfg, _ = parse_command_line(argv)
+    return command, cfg
+
+
+def parse_command_line(argv: Sequence[str]) -> tuple[str, TpuConfig, bool]:
+    """The command, its config, and the doctor's --check-run."""
     argv = list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     parser = _parser()
@@ -357,14 +367,14 @@ def parse_args(argv: Sequence[str]) -> tuple[str, TpuConfig]:
         service_account=args.service_account or None, tags=args.tags, slices=args.slices,
         create_deadline_s=args.create_deadline, stockout_backoff_s=args.stockout_backoff,
     )
-    return args.command, cfg
+    return args.command, cfg, args.check_run
 
 
 def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[tpu] %(message)s")
     try:
-        command, cfg = parse_args(sys.argv[1:] if argv is None else argv)
-        return dispatch(command, cfg, runner or Runner(dry_run=cfg.dry_run))
+        command, cfg, check_run = parse_command_line(sys.argv[1:] if argv is None else argv)
+        return dispatch(command, cfg, runner or Runner(dry_run=cfg.dry_run), check_run=check_run)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2

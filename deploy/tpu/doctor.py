@@ -6,6 +6,7 @@
 takes the flags of `tpu-pod`, prints one line per check (deploy.checks) and exits 1 when any failed:
 
     ok    request: v4-32: 4 workers; run dir gs://my-bucket/run1
+    ok    run: task lm: global batch 32 splits over 16 devices (v4-32: 16 chips)
     ok    gcloud: /usr/bin/gcloud
     ok    account: me@example.com
     ok    project: my-project (gcloud's configured project)
@@ -14,11 +15,15 @@ takes the flags of `tpu-pod`, prints one line per check (deploy.checks) and exit
     ok    slice: my-pod does not exist yet in us-central2-b: make tpu-pod creates it
     ok    run dir: this machine can write gs://my-bucket/run1 (...)
 
-The quick part (QUICK: gcloud, account, project, accelerator type, runtime version) asks gcloud read-only
-questions and needs no VM: `make tpu-pod` and `make tpu-create` run it first (`preflight`), and its first
-problem is one error (exit 2) before anything is created. The zone's checks need an account and a
-project, so they are left out until those pass. The rest is the doctor's alone: the slice's own state, and
-writing (then deleting) an object in a gs:// run dir with this machine's credentials.
+The run's check (`deploy.checks.run_check`) needs no network either: ARGS, or every run of SWEEP, parses,
+its task imports, its config validates and its global batch splits over the slice's JAX devices (one per
+chip; on v2 and v3 one per TensorCore), times SLICES; `--check-run 0` (make doctor without ARGS or SWEEP)
+leaves it out, its line saying so. The quick part (QUICK: gcloud, account, project, accelerator type,
+runtime version) asks gcloud read-only questions and needs no VM: `make tpu-pod` and `make tpu-create`
+run it first (`preflight`), and its first problem is one error (exit 2) before anything is created. The
+zone's checks need an account and a project, so they are left out until those pass. The rest is the
+doctor's alone: the slice's own state, and writing (then deleting) an object in a gs:// run dir with this
+machine's credentials.
 """
 
 from __future__ import annotations
@@ -30,8 +35,7 @@ import socket
 import subprocess
 from collections.abc import Callable, Iterator, Sequence
 
-from deploy import sweeps
-from deploy.checks import Check, report
+from deploy.checks import Check, Devices, failed, report, run_check, run_skipped
 from deploy.runner import Runner
 from deploy.tpu import gcloud
 from deploy.tpu.config import TpuConfig, run_dir_of, validate_job
@@ -44,6 +48,9 @@ log = logging.getLogger("deploy.tpu")
 REGIONS_PAGE = "https://cloud.google.com/tpu/docs/regions-zones"
 RUNTIMES_PAGE = "https://cloud.google.com/tpu/docs/runtimes"
 SHOWN = 8  # an error lists at most this many of the runtime versions a zone offers
+# generations whose SIZE counts TensorCores two to a chip that JAX sees as one device (megacore); v2 and v3
+# count TensorCores too, each a device of its own
+MEGACORE = ("v4", "v5p")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +64,7 @@ class Probe:
         try:
             return Check(self.name, True, self.ask(cfg, runner))
         except ConfigError as e:
-            return Check(self.name, False, f"{e.what}: expected {e.expected}, found {e.found!r}", fix=e.fix)
+            return failed(self.name, e)
         except TpuError as e:
             return Check(self.name, False, str(e))
 
@@ -173,12 +180,29 @@ def preflight(cfg: TpuConfig, runner: Runner) -> None:
 
 # ---------------------------------------------------------------------- the doctor's alone
 def request(cfg: TpuConfig, runner: Runner) -> str:
-    """What `tpu-pod` checks before any gcloud call: the job's arguments, the run dir, every run of a sweep."""
+    """What `tpu-pod` checks before any gcloud call: the job's arguments and the run dir (every run of a sweep:
+    the run's check)."""
     validate_job(cfg)
-    runs = f"; sweep of {len(sweeps.check(cfg.sweep, cfg.job_args).runs)} runs" if cfg.sweep is not None else ""
     slices = f" x {cfg.slices} slices" if cfg.slices > 1 else ""
     return (f"{cfg.accelerator}{slices}: {cfg.workers * cfg.slices} worker(s); "
-            f"run dir {run_dir_of(cfg.job_args) or 'none'}{runs}")
+            f"run dir {run_dir_of(cfg.job_args) or 'none'}")
+
+
+def devices(cfg: TpuConfig) -> Devices:
+    """The JAX devices of the slices: the accelerator type's chips (v2 and v3: its TensorCores), times SLICES."""
+    accel = cfg.accel
+    megacore = accel.generation.name in MEGACORE
+    each = accel.size // 2 if megacore else accel.size
+    unit = "TensorCores" if accel.generation.counts == "cores" and not megacore else "chips"
+    return Devices(each * cfg.slices, f"{cfg.accelerator}: {each} {unit}"
+                   + (f" x {cfg.slices} slices" if cfg.slices > 1 else ""))
+
+
+def run(cfg: TpuConfig, check_run: bool = True) -> Check:
+    """ARGS (every run of SWEEP with it) on the slice's devices; its line says it was skipped without `check_run`."""
+    if not check_run:
+        return run_skipped(devices(cfg))
+    return run_check(cfg.job_args, cfg.sweep, devices(cfg))
 
 
 def slice_state(cfg: TpuConfig, runner: Runner) -> str:
@@ -212,10 +236,11 @@ def bucket_access(cfg: TpuConfig, runner: Runner) -> str:
                       fix=f"{fix}; on this machine: gcloud auth application-default login")
 
 
-def checks(cfg: TpuConfig, runner: Runner) -> Iterator[Check]:
+def checks(cfg: TpuConfig, runner: Runner, check_run: bool = True) -> Iterator[Check]:
     """Every check, each as soon as it is made. Without gcloud nothing else is asked of it; the zone and the
     slice only with an account and a project."""
     yield Probe("request", request).check(cfg, runner)
+    yield run(cfg, check_run)
     tool = QUICK[0].check(cfg, runner)
     yield tool
     if tool.ok:
@@ -229,6 +254,6 @@ def checks(cfg: TpuConfig, runner: Runner) -> Iterator[Check]:
         yield Probe("run dir", bucket_access).check(cfg, runner)
 
 
-def doctor(cfg: TpuConfig, runner: Runner) -> int:
+def doctor(cfg: TpuConfig, runner: Runner, check_run: bool = True) -> int:
     """`python -m deploy.tpu doctor`: every check's line; 0 when all passed, else 1."""
-    return report(checks(cfg, runner))
+    return report(checks(cfg, runner, check_run))

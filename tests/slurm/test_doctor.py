@@ -65,8 +65,8 @@ def test_make_doctor_on_the_local_cluster_passes_every_check(slurm_env: dict[str
     assert proc.returncode == 0, proc.stdout + proc.stderr
     found = check_lines(proc.stdout)
     assert set(found) == {"partition", "access", "GPUs per node", "CPUs per node", "memory per node", "nodes",
-                          "time limit", "probe job", "submit folder on a compute node", "run dir on a compute node",
-                          "interpreter on a compute node"}, proc.stdout
+                          "time limit", "run", "probe job", "submit folder on a compute node",
+                          "run dir on a compute node", "interpreter on a compute node"}, proc.stdout
     assert all(line.startswith("ok ") for line in found.values()), proc.stdout
     assert "debug (the default) is UP, 4 node(s)" in found["partition"]
     assert "within debug's MaxTime 7-00:00:00" in found["time limit"]
@@ -106,7 +106,7 @@ def test_a_partition_set_down_is_one_line_with_an_up_one_to_use(slurm_env: dict[
 
 def test_more_nodes_than_the_partition_has_is_one_line(slurm_env: dict[str, str], tmp_path: Path,
                                                       partition: Callable[..., str]) -> None:
-    proc = doctor(slurm_env, tmp_path, "--nodes", "5", "--quick")
+    proc = doctor(slurm_env, tmp_path, "--nodes", "5", "--quick", "--check-run", "0")  # the batch: its own test
     assert proc.returncode == 1
     assert failing(proc) == ["FAIL  nodes: NODES: expected at most 4: partition debug has 4 node(s), found 5. "
                              "Fix: NODES=4, or another PARTITION"], proc.stdout

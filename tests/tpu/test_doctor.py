@@ -1,6 +1,7 @@
 """`python -m deploy.tpu doctor` and the quick part `tpu-pod` runs first, against the gcloud simulator: each
 broken case made real (no account, no project, a type or version the zone does not offer, a bucket that
-cannot be written: a Cloud Storage emulator), one line naming it and the fix; nothing created."""
+cannot be written: a Cloud Storage emulator), one line naming it and the fix; nothing created. The run's
+check: ARGS' task, config and global batch on the slice's devices."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import re
 
 import pytest
 
+from deploy.tpu import doctor
+from deploy.tpu.config import TpuConfig
 from tests.gcs_emulator import Emulator
 from tests.launching import explain
 from tests.records import check_lines
@@ -16,7 +19,7 @@ from tests.tpu.harness import ZONE, Cloud
 
 RUN_DIR = "train --run-dir /mnt/bucket/run1"
 SLICE = ("--name=pod-x", f"--zone={ZONE}", "--accelerator=v4-16", f"--args={RUN_DIR}")
-CHECKS = ("request", "gcloud", "account", "project", "accelerator type", "runtime version", "slice")
+CHECKS = ("request", "run", "gcloud", "account", "project", "accelerator type", "runtime version", "slice")
 
 
 def changes(cloud: Cloud) -> list[list[str]]:
@@ -29,6 +32,7 @@ def test_all_checks_pass_for_a_request_the_zone_can_serve(cloud: Cloud) -> None:
     assert proc.returncode == 0, explain(proc)
     found = check_lines(proc.stdout)
     assert list(found) == list(CHECKS) and all(line.startswith("ok    ") for line in found.values()), proc.stdout
+    assert found["run"] == "ok    run: task lm: global batch 32 splits over 8 devices (v4-16: 8 chips)"
     assert found["account"] == "ok    account: tester@example.com"
     assert found["project"].startswith("ok    project: fake-project (gcloud's configured project")
     assert found["accelerator type"] == f"ok    accelerator type: v4-16 is offered in {ZONE}"
@@ -150,7 +154,7 @@ def test_without_gcloud_only_the_request_is_checked(cloud: Cloud) -> None:
     proc = cloud.make("tpu-doctor", TPU_NAME="pod-x", ZONE=ZONE, ARGS=RUN_DIR, env=cloud.env(with_gcloud=False))
     assert proc.returncode != 0
     found = check_lines(proc.stdout)
-    assert list(found) == ["request", "gcloud"] and found["request"].startswith("ok "), proc.stdout
+    assert list(found) == ["request", "run", "gcloud"] and found["request"].startswith("ok "), proc.stdout
     assert found["gcloud"].startswith("FAIL  gcloud: gcloud: expected the Google Cloud CLI on PATH")
     assert "https://cloud.google.com/sdk/docs/install" in found["gcloud"]
 
@@ -161,3 +165,44 @@ def test_a_bad_request_fails_its_line_and_the_rest_is_still_checked(cloud: Cloud
     found = check_lines(proc.stdout)
     assert found["request"].startswith("FAIL  request: ARGS --run-dir: expected a folder every one of the 2 workers")
     assert [name for name, line in found.items() if line.startswith("FAIL")] == ["request"]
+
+
+# ---------------------------------------------------------------------------------------------------- the run
+def test_make_doctor_says_it_chose_tpu_and_fails_a_batch_the_chips_do_not_split(cloud: Cloud) -> None:
+    proc = cloud.make("doctor", TPU_NAME="pod-x", ZONE=ZONE, ACCELERATOR="v4-16",
+                      ARGS=f"{RUN_DIR} --data.global-batch 30")
+    assert proc.returncode != 0, explain(proc)
+    first = proc.stdout.splitlines()[0]
+    assert first == "make doctor: WHERE=tpu (TPU_NAME is set; WHERE=slurm or WHERE=local to choose)", proc.stdout
+    found = check_lines(proc.stdout)
+    assert found["run"] == ("FAIL  run: --data.global-batch: expected a multiple of the data-parallel size 8 = 8, "
+                            "found 30 on 8 devices (v4-16: 8 chips). Fix: use --data.global-batch 32")
+    assert [name for name, line in found.items() if line.startswith("FAIL")] == ["run"], proc.stdout
+    assert changes(cloud) == []
+
+
+def test_a_task_that_does_not_import_is_the_runs_fail_line_and_the_rest_is_still_checked(cloud: Cloud) -> None:
+    proc = cloud.cli("doctor", *SLICE[:3], f"--args={RUN_DIR} --task nosuch.mod:TASK")
+    assert proc.returncode == 1, explain(proc)
+    found = check_lines(proc.stdout)
+    assert found["run"] == ("FAIL  run: --task: expected an importable module nosuch.mod, found \"nosuch.mod:TASK (No "
+                            "module named 'nosuch')\". Fix: pass --task PACKAGE.MODULE:ATTR with the module importable "
+                            "(installed, or on PYTHONPATH)")
+    assert all(found[name].startswith("ok ") for name in CHECKS if name != "run"), proc.stdout
+
+
+def test_make_doctor_without_args_says_the_run_was_not_checked(cloud: Cloud) -> None:
+    proc = cloud.make("doctor", TPU_NAME="pod-x", ZONE=ZONE, ACCELERATOR="v5litepod-16")
+    assert check_lines(proc.stdout)["run"] == (
+        "ok    run: not checked: no ARGS given (with ARGS='train ...' its task, config and global batch on 16 devices "
+        "(v5litepod-16: 16 chips) are checked)"), explain(proc)
+
+
+@pytest.mark.parametrize(("accelerator", "slices", "devices"), [
+    ("v3-32", 1, "32 devices (v3-32: 32 TensorCores)"), ("v4-32", 1, "16 devices (v4-32: 16 chips)"),
+    ("v5p-16", 1, "8 devices (v5p-16: 8 chips)"), ("v6e-8", 1, "8 devices (v6e-8: 8 chips)"),
+    ("v4-8", 2, "8 devices (v4-8: 4 chips x 2 slices)"),
+])
+def test_the_runs_devices_are_the_slices_jax_devices(accelerator: str, slices: int, devices: str) -> None:
+    cfg = TpuConfig(name="pod-x", zone=ZONE, accelerator=accelerator, slices=slices, queued=slices > 1)
+    assert str(doctor.devices(cfg)) == devices

@@ -1,11 +1,13 @@
 """`make doctor WHERE=local` (deploy/local_doctor.py): each check of the local launcher's run, against a machine the
-test describes (cores, memory) and this machine's sockets and /dev/shm."""
+test describes (cores, memory) and this machine's sockets and /dev/shm; ARGS' task, config and batch on its devices."""
 
 from __future__ import annotations
 
 import errno
 import os
+import shutil
 import socket
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 from deploy import local_doctor
 from deploy.local_doctor import Machine
 from tests.doubles import RecordingRunner
+from tests.launching import ROOT, explain
 from tests.records import check_lines
 
 ROOMY = Machine(cores=16, available=64 << 30)
@@ -45,8 +48,10 @@ def test_the_default_request_passes_on_a_roomy_machine(cpu_only: None, capsys: p
     runner = RecordingRunner(responses={(sys.executable,): (0, "3.11.7 0.10.2 /repo/job/__init__.py\n")})
     code, lines = run_local_doctor(["-n", "4", "--devices-per-process", "2"], capsys, runner=runner)
     assert code == 0, lines
-    assert list(lines) == ["coordinator port", "/dev/shm", "cores", "memory", "venv"]
+    assert list(lines) == ["coordinator port", "/dev/shm", "cores", "memory", "venv", "run"]
     assert lines["cores"] == "ok    cores: 4 processes x 2 CPU device(s) on 16 usable core(s)"
+    assert lines["run"] == ("ok    run: not checked: no ARGS given (with ARGS='train ...' its task, config and global "
+                            "batch on 8 devices (NPROC=4 x DEVICES=2) are checked)")
     assert lines["venv"] == f"ok    venv: {sys.executable}: Python 3.11.7, jax 0.10.2, job from /repo/job/__init__.py"
     assert runner.calls == [[sys.executable, "-c", local_doctor.VENV_PROBE]]
 
@@ -139,3 +144,87 @@ def test_the_cgroup_cpu_quota_caps_the_cores(tmp_path: Path) -> None:
 def test_this_machine_is_read() -> None:
     machine = local_doctor.here()
     assert machine.cores >= 1 and (machine.available is None or machine.available > 0)
+
+
+# ---------------------------------------------------------------------------------------------------- the run
+def test_a_task_that_does_not_import_is_the_runs_fail_line_with_the_fix(cpu_only: None,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    code, lines = run_local_doctor(["-n", "2", "--devices-per-process", "2", "--args",
+                                    "train --task nosuch.mod:TASK --data.global-batch 30"], capsys)
+    assert code == 1
+    assert lines["run"] == ("FAIL  run: --task: expected an importable module nosuch.mod, found \"nosuch.mod:TASK (No "
+                            "module named 'nosuch')\". Fix: pass --task PACKAGE.MODULE:ATTR with the module importable "
+                            "(installed, or on PYTHONPATH)")
+    assert [name for name, line in lines.items() if line.startswith("FAIL")] == ["run"]
+
+
+def test_a_global_batch_that_does_not_split_over_nproc_x_devices_is_the_runs_fail_line(
+        cpu_only: None, capsys: pytest.CaptureFixture[str]) -> None:
+    code, lines = run_local_doctor(["-n", "2", "--devices-per-process", "2", "--args=train --data.global-batch 30"],
+                                   capsys)
+    assert code == 1
+    assert lines["run"] == ("FAIL  run: --data.global-batch: expected a multiple of the data-parallel size 4 = 4, "
+                            "found 30 on 4 devices (NPROC=2 x DEVICES=2). Fix: use --data.global-batch 32")
+
+
+def test_args_that_fit_the_devices_pass_with_the_task_and_the_devices(cpu_only: None,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    code, lines = run_local_doctor(["-n", "2", "--devices-per-process", "4", "--args=train --model-axis 2"], capsys)
+    assert code == 0, lines
+    assert lines["run"] == "ok    run: task lm: global batch 32 splits over 8 devices (NPROC=2 x DEVICES=4)"
+
+
+def test_every_run_of_a_sweep_is_checked_against_the_devices(cpu_only: None, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["-n", "2", "--devices-per-process", "2", f"--args=train --run-dir {tmp_path / 'sweep'}"]
+    code, lines = run_local_doctor([*argv, "--sweep=data.global-batch=32,30 seed=0"], capsys)
+    assert code == 1
+    assert lines["run"].startswith("FAIL  run: sweep run 'global-batch=30,seed=0': --data.global-batch: expected "
+                                   "a multiple of the data-parallel size 4 = 4, found 30 on 4 devices")
+    code, lines = run_local_doctor([*argv, "--sweep=seed=0,1"], capsys)
+    assert lines["run"] == ("ok    run: 2 run(s) of SWEEP: each parses, validates and splits its global batch over 4 "
+                            "devices (NPROC=2 x DEVICES=2)")
+    assert not (tmp_path / "sweep").exists()  # checked, nothing written
+
+
+def test_a_task_module_that_raises_as_it_is_imported_is_a_fail_line_not_a_crash(
+        cpu_only: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "doctor_raising_task.py").write_text("raise RuntimeError('no GPU here')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, lines = run_local_doctor(["-n", "2", "--args=train --task doctor_raising_task:TASK"], capsys)
+    assert code == 1
+    assert lines["run"] == (f"FAIL  run: checking ARGS raised RuntimeError: no GPU here (at "
+                            f"{tmp_path / 'doctor_raising_task.py'}:1). Fix: correct the code there: every process of "
+                            "the job would fail the same way at its start")
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    ("eval --run-dir runs/a", "ok    run: not checked: ARGS runs `python -m job eval`, not train (only a training "
+                              "run's flags are checked)"),
+    ("--steps 5", "FAIL  run: ARGS: expected a command of python -m job first (train, eval, runs, ...), found "
+                  "'--steps 5'. Fix: ARGS='train --steps 5'"),
+])
+def test_args_that_train_nothing_are_said_so(args: str, line: str, cpu_only: None,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_local_doctor(["-n", "2", f"--args={args}"], capsys)[1]["run"] == line
+
+
+def test_check_run_0_leaves_the_run_unchecked_and_says_so(cpu_only: None, capsys: pytest.CaptureFixture[str]) -> None:
+    code, lines = run_local_doctor(["-n", "2", "--args=train --task nosuch.mod:TASK", "--check-run=0"], capsys)
+    assert code == 0 and lines["run"].startswith("ok    run: not checked: no ARGS given"), lines
+
+
+def test_make_doctor_says_it_chose_local_and_checks_the_args_it_was_given(tmp_path: Path) -> None:
+    bin_dir = Path(sys.executable).parent
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "ARGS", "SWEEP", "TPU_NAME", "WHERE")}
+    proc = subprocess.run([shutil.which("make") or "make", "--no-print-directory", "-o", f"{bin_dir}/.installed",
+                           f"BIN={bin_dir}", "doctor", f"SLURM_ENV={tmp_path}/none", "NPROC=2", "DEVICES=2",
+                           "ARGS=train --task nosuch.mod:TASK --data.global-batch 30"],
+                          cwd=ROOT, env={**env, "PATH": str(tmp_path)},  # no sbatch, no TPU_NAME: local
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0, explain(proc)
+    first = proc.stdout.splitlines()[0]
+    assert first == "make doctor: WHERE=local (no TPU_NAME, no sbatch on PATH; WHERE=slurm or WHERE=tpu to choose)"
+    assert check_lines(proc.stdout)["run"].startswith("FAIL  run: --task: expected an importable module nosuch.mod"), \
+        proc.stdout

@@ -1,5 +1,6 @@
 """`make doctor` on Slurm without a cluster: what scontrol and sinfo print, read right; each check's verdict; the
-probe's srun argv and what its lines mean (deploy/slurm/partitions.py, deploy/slurm/doctor.py)."""
+probe's srun argv and what its lines mean (deploy/slurm/partitions.py, deploy/slurm/doctor.py); the run's check
+against the devices the request asks for; which doctor make picks, and why."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from deploy.slurm import submit as slurm
 from deploy.slurm.options import SlurmConfig
 from deploy.slurm.partitions import PARTITION_ARGV, Node
 from job.errors import ConfigError
+from job.runtime.cluster.base import SKIP_GPU_CHECK
 from tests.doubles import RecordingRunner
+from tests.records import check_lines
 
 # What `scontrol --all --oneliner show partition` printed on the local cluster (slurm/local-cluster.sh), plus a
 # restricted GPU partition.
@@ -351,7 +354,7 @@ def test_an_srun_that_cannot_start_is_one_line_and_the_quick_checks_still_print(
     out = doctor_lines(runner, tmp_path, "--probe-wait", "5", capsys=capsys)
     assert out[-2] == (f"FAIL  probe job: srun of one task did not run (exit 1): {said}. Fix: see srun's words "
                        "above; the quick checks said what they could")
-    assert sum(line.startswith("ok") for line in out) == len(partitions.QUICK)
+    assert sum(line.startswith("ok") for line in out) == len(partitions.QUICK) + 1  # and the run's
 
 
 def test_quick_runs_no_probe(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -381,12 +384,12 @@ def test_checks_raise_config_error_for_submit() -> None:
 
 def test_a_gs_run_dir_is_not_probed_as_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     runner = ComputeNode(available=("sbatch",), responses=cluster_runner().responses)
-    code = doctor.main(["--nodes=1", "--python", fake_python(tmp_path), "--", "train", "--run-dir", "gs://b/run1"],
-                       runner=runner, environ={})
+    code = doctor.main(["--nodes=1", "--python", fake_python(tmp_path), "--", "train", "--run-dir",
+                        "gs://my-bucket/run1"], runner=runner, environ={})
     out = capsys.readouterr().out
-    assert code == 0, out
-    assert ("ok    run dir on a compute node: gs://b/run1 is object storage, not a folder: not probed (`python -m job "
-            "check-run-dir gs://b/run1` checks that a host can write there)") in out
+    assert code == 0, out  # a valid bucket name: the run's check refuses one under 3 characters
+    assert ("ok    run dir on a compute node: gs://my-bucket/run1 is object storage, not a folder: not probed (`python "
+            "-m job check-run-dir gs://my-bucket/run1` checks that a host can write there)") in out
     (srun,) = [call for call in runner.calls if call[0] == "srun"]
     assert srun[-5] == ""  # no folder for the probe to write its token into
 
@@ -401,26 +404,123 @@ def test_a_dry_run_without_a_controller_is_still_printed(capsys: pytest.CaptureF
 
 
 # ---------------------------------------------------------------------------------------------------- make doctor
-def make_doctor_argv(tmp_path: Path, *variables: str) -> list[str]:
-    """`make doctor VARIABLES` with a `python` that records its argv instead of running: what make ran."""
-    (tmp_path / "python").write_text("#!/bin/sh\nprintf '%s\\n' \"$@\" >\"$RECORD\"\n")
-    (tmp_path / "python").chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "PYTHON")}
-    proc = subprocess.run(["make", "--no-print-directory", "-o", f"{tmp_path}/.installed", f"BIN={tmp_path}",
-                           "doctor", *variables], cwd=doctor.ROOT, env={**env, "RECORD": str(tmp_path / "argv")},
+def make_doctor_recorded(tmp_path: Path, *variables: str, sbatch: bool = False) -> tuple[str, list[str]]:
+    """`make doctor VARIABLES` with a `python` that records its argv instead of running, and on PATH nothing but
+    (with `sbatch`) a stand-in sbatch: the line make printed first, and what it ran."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "python").write_text("#!/bin/sh\nprintf '%s\\n' \"$@\" >\"$RECORD\"\n")
+    (bin_dir / "python").chmod(0o755)
+    on_path = tmp_path / "path"
+    on_path.mkdir(exist_ok=True)
+    if sbatch:
+        (on_path / "sbatch").write_text("#!/bin/sh\nexit 0\n")
+        (on_path / "sbatch").chmod(0o755)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "PYTHON", "ARGS", "SWEEP", "TPU_NAME", "WHERE")}
+    proc = subprocess.run([shutil.which("make") or "make", "--no-print-directory", "-o", f"{bin_dir}/.installed",
+                           f"BIN={bin_dir}", f"SLURM_ENV={tmp_path}/no-env.sh", "doctor", *variables], cwd=doctor.ROOT,
+                          env={**env, "RECORD": str(tmp_path / "argv"), "PATH": str(on_path)},
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    return (tmp_path / "argv").read_text().splitlines()
+    return proc.stdout.splitlines()[0], (tmp_path / "argv").read_text().splitlines()
+
+
+def make_doctor_argv(tmp_path: Path, *variables: str) -> list[str]:
+    """What `make doctor VARIABLES` ran (`make_doctor_recorded`)."""
+    return make_doctor_recorded(tmp_path, *variables)[1]
 
 
 def test_make_doctor_goes_where_it_is_told(tmp_path: Path) -> None:
     slurm_argv = make_doctor_argv(tmp_path, "WHERE=slurm", "NODES=3", "TIME=2-00", "QUICK=1", "ARGS=train --steps 5")
     assert slurm_argv[:2] == ["-m", "deploy.slurm.doctor"]
-    assert {"--nodes", "3", "--time", "2-00", "--quick=1", "--args=train --steps 5"} <= set(slurm_argv)
+    assert {"--nodes", "3", "--time", "2-00", "--quick=1", "--args=train --steps 5", "--check-run=1"} <= set(slurm_argv)
+    bin_dir = tmp_path / "bin"
     assert make_doctor_argv(tmp_path, "WHERE=local", "NPROC=2", "DEVICES=3") == [
-        "-m", "deploy.local_doctor", "-n", "2", "--devices-per-process", "3", "--python", f"{tmp_path}/python"]
+        "-m", "deploy.local_doctor", "-n", "2", "--devices-per-process", "3", "--python", f"{bin_dir}/python",
+        "--args=train --run-dir runs/local", "--sweep=", "--check-run=0"]
     tpu = make_doctor_argv(tmp_path, "TPU_NAME=pod1", "ZONE=us-central2-b")  # TPU_NAME: tpu unless WHERE says otherwise
-    assert tpu[:3] == ["-m", "deploy.tpu", "doctor"] and "--name=pod1" in tpu
+    assert tpu[:3] == ["-m", "deploy.tpu", "doctor"] and "--name=pod1" in tpu and tpu[-1] == "--check-run=0"
+
+
+@pytest.mark.parametrize(("variables", "sbatch", "first"), [
+    (("WHERE=local", "TPU_NAME=pod1"), True, "make doctor: WHERE=local (given)"),
+    (("TPU_NAME=pod1", "ZONE=us-central2-b"), True,
+     "make doctor: WHERE=tpu (TPU_NAME is set; WHERE=slurm or WHERE=local to choose)"),
+    (("NODES=2",), True, "make doctor: WHERE=slurm (sbatch is on PATH; WHERE=local or WHERE=tpu to choose)"),
+    ((), False, "make doctor: WHERE=local (no TPU_NAME, no sbatch on PATH; WHERE=slurm or WHERE=tpu to choose)"),
+])
+def test_make_doctors_first_line_names_the_target_and_why(variables: tuple[str, ...], sbatch: bool, first: str,
+                                                         tmp_path: Path) -> None:
+    assert make_doctor_recorded(tmp_path, *variables, sbatch=sbatch)[0] == first
+
+
+@pytest.mark.parametrize(("variables", "check_run"), [
+    (("ARGS=train --steps 5",), "--check-run=1"), (("SWEEP=seed=0,1",), "--check-run=1"), ((), "--check-run=0"),
+])
+def test_make_doctor_checks_the_run_when_given_args_or_a_sweep(variables: tuple[str, ...], check_run: str,
+                                                              tmp_path: Path) -> None:
+    for where in ("WHERE=slurm", "WHERE=local", "WHERE=tpu"):
+        assert make_doctor_argv(tmp_path, where, "TPU_NAME=pod1", *variables)[-1] == check_run, where
+
+
+# ---------------------------------------------------------------------------------------------------- the run
+def slurm_run_line(*flags: str, args: str, environ: dict[str, str] | None = None,
+                   capsys: pytest.CaptureFixture[str]) -> str:
+    """The run's line of the Slurm doctor's quick checks against the stand-in cluster, ARGS `args`."""
+    code = doctor.main(["--quick", *flags, "--", *args.split()], runner=cluster_runner(), environ=environ or {})
+    line = check_lines(capsys.readouterr().out)["run"]
+    assert code == (1 if line.startswith("FAIL") else 0), line
+    return line
+
+
+def test_a_task_that_does_not_import_is_the_runs_fail_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert slurm_run_line("--nodes=2", args="train --task nosuch.mod:TASK --data.global-batch 30", capsys=capsys) == (
+        "FAIL  run: --task: expected an importable module nosuch.mod, found \"nosuch.mod:TASK (No module named "
+        "'nosuch')\". Fix: pass --task PACKAGE.MODULE:ATTR with the module importable (installed, or on PYTHONPATH)")
+
+
+@pytest.mark.parametrize(("flags", "environ", "devices"), [
+    (("--nodes=2", "--gpus-per-node=4"), {SKIP_GPU_CHECK: "1"}, "8 devices (NODES=2 x GPUS_PER_NODE=4)"),
+    (("--nodes=2", "--gpus-per-node=4", "--tasks-per-node=4"), {SKIP_GPU_CHECK: "1"},
+     "8 devices (NODES=2 x GPUS_PER_NODE=4)"),
+    (("--nodes=2", "--tasks-per-node=2"), {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+     "8 devices (NODES=2 x TASKS_PER_NODE=2 x 2 CPU devices from XLA_FLAGS)"),
+    (("--nodes=3",), {}, "3 devices (NODES=3 x TASKS_PER_NODE=1, one CPU device each)"),
+])
+def test_the_batch_is_checked_against_the_devices_the_request_asks_for(
+        flags: tuple[str, ...], environ: dict[str, str], devices: str, capsys: pytest.CaptureFixture[str]) -> None:
+    count = int(devices.split()[0])
+    batch = 32 if 32 % count else 30  # one that does not split over them
+    line = slurm_run_line(*flags, args=f"train --data.global-batch {batch}", environ=environ, capsys=capsys)
+    fits = count * -(-batch // count)
+    assert line == (f"FAIL  run: --data.global-batch: expected a multiple of the data-parallel size {count} = {count}, "
+                    f"found {batch} on {devices}. Fix: use --data.global-batch {fits}")
+    line = slurm_run_line(*flags, args=f"train --data.global-batch {fits}", environ=environ, capsys=capsys)
+    assert line == f"ok    run: task lm: global batch {fits} splits over {devices}"
+
+
+def test_every_run_of_a_sweep_is_checked_on_the_jobs_devices(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    line = slurm_run_line("--nodes=4", "--sweep=seed=0,1 data.global-batch=32,30",
+                          args=f"train --run-dir {tmp_path / 'sweep'}", capsys=capsys)
+    assert line.startswith("FAIL  run: sweep run 'seed=0,global-batch=30': --data.global-batch: expected a multiple "
+                           "of the data-parallel size 4 = 4, found 30 on 4 devices (NODES=4 x TASKS_PER_NODE=1, one "
+                           "CPU device each). Fix: use --data.global-batch 32. 1 other run(s) fail too: "
+                           "seed=1,global-batch=30"), line
+
+
+def test_check_run_0_says_the_run_was_not_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    line = slurm_run_line("--nodes=2", "--check-run=0", args="train --task nosuch.mod:TASK", capsys=capsys)
+    assert line == ("ok    run: not checked: no ARGS given (with ARGS='train ...' its task, config and global batch on "
+                    "2 devices (NODES=2 x TASKS_PER_NODE=1, one CPU device each) are checked)")
+
+
+def test_the_run_is_checked_even_where_the_cluster_cannot_be_read(capsys: pytest.CaptureFixture[str]) -> None:
+    code = doctor.main(["--nodes=4", "--", "train", "--data.global-batch", "30"], runner=RecordingRunner(), environ={})
+    found = check_lines(capsys.readouterr().out)
+    assert code == 1 and list(found) == ["sbatch", "run"], found
+    assert found["run"].startswith("FAIL  run: --data.global-batch: expected a multiple of the data-parallel size 4")
 
 
 def test_make_doctor_refuses_an_unknown_where(tmp_path: Path) -> None:
