@@ -2,11 +2,11 @@
 
     python -m job train [--task lm] [--steps 200 --model.layers 2 ...]   # train a task (job/tasks/NAME/)
     python -m job demo                                        # cluster smoke test of the library
-    python -m job tokenize INPUT.txt OUTPUT.npy               # text -> byte-level token file (the lm task's)
+    python -m job tokenize INPUT.txt OUTPUT.npy [--tokenizer tokenizer.json]  # text -> token file (the lm task's)
     python -m job plot RUN_DIR                                # loss, lr, throughput -> RUN_DIR/metrics.png
     python -m job plot SWEEP_DIR                              # every run's eval loss -> SWEEP_DIR/eval_loss.png
     python -m job sweep SPEC [--devices N] -- ARGS...         # check every run of a sweep, list its run dirs and flags
-    python -m job runs SWEEP_DIR [--by eval_loss] [--max]     # one table of a sweep's runs, the best marked
+    python -m job runs SWEEP_DIR|RUN_DIR [--by eval_loss] [--max]  # one table of a sweep's runs (or one run), the best marked
     python -m job sweep-run SWEEP_DIR [INDEX]                 # run INDEX of SWEEP_DIR/sweep.json (a Slurm array element)
     python -m job check-run-dir gs://BUCKET/run1              # can this host write there? exit 0, or why and 2
     python -m job rerun RUN_DIR [NEW_RUN_DIR]                 # replay RUN_DIR's recorded command into a new run dir

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from job.tasks.lm import data
+from job.tasks.lm import data, token_files
 from job.errors import ConfigError
 
 # --------------------------------------------------------------------------- helpers
@@ -307,7 +307,7 @@ def test_data_config_rejects_bad_values(field: str, value: object) -> None:
 
 
 def test_tokenize_text_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(data, "CHUNK_TOKENS", 7)  # many chunks, split inside multi-byte characters
+    monkeypatch.setattr(token_files, "CHUNK_TOKENS", 7)  # many chunks, split inside multi-byte characters
     text = "héllo wörld ✓ 日本語 🚀\nzweite Zeile: ÄÖÜß\n" * 5
     raw = text.encode("utf-8")
     src, dst = tmp_path / "in.txt", tmp_path / "out.npy"

@@ -31,14 +31,12 @@ import numpy as np
 from job.errors import ConfigError, require
 from job.random import below, row_bits
 from job.task import SPLITS  # a split's index is its id in the row hash
+# what writes token files, and the names its callers have always read here (bench/records.py, the tests)
+from job.tasks.lm.token_files import BYTE_VOCAB, RECORDS_SUFFIX, sidecar, tokenize_text
 
 TOKEN_DTYPES = ("uint16", "uint32")
-CHUNK_TOKENS = 1 << 24  # tokens (or bytes) touched at once when scanning or writing a file
 PAD, BOS, SEP = 0, 1, 2
-BYTE_VOCAB = 256  # byte-level tokens: 0..255
 _TOKENIZE = "`python -m job tokenize INPUT.txt OUTPUT.npy`"
-RECORDS_SUFFIX = ".arrayrecord"  # a token file of ArrayRecord records, read through grain
-RECORD_TOKENS = 1024  # tokens per record that `python -m job tokenize` writes by default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,11 +152,6 @@ def _open_tokens(path: Path, dtype: str) -> np.ndarray:
         return np.memmap(path, dtype=dtype, mode="r") if size else np.zeros(0, dtype)
     raise ConfigError(f"token file {path}", expected="a .npy file, or a raw .bin file with --data.dtype",
                       found=suffix or "no extension", fix=f"convert it with {_TOKENIZE}")
-
-
-def sidecar(path: Path) -> Path:
-    """FILE.json beside a token file: what `python -m job tokenize` knows of what it wrote."""
-    return path.with_name(path.name + ".json")
 
 
 def _described_vocab(path: Path, tokens: np.ndarray) -> int | None:
@@ -343,68 +336,3 @@ def make_source(cfg: DataConfig, *, vocab_size: int, seq_len: int) -> ReverseTas
             f"at least the file's vocab_size {source.vocab_size} ({sidecar(source.path).name})",
             f"--model.vocab-size {vocab_size}", f"pass --model.vocab-size {source.vocab_size} (or more)")
     return source
-
-
-def tokenize_text(text_path: str | os.PathLike[str], out_path: str | os.PathLike[str], *,
-                  record_tokens: int = RECORD_TOKENS) -> int:
-    """Byte-level tokens (uint16, values 0..255) of a UTF-8 text file, streamed; returns the count.
-
-    OUTPUT.npy: one array. OUTPUT.arrayrecord: records of `record_tokens` tokens each (the text's last
-    tokens that fill no whole record are left out), for grain's ArrayRecord data source. Any bytes
-    are kept as they are; the output appears only once complete, then its description (OUTPUT.npy.json,
-    OUTPUT.arrayrecord.json) beside it (token count, vocabulary size, and for records the tokens per record), which lets a
-    run check the vocabulary at start without reading the file.
-    """
-    src, dst = Path(text_path), Path(out_path)
-    require(src.is_file(), "text file to tokenize", "an existing file", str(src), "check the input path")
-    require(dst.suffix in (".npy", RECORDS_SUFFIX), "tokenized output path",
-            f"a path ending in .npy or {RECORDS_SUFFIX}", str(dst), f"use {dst.with_suffix('.npy')}")
-    require(record_tokens >= 1, "--record-tokens", "an integer >= 1", record_tokens, "pass --record-tokens 1024")
-    n = src.stat().st_size
-    partial = dst.with_name(dst.name + ".partial")
-    if dst.suffix == ".npy":
-        pos = _write_npy(src, partial, n)
-        written = {"tokens": n}
-    else:
-        pos, records = _write_records(src, partial, n, record_tokens)
-        written = {"tokens": records * record_tokens, "record_tokens": record_tokens, "records": records,
-                   "left_out_tokens": n - records * record_tokens}
-    if pos != n:
-        partial.unlink()
-        raise ConfigError(f"text file {src}", expected=f"{n} bytes", found=f"{pos} bytes (it shrank while read)",
-                          fix="tokenize it again once it stops changing")
-    os.replace(partial, dst)
-    sidecar(dst).write_text(json.dumps({**written, "vocab_size": BYTE_VOCAB, "dtype": "uint16",
-                                        "tokenizer": "bytes"}) + "\n")
-    return written["tokens"]
-
-
-def _write_npy(src: Path, partial: Path, n: int) -> int:
-    out = np.lib.format.open_memmap(partial, mode="w+", dtype=np.uint16, shape=(n,))
-    pos = 0
-    with src.open("rb") as f:
-        while pos < n and (chunk := f.read(min(CHUNK_TOKENS, n - pos))):
-            out[pos:pos + len(chunk)] = np.frombuffer(chunk, np.uint8)
-            pos += len(chunk)
-    out.flush()
-    del out
-    return pos
-
-
-def _write_records(src: Path, partial: Path, n: int, record_tokens: int) -> tuple[int, int]:
-    """(bytes read, records written): one record per `record_tokens` bytes, as uint16 tokens."""
-    # grain's dependency, not ours (none on Windows): only writing an .arrayrecord file needs it
-    from array_record.python.array_record_module import ArrayRecordWriter
-
-    writer = ArrayRecordWriter(str(partial), "group_size:1")  # each record readable on its own
-    pos = records = 0
-    try:
-        with src.open("rb") as f:
-            while pos < n and (chunk := f.read(min(record_tokens, n - pos))):  # never past the size it had
-                pos += len(chunk)
-                if len(chunk) == record_tokens:
-                    writer.write(np.frombuffer(chunk, np.uint8).astype(np.uint16).tobytes())
-                    records += 1
-    finally:
-        writer.close()
-    return pos, records
