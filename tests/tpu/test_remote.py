@@ -7,10 +7,12 @@ on this machine is ever killed for holding a device.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,8 +34,9 @@ exit "${STUB_EXIT:-0}"
 
 
 @pytest.fixture
-def worker(tmp_path: Path) -> Path:
-    """A worker's home with the code folder and stand-in programs first on PATH."""
+def worker(tmp_path: Path) -> Iterator[Path]:
+    """A worker's home with the code folder and stand-in programs first on PATH. Whatever job a test left
+    running there (a test that failed before it stopped its job) is killed with its process group after it."""
     home = tmp_path / "home"
     (home / "jax-cluster-job").mkdir(parents=True)
     stubs = tmp_path / "bin"
@@ -42,7 +45,17 @@ def worker(tmp_path: Path) -> Path:
                        "sudo": '#!/bin/sh\n[ "$1" = -n ] && shift\nexec "$@"\n'}.items():
         (stubs / name).write_text(text)
         (stubs / name).chmod(0o755)
-    return home
+    yield home
+    pid_file = home.joinpath(*LOGS, "job.pid")
+    if pid_file.exists():
+        with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
+            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def ssh_session() -> None:
+    """What an ssh session's shell starts with: SIGHUP at its default (a suite run under nohup ignores it, and
+    an ignored signal stays ignored in every child, so the dropped connection would not end the session)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def env(home: Path, worker_id: int = 0, **extra: str) -> dict[str, str]:
@@ -87,7 +100,7 @@ def test_every_argument_reaches_the_job_verbatim_and_none_runs_as_shell(worker: 
 def test_the_job_outlives_its_ssh_session_and_is_followed_again(worker: Path) -> None:
     cfg = config()
     session = subprocess.Popen(["bash", "-c", tpu_remote.start_script(cfg) + "\nsleep 60"], cwd=worker,
-                               env=env(worker, STUB_RUN_FOREVER="1"), start_new_session=True)
+                               env=env(worker, STUB_RUN_FOREVER="1"), start_new_session=True, preexec_fn=ssh_session)
     log = wait_for(worker.joinpath(*LOGS, "job.log"), "job started")
     os.killpg(session.pid, signal.SIGHUP)  # the connection drops: its session's processes get SIGHUP
     assert session.wait(timeout=10) == -signal.SIGHUP
