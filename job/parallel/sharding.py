@@ -408,6 +408,19 @@ def _size_fix(size: int, divisor: int) -> str:
             f"e.g. {max(divisor, -(-size // divisor) * divisor)}")
 
 
+def check_global_batch(global_batch: int, accum_steps: int, mesh: Any) -> None:
+    """--data.global-batch splits over the data-parallel devices of `mesh` (a Mesh or an AbstractMesh: the
+    sweep check knows only the device count), every one of --accum-steps micro-batches too: the loop's rule,
+    checked at its start and before a sweep or a doctor queues anything."""
+    divisor = batch_size_divisor(mesh) * accum_steps
+    if global_batch % divisor:
+        per = f" x --accum-steps {accum_steps}" if accum_steps > 1 else ""
+        raise ConfigError(
+            "--data.global-batch", expected=f"a multiple of the data-parallel size "
+            f"{batch_size_divisor(mesh)}{per} = {divisor}", found=global_batch,
+            fix=f"use --data.global-batch {divisor * max(1, -(-global_batch // divisor))}")
+
+
 def check_batch_divisible(batch: Any, mesh: Mesh, what: str = "batch") -> int:
     """Raise ConfigError unless all array leaves share a leading size divisible by the DP count.
 
@@ -499,7 +512,8 @@ def constrain(x: T, names: Sequence[Any]) -> T:
 __all__ = [
     "DATA_AXIS", "EXPERT_AXIS", "KNOWN_AXES", "LAYERS_AXIS", "LOGICAL_AXES", "MODEL_AXIS", "RULES", "SEQUENCE_AXIS",
     "TRAIN_RULES", "AxisRules", "MeshAxes", "axes", "batch_axes", "batch_size_divisor", "check_batch_divisible",
-    "constrain", "fallback_warning", "make_mesh", "mesh_context", "mesh_shape", "pad_for_mesh", "parse_mesh",
+    "check_global_batch", "constrain", "fallback_warning", "make_mesh", "mesh_context", "mesh_shape", "pad_for_mesh",
+    "parse_mesh",
     "partitioned", "placement", "replicate", "resolve_mesh", "rule_table", "shard_batch", "shard_model",
     "shard_sample_init", "sharding_of",
 ]

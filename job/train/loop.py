@@ -153,7 +153,7 @@ class Training:
         run_dir = storage.run_path(cfg.run_dir)  # a local folder or gs://BUCKET/FOLDER (etils.epath)
         checked = preflight.check(to_dict(cfg), run_dir / "checkpoints")
         mesh = run_mesh(cfg.model_axis, mesh=cfg.mesh)
-        check_batch(cfg, mesh)
+        sharding.check_global_batch(cfg.data.global_batch, cfg.accum_steps, mesh)
         # shapes and placement first, no array made; the state is then created as its shards, or restored into them
         source, schedule, planned, evaluator = plan_run(cfg, task, mesh)
         batch_sharding = sharding.batch_sharding(mesh)
@@ -439,18 +439,6 @@ def first_batch(source: Rows, batch_sharding: Any, *, step: int, size: int) -> d
                               "read on; an iterator-style pipeline: index a dataset by (step * global batch + row) "
                               "(docs/your-model.md)")
     return to_global(rows, batch_sharding, size)
-
-
-def check_batch(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> None:
-    """The global batch splits over the data-parallel devices, every micro-batch too."""
-    divisor = sharding.batch_size_divisor(mesh) * cfg.accum_steps
-    if cfg.data.global_batch % divisor:
-        per = f" x --accum-steps {cfg.accum_steps}" if cfg.accum_steps > 1 else ""
-        raise ConfigError(
-            "--data.global-batch", expected=f"a multiple of the data-parallel size "
-            f"{sharding.batch_size_divisor(mesh)}{per} = {divisor}", found=cfg.data.global_batch,
-            fix=f"use --data.global-batch {divisor * max(1, -(-cfg.data.global_batch // divisor))}",
-        )
 
 
 def plan_run(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh) -> tuple[Any, Any, Any, Any]:

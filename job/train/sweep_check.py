@@ -136,17 +136,15 @@ def check_mesh(cfg: config.TrainConfig, devices: int) -> None:
     # jax only with --devices: deploy's sweeps import this module
     from jax.sharding import AbstractMesh
 
-    from job.parallel.sharding import mesh_shape
-
     # the rule the loop applies to its mesh at start
-    from job.train.loop import check_batch
+    from job.parallel.sharding import check_global_batch, mesh_shape
 
     if not cfg.mesh and (cfg.model_axis < 1 or devices % cfg.model_axis):
         divisors = [d for d in range(1, devices + 1) if devices % d == 0]
         raise ConfigError("--model-axis", expected=f"a divisor of the job's {devices} devices", found=cfg.model_axis,
                           fix=f"pass --model-axis one of {divisors}")
     shape = mesh_shape(config.mesh_axes(cfg), devices)
-    check_batch(cfg, AbstractMesh(tuple(shape.values()), tuple(shape)))
+    check_global_batch(cfg.data.global_batch, cfg.accum_steps, AbstractMesh(tuple(shape.values()), tuple(shape)))
 
 
 def sweep_command(argv: list[str]) -> int:

@@ -24,7 +24,7 @@ from job.task import Task
 from job.train import config
 from job.train.batches import to_global
 from job.train.evaluation import Evaluator
-from job.train.loop import check_batch
+from job.parallel.sharding import check_global_batch
 from tests.docs_examples import DOCS, code_blocks
 
 PAGE = "your-model.md"
@@ -92,9 +92,9 @@ def test_the_loop_reads_global_batch_against_devices_and_accumulation_and_eval_b
     with pytest.raises(ConfigError, match="--accum-steps"):
         config.validate(config.parse(["--accum-steps", "3"], task), task)  # 32 rows in 3 micro-batches
     mesh = sharding.make_mesh()  # 8 data-parallel devices
-    check_batch(config.parse(["--data.global-batch", "16", "--accum-steps", "2"], task), mesh)
+    check_global_batch(16, 2, mesh)
     with pytest.raises(ConfigError, match="--data.global-batch"):
-        check_batch(config.parse(["--data.global-batch", "12"], task), mesh)
+        check_global_batch(12, 1, mesh)
 
     class Finite:
         def split_size(self, split: str) -> int:
