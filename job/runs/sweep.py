@@ -90,7 +90,7 @@ def grid(words: Sequence[str]) -> tuple[Values, ...]:
         _check_name(name, word, _GRID_FIX)
         if any(q in text for q in "'\""):
             raise _bad(word, "values without quotes: a value that holds a comma or a space cannot be in the "
-                       "grid form", "write those runs in a sweep file, one run per line (docs/training.md#sweeps)")
+                       "grid form", "write those runs in a sweep file, one run per line (docs/sweeps.md#sweeps)")
         options = text.split(",")
         if "" in options:
             raise _bad(word, f"{name}=V1,V2,... with no empty value", f"remove the stray comma: {name}="
