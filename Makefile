@@ -66,10 +66,10 @@ VENV_FOR_cuda := $(CUDA_VENV)/bin/.installed
 .PHONY: FORCE
 FORCE:
 
-venv: $(VENV_FOR_$(FLAVOR)) ## create .venv from the lock file (the other targets do this themselves); PYTHON=python3.12 (any 3.11+ interpreter) makes it again with that one; FLAVOR=cuda: .venv-cuda for GPU jobs
+venv: $(VENV_FOR_$(FLAVOR)) ## make .venv from the lock (targets do it); PYTHON=python3.12 remakes it; FLAVOR=cuda: .venv-cuda
 	@[ -n "$(VENV_FOR_$(FLAVOR))" ] || { echo "make venv: expected FLAVOR=cpu or FLAVOR=cuda, found FLAVOR="$(call quote,FLAVOR)". Fix: make venv FLAVOR=cuda (or no FLAVOR)" >&2; exit 2; }
 
-run-local: $(BIN)/.installed ## the example job on NPROC (4) local CPU processes x DEVICES (2); ARGS=... passes arguments; SWEEP='optim.lr=1e-3,3e-3 seed=0,1' (or a sweep file): every run checked, then run one after another, completed ones skipped (DRY_RUN=1 lists them)
+run-local: $(BIN)/.installed ## the example job on NPROC (4) local processes x DEVICES (2); ARGS=...; SWEEP=... runs in turn
 	JAX_PLATFORMS=cpu $(if $(value SWEEP),$(BIN)/python -m deploy.local_sweep --sweep=$(call quote,SWEEP) -n $(NPROC) \
 		--devices-per-process $(DEVICES) --dry-run=$(call quote,DRY_RUN) --,$(BIN)/python -m job.launch -n $(NPROC) \
 		--devices-per-process $(DEVICES) -- $(BIN)/python -m job) $(ARGS)
@@ -83,16 +83,16 @@ test-unit: $(BIN)/.installed ## only the fast single-process tests (under a minu
 test-smoke: $(BIN)/.installed ## the unit tier and a multi-process smoke (train, bitwise resume, one fault): CI's second Python
 	$(BIN)/python -m pytest $(TEST_WORKERS) tests/unit tests/multiprocess -m "smoke or not multiprocess" $(PYTEST_ARGS)
 
-bench: $(BIN)/.installed ## benchmarks vs hand-written JAX (~10-15 min on 2 cores): bench/RESULTS.md + launch plot; BENCH_ARGS=--quick
+bench: $(BIN)/.installed ## benchmarks vs hand-written JAX (~10-15 min on 2 cores): bench/RESULTS.md; BENCH_ARGS=--quick
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
-rerun: $(BIN)/.installed ## replay RUN_DIR's recorded command (provenance.json) into NEW (default RUN_DIR-rerun-TIME); says first how the code differs
+rerun: $(BIN)/.installed ## replay RUN_DIR's recorded command into NEW, saying first what changed (docs/outputs.md)
 	$(BIN)/python -m job rerun $(call quote,RUN_DIR) $(if $(NEW),$(call quote,NEW))
 
-plot: $(BIN)/.installed ## loss, eval loss, learning rate and throughput of a run as a PNG: make plot RUN_DIR=runs/local; RUN_DIR=SWEEP_DIR: every run's eval loss on one figure
+plot: $(BIN)/.installed ## a run's loss, lr and throughput as a PNG: RUN_DIR=runs/local (a sweep folder: every eval loss)
 	$(BIN)/python -m job plot $(call quote,RUN_DIR)
 
-runs: $(BIN)/.installed ## one table of a sweep's runs (values, state, step, losses, throughput, goodput), the best by BY (eval_loss) marked: make runs SWEEP_DIR=runs/sweep1 [BY=eval_accuracy MAX=1]
+runs: $(BIN)/.installed ## one table of a sweep's runs (or one run): SWEEP_DIR=runs/sweep1 [BY=eval_accuracy MAX=1]
 	$(BIN)/python -m job runs $(call quote,SWEEP_DIR) $(if $(BY),--by=$(call quote,BY)) $(if $(filter 1,$(MAX)),--max)
 
 slurm-up: ## start a real Slurm cluster on this machine (NODES=4 slurmd, slurmctld, munge; root)
@@ -114,7 +114,7 @@ SLURM_FLAGS = --nodes $(call quote,NODES) --partition $(call quote,PARTITION) \
 	--sweep=$(call quote,SWEEP) --sweep-parallel=$(call quote,SWEEP_PARALLEL) --retries=$(call quote,RETRIES) \
 	--spares=$(call quote,SPARES) $(SLURM_ARGS)
 
-submit-slurm: $(BIN)/.installed ## submit the job: NODES=4 [GPUS_PER_NODE TASKS_PER_NODE GPU_TYPE GRES=1 CPUS_PER_TASK MEM EXCLUSIVE=1 CONSTRAINT PARTITION TIME ACCOUNT QOS IMAGE CONTAINER_RUNTIME PYTHON SBATCH_ARGS VIA=sbatch WAIT=1 DRY_RUN=1 RETRIES=3 SPARES=1 ARGS=...], after make doctor's quick checks (partition, its state and limits); SWEEP='optim.lr=1e-3,3e-3 seed=0,1' (or a sweep file) [SWEEP_PARALLEL=N]: one job array of the runs, each checked first, completed ones skipped; a failed attempt (not 2, not 75) restarts from its checkpoint up to RETRIES times without the node that failed first: in the allocation on one of SPARES extra nodes, else requeued
+submit-slurm: $(BIN)/.installed ## submit the job to Slurm: NODES=4 [GPUS_PER_NODE ... ARGS=... SWEEP=... SPARES] (docs/slurm.md)
 	@if [ -f $(SLURM_ENV) ]; then . $(SLURM_ENV); fi; \
 	$(BIN)/python -m deploy.slurm $(SLURM_FLAGS)
 
@@ -125,7 +125,7 @@ PROBE_WAIT ?=
 # ARGS or SWEEP given: every doctor checks that run too (its task, config, global batch over the devices asked)
 DOCTOR_RUN = --check-run=$(if $(filter command line,$(origin ARGS) $(origin SWEEP)),1,0)
 
-doctor: $(BIN)/.installed ## what would fail, found before anything starts: one line per check, exit 1 if any fails. Slurm (submit-slurm's variables): partition, its state, NODES/GPUS_PER_NODE/TIME against its limits, a one-task probe (run dir shared, PYTHON, IMAGE's runtime; QUICK=1: none); Cloud TPU (tpu-pod's variables); local (NPROC, DEVICES: port, /dev/shm, cores, memory, venv); ARGS: its task, config, batch over the devices. WHERE=local|slurm|tpu
+doctor: $(BIN)/.installed ## what would fail, before anything starts: a line per check, ARGS' run too; WHERE=local|slurm|tpu
 	@if [ -f $(SLURM_ENV) ]; then . $(SLURM_ENV); fi; \
 	where=$(call quote,WHERE) why=given; \
 	if [ -n "$$where" ]; then :; \
@@ -192,13 +192,13 @@ TPU_CLI = $(BIN)/python -m deploy.tpu
 
 .PHONY: tpu-pod tpu-create tpu-run tpu-logs tpu-stop tpu-delete tpu-status tpu-doctor
 
-tpu-pod: $(BIN)/.installed ## Cloud TPU: check gcloud's account, project, ACCELERATOR and RUNTIME in ZONE first, create/reuse TPU_NAME (SPOT=1), run ARGS detached on all workers (BUCKET=gs://b/run), follow worker 0 (re-attaches; attaches to a running job), resume after every preemption, rerun a failed run from its checkpoint up to RETRIES (3) times; SWEEP='optim.lr=1e-3,3e-3 seed=0,1' (or a sweep file): its runs one after another on the slice, each checked first, completed ones skipped
+tpu-pod: $(BIN)/.installed ## Cloud TPU: create/reuse TPU_NAME, run ARGS on all workers, follow, resume, retry (docs/tpu.md)
 	$(TPU_CLI) pod $(TPU_FLAGS)
 
-tpu-doctor: $(BIN)/.installed ## Cloud TPU: with tpu-pod's variables, one line per check (the request, gcloud, account, project, ACCELERATOR and RUNTIME in ZONE, the slice, a gs:// run dir writable from here); exit 1 if any fails
+tpu-doctor: $(BIN)/.installed ## Cloud TPU: with tpu-pod's variables, one line per check; exit 1 if any fails
 	$(TPU_CLI) doctor $(TPU_FLAGS)
 
-tpu-create: $(BIN)/.installed ## Cloud TPU: create the slice (or reuse a READY one) and wait until READY; RESERVED=1 INTERNAL_IP=1 NETWORK SUBNETWORK SERVICE_ACCOUNT TAGS=a,b; QUEUED=1 SLICES=N; stock-outs retried until CREATE_DEADLINE (2h)
+tpu-create: $(BIN)/.installed ## Cloud TPU: create the slice (or reuse a READY one) and wait for READY (docs/tpu.md)
 	$(TPU_CLI) create $(TPU_FLAGS)
 
 tpu-run: $(BIN)/.installed ## Cloud TPU: ship the code (or pull IMAGE), set up and run ARGS on every worker of a READY slice
@@ -223,16 +223,16 @@ DOCKER_ARGS = $(if $(filter command line,$(origin ARGS)),$(ARGS),train --run-dir
 
 .PHONY: docker-build docker-run-local
 
-docker-build: ## build the image: FLAVOR=cpu|cuda|tpu [IMAGE=jax-cluster-job:FLAVOR BASE=...]; docker, else podman
+docker-build: ## build the image: FLAVOR=cpu|cuda|tpu [IMAGE=... BASE=...]; docker, else podman
 	bash docker/build.sh '$(FLAVOR)' '$(DOCKER_IMAGE)' $(if $(BASE),'--build-arg=BASE=$(BASE)')
 
-docker-run-local: docker-build $(BIN)/.installed ## the example job as NPROC (4) containers x DEVICES (2), host network, one cluster; IMAGE=... ARGS=...
+docker-run-local: docker-build $(BIN)/.installed ## the example job as NPROC (4) containers x DEVICES (2), one cluster; IMAGE=... ARGS=...
 	$(BIN)/python docker/run_local.py -n $(NPROC) --devices-per-process $(DEVICES) --image '$(DOCKER_IMAGE)' -- $(DOCKER_ARGS)
 
 # uv: the venv's (the test extra has it), else the one on PATH. LOCK_ARGS=--upgrade moves every pin to the newest.
 UV = $(if $(wildcard $(BIN)/uv),$(BIN)/uv,uv)
 LOCK_ARGS ?=
-lock: ## re-resolve requirements.lock and docker/requirements-{cuda,tpu}.lock for every Python from 3.11 (universal: markers pick JAX 0.10.2 on 3.11, 0.12 on 3.12+); LOCK_ARGS=--upgrade
+lock: ## re-resolve requirements.lock and the docker locks for Python 3.11+; LOCK_ARGS=--upgrade
 	$(UV) pip compile pyproject.toml --universal --python-version 3.11 --extra test --extra bench $(LOCK_ARGS) -o requirements.lock
 	$(UV) pip compile pyproject.toml --universal --python-version 3.11 --extra cuda $(LOCK_ARGS) -o docker/requirements-cuda.lock
 	$(UV) pip compile pyproject.toml --universal --python-version 3.11 --extra tpu $(LOCK_ARGS) -o docker/requirements-tpu.lock

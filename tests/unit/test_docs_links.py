@@ -34,3 +34,12 @@ def test_every_relative_link_of_a_page_reaches_a_file_and_its_heading(page: Path
         elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
             broken.append(f"{target}: no heading with anchor #{anchor} in {linked.name}")
     assert not broken, "\n".join(broken)
+
+
+def test_make_help_lists_each_target_in_a_line_of_at_most_120_characters() -> None:
+    """`make help` lists; the docs explain: each target's line, as the help target prints it, fits 120."""
+    helps = re.findall(r"^([a-z][a-z0-9-]*):.*?## (.*)$", (ROOT / "Makefile").read_text(), re.M)
+    assert len(helps) > 20
+    long = [f"{target}: {len(f'  make {target:<17} {text}')}" for target, text in helps
+            if len(f"  make {target:<17} {text}") > 120]
+    assert not long, long
