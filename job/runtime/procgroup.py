@@ -57,14 +57,15 @@ def exit_code(returncode: int) -> int:
 
 
 def describe_exit(returncode: int) -> str:
-    """"exited with code 1", or "was killed by SIGKILL (code 137)"."""
+    """"exited with code 1", "exited with code 86 (no step within the watchdog's timeout)", or "was killed by
+    SIGKILL (code 137)"."""
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
         except ValueError:
             name = f"signal {-returncode}"
         return f"was killed by {name} (code {exit_code(returncode)})"
-    return f"exited with code {returncode}"
+    return f"exited with code {exits.describe(returncode)}"
 
 
 class ProcessGroup:

@@ -41,6 +41,8 @@ def test_exit_codes_follow_the_shell_convention() -> None:
 
 def test_exits_are_described_with_the_signal_name() -> None:
     assert describe_exit(3) == "exited with code 3"
+    assert describe_exit(86) == "exited with code 86 (no step within the watchdog's timeout)"  # the job's own codes
+    assert describe_exit(75) == "exited with code 75 (saved and stopped: preempted)"
     assert describe_exit(-signal.SIGKILL) == "was killed by SIGKILL (code 137)"
 
 
