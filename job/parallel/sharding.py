@@ -500,7 +500,8 @@ def constrain(x: T, names: Sequence[Any]) -> T:
     `with_logical_constraint` does. `("batch", "length", "embed")` splits a [B, L, D] activation's batch over
     the batch axes and its length over "sequence" where the mesh has them. Outside a mesh_context with rules
     (a model called on its own), and for a shape the mesh does not divide (a last partial batch), `x`
-    as it is."""
+    as it is. The rules are read while a function is traced and are not part of jit's cache key: jit the
+    function again (as the loop does for each run) to trace it under other rules."""
     table = _RULES.get()
     mesh = jax.sharding.get_abstract_mesh()
     if table is None or mesh.empty:

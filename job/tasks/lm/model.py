@@ -10,6 +10,11 @@ Every parameter carries one logical axis name per dimension ("vocab", "embed",
 "heads", "mlp", or None); `job.sharding.TRAIN_RULES` maps those names to mesh axes.
 Call `validate(cfg, rule=..., model_axis=...)` first to fail fast on a config
 that the chosen sharding rule cannot split.
+
+Its activations are laid out by logical names too (`job.sharding.constrain`, a no-op outside the
+training loop): the residual stream [B, L, D] is ("batch", "length", "embed"), so on a mesh with a
+"sequence" axis (`--mesh data=2,sequence=2`) each device holds L / sequence positions of its rows.
+Attention gathers keys and values whole along the sequence (see `Attention`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from flax import nnx
 
 from job.core import values
 from job.errors import ConfigError, as_config_error
-from job.sharding import LAYERS_AXIS, axes, partitioned, rule_table
+from job.sharding import LAYERS_AXIS, SEQUENCE_AXIS, axes, constrain, partitioned, rule_table
 
 DTYPES = ("float32", "bfloat16")
 # --model.remat: what a block keeps for the backward pass (jax.checkpoint_policies); the rest is recomputed
@@ -36,6 +41,13 @@ REMAT_POLICIES = {
     "dots_all": jax.checkpoint_policies.checkpoint_dots,  # every matmul's output, attention's too
 }
 MAX_SIZE = 2**31 - 1  # any model size above this is a typo (and overflows int32 shapes)
+# how activations are laid out (job.sharding.constrain): the residual stream, the MLP's hidden layer, the logits,
+# and attention's [B, L, heads, head_dim] queries (split along the sequence) and keys and values (whole along it)
+RESIDUAL = ("batch", "length", "embed")
+HIDDEN = ("batch", "length", "mlp")
+LOGITS = ("batch", "length", "vocab")
+QUERIES = ("batch", "length", "heads", None)
+KEYS_VALUES = ("batch", None, "heads", None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +81,13 @@ class Attention(nnx.Module):
 
     The "heads" dimension of a kernel is heads * head_dim wide, so splitting it
     over a model axis that divides `heads` keeps whole heads on each device.
+
+    Split along the sequence, attention all-gathers: the queries stay split, the keys and values are
+    made whole along the sequence before the scores, so each device scores its own positions against
+    every position, and the causal mask (XLA's, from the global [L, L] shape) compares global positions.
+    Exact and simple, at the cost of each device holding the whole sequence's keys and values (and
+    scores of [B, heads, L / sequence, L]); a ring (keys and values passed round the sequence devices
+    block by block) would keep only a block of them, the next step for very long sequences.
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs) -> None:
@@ -83,9 +102,13 @@ class Attention(nnx.Module):
         return y.reshape(*y.shape[:-1], self.heads, -1)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        q, k, v = self._split(self.q(x)), self._split(self.k(x)), self._split(self.v(x))
-        y = jax.nn.dot_product_attention(q, k, v, is_causal=True)
-        return self.out(y.reshape(x.shape))
+        q = constrain(self._split(self.q(x)), QUERIES)
+        k = constrain(self._split(self.k(x)), KEYS_VALUES)  # all-gathered along the sequence
+        v = constrain(self._split(self.v(x)), KEYS_VALUES)
+        # "xla" (jax's default today), named: its mask is built from the global [L, L] shape, and cuDNN's
+        # kernel refuses queries split along the sequence
+        y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+        return self.out(constrain(y, QUERIES).reshape(x.shape))
 
 
 class MLP(nnx.Module):
@@ -96,7 +119,7 @@ class MLP(nnx.Module):
         self.down = _linear(cfg, cfg.mlp_dim, cfg.dim, ("mlp", "embed"), rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down(jax.nn.gelu(self.up(x)))
+        return self.down(jax.nn.gelu(constrain(self.up(x), HIDDEN)))
 
 
 class Block(nnx.Module):
@@ -109,8 +132,8 @@ class Block(nnx.Module):
         self.mlp = MLP(cfg, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = x + self.attn(self.attn_norm(x))
-        return x + self.mlp(self.mlp_norm(x))
+        x = constrain(x + self.attn(self.attn_norm(x)), RESIDUAL)
+        return constrain(x + self.mlp(self.mlp_norm(x)), RESIDUAL)
 
 
 class Transformer(nnx.Module):
@@ -141,14 +164,28 @@ class Transformer(nnx.Module):
         if t > self.cfg.seq_len:
             raise ConfigError("sequence length", expected=f"at most seq_len={self.cfg.seq_len}",
                               found=t, fix="shorten the batch or raise --model.seq-len")
-        x = self.embed(tokens) + self.pos[:t].astype(self.cfg.dtype)
+        _check_sequence_split(t)
+        # positions by global index: under the mesh the arrays are global, each device adds its slice's rows
+        x = constrain(self.embed(tokens) + self.pos[:t].astype(self.cfg.dtype), RESIDUAL)
         block_fn = _block_call(self.cfg.remat)
         if self.cfg.scan:
             x = _scan_blocks(block_fn, x, self.blocks)
         else:
             for block in self.blocks:
                 x = block_fn(block, x)
-        return self.head(self.norm(x)).astype(jnp.float32)
+        return constrain(self.head(self.norm(x)), LOGITS).astype(jnp.float32)
+
+
+def _check_sequence_split(length: int) -> None:
+    """A ConfigError where the mesh of the trace has a "sequence" axis that does not divide `length`: the
+    activations could not be split along it, and its devices would each compute every position."""
+    mesh = jax.sharding.get_abstract_mesh()
+    parts = 1 if mesh.empty else dict(mesh.shape).get(SEQUENCE_AXIS, 1)
+    if length % parts:
+        raise ConfigError("sequence length", expected=f"a multiple of the mesh's {SEQUENCE_AXIS!r} axis of size "
+                          f"{parts} (the loss predicts --model.seq-len - 1 tokens per row)", found=length,
+                          fix=f"pass --model.seq-len {-(-length // parts) * parts + 1}, or a --mesh with a "
+                              f"{SEQUENCE_AXIS!r} size that divides {length}")
 
 
 def _stacked_blocks(cfg: ModelConfig, rngs: nnx.Rngs) -> Block:
