@@ -18,6 +18,7 @@
 | records | an .arrayrecord token file read through grain: grain's multi-process workers vs the loop's prefetch thread (input stall, rows per second and per CPU second) |
 | scale | peak memory per process of the LM replicated vs fsdp (state created as its shards), vs --accum-steps and --model.remat, and the ~1B LM under fsdp |
 | depth | time to the first step at 2, 8 and 32 layers and peak memory by --model.remat policy, the LM's blocks scanned vs unrolled |
+| experts | a mixture of experts' expert kernels and Adam moments per device, and its step time, with the experts split over an expert axis of 4 vs replicated (4 CPU devices) |
 | recovery | on the local Slurm cluster, a killed process: the restart gap and steps redone for a requeue, a restart in the allocation on a spare, and one with the node-local tier |
 | tiers | a 1.5 GB sharded state: the persistent tier on disk (writes synced, page cache dropped before restores) vs plain orbax and numpy; the node-local tier in /dev/shm vs numpy |
 
@@ -25,5 +26,5 @@ Every figure is a ratio against a baseline measured in the same run, the
 median of interleaved repetitions (`bench.timing`).
 """
 
-BENCHMARKS = ("step", "scaling", "hostsync", "ckpt", "pipeline", "mfu", "growth", "compile_cache", "fingerprint", "scale", "records", "depth", "tiers",
-              "recovery")
+BENCHMARKS = ("step", "scaling", "hostsync", "ckpt", "pipeline", "mfu", "growth", "compile_cache", "fingerprint", "scale", "records", "depth",
+              "experts", "tiers", "recovery")

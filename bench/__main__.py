@@ -5,7 +5,8 @@
     python -m bench --only step,ckpt     # some of them; prints, writes nothing
     python -m bench --quick --out /tmp/r.md   # write anyway (the plot goes next to it)
 
-Benchmarks: step, scaling, hostsync, ckpt, pipeline, mfu, growth, compile_cache, fingerprint (see bench/__init__.py).
+Benchmarks: step, scaling, hostsync, ckpt, pipeline, mfu, growth, compile_cache, fingerprint, scale, records,
+depth, tiers, recovery, experts (see bench/__init__.py).
 A partial or quick run writes files only with --out, so it never replaces
 the full results. Exit status 1 when a benchmark failed to run (speed is never
 asserted).
