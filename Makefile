@@ -70,7 +70,7 @@ venv: $(VENV_FOR_$(FLAVOR)) ## make .venv from the lock (targets do it); PYTHON=
 	@[ -n "$(VENV_FOR_$(FLAVOR))" ] || { echo "make venv: expected FLAVOR=cpu or FLAVOR=cuda, found FLAVOR="$(call quote,FLAVOR)". Fix: make venv FLAVOR=cuda (or no FLAVOR)" >&2; exit 2; }
 
 run-local: $(BIN)/.installed ## the example job on NPROC (4) local processes x DEVICES (2); ARGS=...; SWEEP=... runs in turn
-	JAX_PLATFORMS=cpu $(if $(value SWEEP),$(BIN)/python -m deploy.local_sweep --sweep=$(call quote,SWEEP) -n $(NPROC) \
+	JAX_PLATFORMS=cpu $(if $(value SWEEP),$(BIN)/python -m deploy.local.sweep --sweep=$(call quote,SWEEP) -n $(NPROC) \
 		--devices-per-process $(DEVICES) --dry-run=$(call quote,DRY_RUN) --,$(BIN)/python -m job.launch -n $(NPROC) \
 		--devices-per-process $(DEVICES) -- $(BIN)/python -m job) $(ARGS)
 
@@ -140,7 +140,7 @@ doctor: $(BIN)/.installed ## what would fail, before anything starts: a line per
 		slurm) $(BIN)/python -m deploy.slurm.doctor $(SLURM_FLAGS) --quick=$(call quote,QUICK) \
 			--probe-wait=$(call quote,PROBE_WAIT) $(DOCTOR_RUN) ;; \
 		tpu) $(TPU_CLI) doctor $(TPU_FLAGS) $(DOCTOR_RUN) ;; \
-		local) JAX_PLATFORMS=cpu $(BIN)/python -m deploy.local_doctor -n $(call quote,NPROC) \
+		local) JAX_PLATFORMS=cpu $(BIN)/python -m deploy.local.doctor -n $(call quote,NPROC) \
 			--devices-per-process $(call quote,DEVICES) --python $(BIN)/python --args=$(call quote,ARGS) \
 			--sweep=$(call quote,SWEEP) $(DOCTOR_RUN) ;; \
 	esac

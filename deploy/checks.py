@@ -6,7 +6,7 @@
     sys.exit(report(checks))   # prints one line each; 1 when any failed
 
 The Slurm checks live in deploy/slurm/doctor.py, the Cloud TPU ones in deploy/tpu/doctor.py, the local
-launcher's in deploy/local_doctor.py. Each module's quick part (no job, no probe) is what the submit path
+launcher's in deploy/local/doctor.py. Each module's quick part (no job, no probe) is what the submit path
 runs before it queues anything.
 
 Each doctor also checks the run itself (`run_check`), as `python -m job sweep --devices N` checks one: ARGS

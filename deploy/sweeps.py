@@ -5,21 +5,27 @@ the completed runs.
     todo.runs        # the runs not yet completed, in the sweep's order
     todo.indices     # their places in the sweep (the Slurm array's indices)
     todo.summary()   # '1 of 4 already complete, skipped: lr=1e-3,seed=0'
+    sweeps.in_turn(todo, start, again="run the same command")   # start(run) -> its exit code, run by run
 
 Every run is checked (`job.train.sweep_check`) before anything is written: one bad value is one
 ConfigError naming the run and the value. Then `SWEEP_DIR/sweep.json` is written (each Slurm array
 element and `python -m job runs` read it), and the runs already completed (`job.observe.status`)
-are left out: running a sweep again resumes the unfinished runs from their own checkpoints.
+are left out: running a sweep again resumes the unfinished runs from their own checkpoints. A backend
+that runs one run at a time (this machine, one TPU slice) hands `in_turn` how it starts one.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import logging
+import shlex
+from collections.abc import Callable, Sequence
 
 from job.observe.status import State, state_of
 from job.runs.sweep import Run, Sweep, listing, save_plan
 from job.train import sweep_check
+
+log = logging.getLogger("deploy.sweeps")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,4 +62,24 @@ def prepare(spec: str, args: Sequence[str], devices: int | None = None, *, save:
     return Todo(sweep, left)
 
 
-__all__ = ["Todo", "check", "listing", "prepare"]
+def in_turn(todo: Todo, start: Callable[[Run], int], *, again: str) -> int:
+    """Each run not yet completed, in the sweep's order, through `start` (which returns its exit code); the
+    first that fails stops the sweep with its code, the runs after it not started. `again`: the command
+    that resumes the sweep (completed runs skipped, the failed one resumed)."""
+    for number, (index, run) in enumerate(zip(todo.indices, todo.runs, strict=True), 1):
+        log.info("sweep run %d of %d (run %d of the sweep): %s -> %s", number, len(todo.runs), index, run.name,
+                 run.run_dir)
+        code = start(run)
+        if code != 0:
+            rest = [r.name for r in todo.runs[number:]]
+            log.error("sweep run %s failed with exit code %d: the sweep stops here%s. Fix: see its output above, "
+                      "then %s again (completed runs are skipped, this one resumes)", run.name, code,
+                      f"; not started: {', '.join(rest)}" if rest else "", again)
+            return code
+    if todo.runs:
+        log.info("sweep %s: all %d run(s) completed; python -m job runs %s shows them", todo.sweep.folder,
+                 len(todo.runs), shlex.quote(todo.sweep.folder))
+    return 0
+
+
+__all__ = ["Todo", "check", "in_turn", "listing", "prepare"]

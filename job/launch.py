@@ -26,7 +26,7 @@ import re
 import shlex
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from job.core import ports, values
@@ -60,6 +60,14 @@ class LaunchConfig:
 
 
 positive_int = values.for_argparse(values.whole, minimum=1)
+
+
+def command(nproc: int, devices: int | None, job_argv: Sequence[str]) -> list[str]:
+    """The command line that runs `python -m job JOB_ARGV` on `nproc` local processes (`devices` CPU devices each)."""
+    argv = [sys.executable, "-m", "job.launch", "-n", str(nproc)]
+    if devices is not None:
+        argv += ["--devices-per-process", str(devices)]
+    return [*argv, "--", sys.executable, "-m", "job", *job_argv]
 
 
 def local_count(text: str) -> int:

@@ -1,6 +1,6 @@
 """`make doctor WHERE=local`: what would make the local launcher's run fail on this machine, before it starts.
 
-    python -m deploy.local_doctor -n 4 --devices-per-process 2 [--python .venv/bin/python] [--port P] [--host H]
+    python -m deploy.local.doctor -n 4 --devices-per-process 2 [--python .venv/bin/python] [--port P] [--host H]
         [--args 'train ...'] [--sweep 'optim.lr=1e-3,3e-3'] [--check-run 0]
 
 Takes the launcher's own flags (`python -m job.launch`, read by its parser, so a bad -n fails the same
@@ -36,7 +36,7 @@ from deploy.checks import Check, Devices, report, run_check, run_skipped
 from deploy.runner import Runner, shell_words
 from job import launch
 from job.core import values
-from job.runs.headroom import CGROUP_ROOT, PROC_CGROUP, host_available
+from job.runtime.host import host_available, usable_cores
 
 SHM = Path("/dev/shm")
 SHM_FOR_GPUS = 1 << 30  # NCCL's shared-memory transport between the GPUs of one host; docker's default is 64 MiB
@@ -54,26 +54,8 @@ class Machine:
     shm: Path = SHM
 
 
-def cgroup_cpus(proc_cgroup: Path = PROC_CGROUP, root: Path = CGROUP_ROOT) -> float | None:
-    """The cpu.max quota of this process's cgroup (v2) in cores; None when there is none."""
-    try:
-        lines = proc_cgroup.read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        if line.startswith("0::"):
-            try:
-                quota, period = (root / line[3:].lstrip("/") / "cpu.max").read_text().split()
-            except (OSError, ValueError):
-                return None
-            return None if quota == "max" else int(quota) / int(period)
-    return None
-
-
 def here() -> Machine:
-    cores: float = len(os.sched_getaffinity(0))
-    quota = cgroup_cpus()
-    return Machine(cores=min(cores, quota) if quota else cores, available=host_available())
+    return Machine(cores=usable_cores(), available=host_available())
 
 
 def size(n: float) -> str:
@@ -208,7 +190,7 @@ def checks(cfg: launch.LaunchConfig, options: DoctorOptions, runner: Runner, mac
 def parse(argv: Sequence[str]) -> tuple[launch.LaunchConfig, DoctorOptions]:
     """The launcher's config (its own parser: a bad -n is refused as `make run-local` would refuse it), and the
     doctor's own flags."""
-    parser = argparse.ArgumentParser(prog="python -m deploy.local_doctor", add_help=False)
+    parser = argparse.ArgumentParser(prog="python -m deploy.local.doctor", add_help=False)
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--args", type=shell_words, default=None)
     parser.add_argument("--sweep", default="")

@@ -1,15 +1,16 @@
 """A sweep on this machine: its runs one after another, each through the local launcher (`make run-local SWEEP=...`).
 
-    python -m deploy.local_sweep --sweep 'optim.lr=1e-3,3e-3 seed=0,1' -n 4 --devices-per-process 2 \
+    python -m deploy.local.sweep --sweep 'optim.lr=1e-3,3e-3 seed=0,1' -n 4 --devices-per-process 2 \
         -- train --steps 40 --run-dir runs/sweep1
-    python -m deploy.local_sweep --sweep sweeps/lr.txt -n 4 --devices-per-process 2 --dry-run -- train ...
+    python -m deploy.local.sweep --sweep sweeps/lr.txt -n 4 --devices-per-process 2 --dry-run -- train ...
 
 Every run is checked first (the batch against NPROC x DEVICES devices too); one bad value stops
 everything before the first run starts (exit 2). Then SWEEP_DIR/sweep.json is written and each run
 not yet completed runs as `python -m job.launch -n N --devices-per-process D -- python -m job FLAGS`;
 a run that was stopped resumes from its own checkpoints. The first run that fails stops the sweep:
 its exit code is the sweep's, and the runs after it are not started (running the same command again
-skips the completed ones and resumes the rest). SIGINT and SIGTERM reach the running run's launcher.
+skips the completed ones and resumes the rest: `deploy.sweeps.in_turn`). SIGINT and SIGTERM reach the
+running run's launcher.
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ from types import FrameType
 from deploy import sweeps
 from job.core import values
 from job.errors import ConfigError, refuse_dash_values
+from job import launch
 from job.launch import local_count
 from job.runs.sweep import Run
 
-log = logging.getLogger("deploy.local_sweep")
+log = logging.getLogger("deploy.local.sweep")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m deploy.local_sweep", description=__doc__.split("\n")[0],
+    p = argparse.ArgumentParser(prog="python -m deploy.local.sweep", description=__doc__.split("\n")[0],
                                 epilog="then -- and the base ARGS of every run: train ... --run-dir SWEEP_DIR")
     p.add_argument("--sweep", required=True, help="NAME=V1,V2 words in one argument, or a sweep file")
     p.add_argument("-n", "--nproc", type=local_count, required=True, help="processes per run")
@@ -44,40 +46,30 @@ def _parser() -> argparse.ArgumentParser:
 
 def launch_argv(run: Run, nproc: int, devices: int | None) -> list[str]:
     """The local launcher's command line for one run."""
-    argv = [sys.executable, "-m", "job.launch", "-n", str(nproc)]
-    if devices is not None:
-        argv += ["--devices-per-process", str(devices)]
-    return [*argv, "--", sys.executable, "-m", "job", *run.flags]
+    return launch.command(nproc, devices, run.flags)
 
 
 def run_all(todo: sweeps.Todo, nproc: int, devices: int | None) -> int:
-    """Each run in turn; the first failure's exit code stops the sweep."""
+    """Each run in turn through the launcher (`deploy.sweeps.in_turn`), SIGINT and SIGTERM forwarded to it."""
     current: list[subprocess.Popen[bytes]] = []
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         for proc in current:
             proc.send_signal(signum)
 
+    def start(run: Run) -> int:
+        current[:] = [subprocess.Popen(launch_argv(run, nproc, devices))]
+        try:
+            return current[0].wait()
+        finally:
+            current.clear()
+
     old = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        for number, (index, run) in enumerate(zip(todo.indices, todo.runs, strict=True), 1):
-            log.info("run %d of %d (sweep run %d): %s -> %s", number, len(todo.indices), index, run.name, run.run_dir)
-            proc = subprocess.Popen(launch_argv(run, nproc, devices))
-            current[:] = [proc]
-            code = proc.wait()
-            current.clear()
-            if code != 0:
-                rest = [r.name for r in todo.runs[number:]]
-                log.error("run %s failed with exit code %d: the sweep stops here%s. Fix: see its output above, "
-                          "then run the same command again (completed runs are skipped, this one resumes)",
-                          run.name, code, f"; not started: {', '.join(rest)}" if rest else "")
-                return code
+        return sweeps.in_turn(todo, start, again="run the same command")
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
-    log.info("all %d run(s) of %s completed: python -m job runs %s", len(todo.indices), todo.sweep.folder,
-             shlex.quote(todo.sweep.folder))
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

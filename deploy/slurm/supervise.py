@@ -19,7 +19,6 @@ job's retries across requeues) and in RUN_DIR/attempts.jsonl (the run dir proces
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import signal
@@ -31,7 +30,7 @@ from pathlib import Path
 
 from deploy.attempts import Action, Decision, Ended, Outcome, decide
 from deploy.runner import Runner
-from job.core import exits
+from job.core import exits, rundir
 from job.runtime.cluster.nodelist import expand_nodelist
 
 ATTEMPTS_ENV = "JOB_ATTEMPTS"  # the job's record, for process 0's `started` line (job.runs.attempts.note_start)
@@ -135,19 +134,7 @@ class Records:
         self.path = path
 
     def lines(self) -> list[dict[str, object]]:
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except OSError:
-            return []
-        out = []
-        for line in text.splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a torn line
-            if isinstance(record, dict):
-                out.append(record)
-        return out
+        return rundir.records(self.path)
 
     def ended(self) -> list[dict[str, object]]:
         return [r for r in self.lines() if r.get("event") == "ended"]
@@ -160,9 +147,8 @@ class Records:
         return str(started[-1]["run_dir"]) if started else None
 
     def add(self, record: Mapping[str, object]) -> None:
-        line = json.dumps(record) + "\n"
         with self.path.open("a", encoding="utf-8") as f:
-            f.write(line)
+            f.write(rundir.line(record))
         run_dir = self.run_dir()
         if run_dir is None:
             return
@@ -170,15 +156,13 @@ class Records:
             if "://" in run_dir:
                 from etils import epath  # only for a bucket run dir: the batch host may lack it otherwise
 
-                target = epath.Path(run_dir) / "attempts.jsonl"
-                old = target.read_text() if target.exists() else ""
-                target.write_text(old + line)  # objects cannot be appended to; one writer: this supervisor
+                folder: Path | epath.Path = epath.Path(run_dir)
             else:
-                with (Path(run_dir) / "attempts.jsonl").open("a", encoding="utf-8") as f:
-                    f.write(line)
+                folder = Path(run_dir)
+            rundir.append(rundir.attempts(folder), dict(record))  # written back whole; one writer: this supervisor
         except (OSError, ImportError) as exc:
-            print(f"attempts: expected to append to {run_dir}/attempts.jsonl, found {exc}; the record stays in "
-                  f"{self.path}", file=sys.stderr, flush=True)
+            print(f"attempts: expected to append to {run_dir.rstrip('/')}/{rundir.ATTEMPTS}, found {exc}; the record "
+                  f"stays in {self.path}", file=sys.stderr, flush=True)
 
 
 class Supervisor:

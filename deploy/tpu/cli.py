@@ -176,18 +176,8 @@ def sweep_pod(cfg: TpuConfig, runner: Runner) -> int:
     log.info("sweep %s: %s", todo.sweep.folder, todo.summary())
     if cfg.dry_run:
         print(sweeps.listing(todo.sweep))
-    for number, run in enumerate(todo.runs, 1):
-        log.info("sweep run %d of %d: %s -> %s", number, len(todo.runs), run.name, run.run_dir)
-        code = pod(dataclasses.replace(cfg, job_args=run.flags, sweep=None), runner)
-        if code != 0:
-            rest = [r.name for r in todo.runs[number:]]
-            log.error("sweep run %s ended with exit code %d: the sweep stops here%s; `make tpu-pod SWEEP=...` again "
-                      "skips the completed runs and resumes the rest", run.name, code,
-                      f" (not started: {', '.join(rest)})" if rest else "")
-            return code
-    if todo.runs:
-        log.info("sweep %s: all %d run(s) completed", todo.sweep.folder, len(todo.runs))
-    return 0
+    return sweeps.in_turn(todo, lambda run: pod(dataclasses.replace(cfg, job_args=run.flags, sweep=None), runner),
+                          again="`make tpu-pod SWEEP=...`")
 
 
 def _as_found(cfg: TpuConfig, runner: Runner) -> TpuConfig:

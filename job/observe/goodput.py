@@ -26,17 +26,16 @@ the run's attempts: job.runs.attempts tells which.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from job.core import storage
+from job.core import rundir, storage
 from job.runs import attempts as attempt_records
 
 PARTS = ("startup", "compile", "steps", "input_wait", "checkpoint", "eval", "profile", "logging")
-RECORD = "goodput.jsonl"
+RECORD = rundir.GOODPUT
 
 
 class Goodput:
@@ -103,7 +102,7 @@ class Goodput:
     # -------------------------------------------------------------- across attempts (process 0)
     def resume(self, run_dir: Path | Any, start_step: int) -> None:
         """Read earlier attempts' lines from RUN_DIR/goodput.jsonl; append this attempt's start."""
-        path = run_dir / RECORD
+        path = rundir.goodput(run_dir)
         lines = read_records(path)
         attempts = [r for r in lines if r.get("event") == "attempt"]
         last = lines[-1] if lines else None
@@ -138,7 +137,7 @@ class Goodput:
     def progress(self, run_dir: Path | Any, step: int, event: str = "progress") -> None:
         """Note that this attempt reached `step` (process 0, when it logs or stops; "end" writes it out)."""
         if self._record is None:
-            self._record = storage.Appender(run_dir / RECORD)
+            self._record = storage.Appender(rundir.goodput(run_dir))
         self._append({"event": event, "attempt": self.previous.get("attempt", 1), "step": step,
                       "time": self._wall(), "step_time_s": round(self.step_time(), 6)})
 
@@ -148,21 +147,16 @@ class Goodput:
             self._record.flush()
 
     def _append(self, record: dict[str, Any]) -> None:
-        self._record.write(json.dumps(record) + "\n")
+        self._record.write(rundir.line(record))
         if record["event"] == "end":
             self._record.close()
             self._record = None
 
 
 def read_records(path: Path | Any) -> list[dict[str, Any]]:
-    """The records of a goodput.jsonl (a torn line skipped); [] when there is none."""
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        with contextlib.suppress(ValueError):
-            records.append(json.loads(line))
-    return [r for r in records if isinstance(r, dict) and "time" in r]
+    """The records of a goodput.jsonl (job.core.rundir.records: a torn line skipped), those with a time;
+    [] when there is none."""
+    return [r for r in rundir.records(path) if "time" in r]
 
 
 def describe(split: dict[str, Any]) -> str:

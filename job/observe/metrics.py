@@ -19,7 +19,6 @@ kept in RUN_DIR/wandb_run_id).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import secrets
@@ -28,12 +27,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from job.core import storage
+from job.core import rundir, storage
 from job.core.errors import ConfigError
 
 log = logging.getLogger("job.train")
 
-WANDB_ID_FILE = "wandb_run_id"
+WANDB_ID_FILE = rundir.WANDB_ID
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,16 +56,16 @@ class JsonlWriter:
     """RUN_DIR/metrics.jsonl: `{"step": N, "split": "train", name: value, ...}` per line."""
 
     def __init__(self, run_dir: Path | Any, start_step: int) -> None:
-        path = run_dir / "metrics.jsonl"
+        path = rundir.metrics(run_dir)
         if start_step and path.exists():  # steps past the checkpoint are trained again: drop their records
-            lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-            kept = [line for line in lines if 0 <= _step_of(line) <= start_step]
-            if len(kept) != len(lines):
-                path.write_text("".join(kept), encoding="utf-8")
+            found = rundir.text(path)
+            kept = "".join(rundir.line(r) for r in rundir.parse(found) if 0 <= _step_of(r) <= start_step)
+            if kept != found:  # and a torn last line, which the next record would join
+                path.write_text(kept, encoding="utf-8")
         self._out = storage.Appender(path)  # in gs://, rewritten whole at most every 30 s and at the end
 
     def scalars(self, step: int, split: str, values: Mapping[str, float]) -> None:
-        self._out.write(json.dumps({"step": step, "split": split, **values}) + "\n")
+        self._out.write(rundir.line({"step": step, "split": split, **values}))
 
     def flush(self) -> None:
         self._out.flush()
@@ -75,11 +74,11 @@ class JsonlWriter:
         self._out.close()
 
 
-def _step_of(line: str) -> int:
+def _step_of(record: Mapping[str, Any]) -> int:
     try:
-        return int(json.loads(line)["step"])
+        return int(record["step"])
     except (ValueError, KeyError, TypeError):
-        return -1  # a torn last line (killed mid-write): dropped
+        return -1  # a record without a step: dropped
 
 
 class TensorBoardWriter:
@@ -114,7 +113,7 @@ class WandbWriter:
             raise ConfigError("--wandb.project", expected="the wandb package installed (the `wandb` extra)",
                               found=f"{wandb_cfg.project} but no wandb module",
                               fix="pip install 'jax-cluster-job[wandb]', or leave --wandb.project out") from None
-        id_file = run_dir / WANDB_ID_FILE
+        id_file = rundir.wandb_id(run_dir)
         run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(8)
         if not id_file.exists():
             id_file.write_text(run_id + "\n")

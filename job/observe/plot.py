@@ -3,6 +3,7 @@
     python -m job plot runs/example                 # writes runs/example/metrics.png
     make plot RUN_DIR=runs/example
     python -m job plot runs/sweep1                  # a sweep: every run's eval loss, runs/sweep1/eval_loss.png
+    python -m job plot gs://my-bucket/run1          # a run in a bucket: its PNG written beside it
 
 Reads RUN_DIR/metrics.jsonl (job/observe/metrics.py writes it). Given a folder of
 runs instead (a sweep folder, or any folder whose subfolders hold a config.json:
@@ -15,24 +16,13 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import sys
-from pathlib import Path
 from typing import Any
 
+from job.core import rundir
 from job.core.errors import ConfigError
 
-SWEEP_PLOT = "eval_loss.png"  # a folder of runs' figure, in that folder
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue  # a torn last line of a killed run
-    return records
+SWEEP_PLOT = rundir.SWEEP_PLOT  # a folder of runs' figure, in that folder
 
 
 def series(records: list[dict[str, Any]], split: str, name: str) -> tuple[list[int], list[float]]:
@@ -54,7 +44,16 @@ def _pyplot() -> Any:
     return plt
 
 
-def render(records: list[dict[str, Any]], out: Path, title: str) -> None:
+def _png(plt: Any, fig: Any) -> bytes:
+    """The figure as a PNG's bytes (a file in a bucket is written whole), then closed."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def render(records: list[dict[str, Any]], title: str) -> bytes:
+    """One run's figure: loss, learning rate and throughput against step, the PNG's bytes."""
     plt = _pyplot()
     rate = next((k for r in records for k in r if k.endswith("_per_s")), None)
     fig, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
@@ -73,13 +72,12 @@ def render(records: list[dict[str, Any]], out: Path, title: str) -> None:
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    return _png(plt, fig)
 
 
 def eval_curves(folder: str) -> list[tuple[str, list[int], list[float]]]:
     """(label, steps, eval losses) of every run in `folder` that has evaluated, labelled by its values."""
-    # etils only for a folder of runs: plotting one run does without it
+    # etils and the runs' status: python -m job imports this module for every command; only plotting loads them
     from job.core import storage
     from job.observe.status import find_runs
     from job.runs.sweep import short_names
@@ -88,8 +86,7 @@ def eval_curves(folder: str) -> list[tuple[str, list[int], list[float]]]:
     short = short_names(list(dict.fromkeys(name for _, _, values in found for name, _ in values)))
     curves = []
     for name, run_dir, values in found:
-        source = storage.run_path(run_dir) / "metrics.jsonl"
-        steps, losses = series(read_metrics(source) if source.exists() else [], "eval", "loss")
+        steps, losses = series(rundir.records(rundir.metrics(storage.run_path(run_dir))), "eval", "loss")
         if steps:
             curves.append((" ".join(f"{short[n]}={v}" for n, v in values) or name, steps, losses))
     return curves
@@ -107,28 +104,25 @@ def render_runs(curves: list[tuple[str, list[int], list[float]]], title: str) ->
     ax.legend(fontsize="small", ncol=1 if len(curves) <= 12 else 2)
     ax.set_title(title)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    return buffer.getvalue()
+    return _png(plt, fig)
 
 
 def _holds_runs(folder: str) -> bool:
-    # etils only for a folder of runs, as in eval_curves
+    # only plotting loads the runs' status, as in eval_curves
     from job.observe.status import find_runs
 
     return bool(find_runs(folder))
 
 
-def _plot_runs(folder: str, out: Path | None) -> int:
+def _plot_runs(folder: str, out: str | None) -> int:
     """`python -m job plot SWEEP_DIR`: every run's eval loss on one figure (SWEEP_DIR/eval_loss.png)."""
-    from job.core import storage  # etils only for a folder of runs, as in eval_curves
+    from job.core import storage  # only plotting loads etils, as in eval_curves
 
     curves = eval_curves(folder)
     if not curves:
         raise ConfigError("SWEEP_DIR", expected="a folder of runs of which at least one has evaluated",
                           found=folder, fix="plot it again once a run has logged an eval loss")
-    target = out if out is not None else storage.run_path(folder) / SWEEP_PLOT
+    target = storage.run_path(out) if out is not None else rundir.sweep_plot(storage.run_path(folder))
     target.write_bytes(render_runs(curves, f"{folder}: eval loss of {len(curves)} run(s)"))
     print(target)
     return 0
@@ -137,24 +131,27 @@ def _plot_runs(folder: str, out: Path | None) -> int:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m job plot", description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", help="a run directory holding metrics.jsonl, or a folder of runs (a sweep)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="the PNG to write (default RUN_DIR/metrics.png, or SWEEP_DIR/eval_loss.png)")
+    parser.add_argument("--out", default=None, help="the PNG to write, a path or gs:// URL "
+                        "(default RUN_DIR/metrics.png, or SWEEP_DIR/eval_loss.png)")
     args = parser.parse_args(argv)
-    run_dir = Path(args.run_dir)
-    source = run_dir / "metrics.jsonl"
+    # etils: python -m job imports this module for every command; only plotting loads it
+    from job.core import storage
+
+    run_dir = storage.run_path(args.run_dir)
+    source = rundir.metrics(run_dir)
     if not source.is_file() and _holds_runs(args.run_dir):
         try:
             return _plot_runs(args.run_dir, args.out)
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    records = read_metrics(source) if source.is_file() else []
-    out = args.out or run_dir / "metrics.png"
+    records = rundir.records(source)
+    out = storage.run_path(args.out) if args.out else rundir.plot(run_dir)
     try:
         if not any(r.get("split") == "train" for r in records):
-            raise ConfigError("RUN_DIR", expected="a run directory whose metrics.jsonl has train records",
+            raise ConfigError("RUN_DIR", expected=f"a run directory whose {rundir.METRICS} has train records",
                               found=str(run_dir), fix="pass the --run-dir of a run that logged a step")
-        render(records, out, str(run_dir))
+        out.write_bytes(render(records, str(run_dir)))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -25,17 +25,17 @@ from typing import TextIO
 
 from etils import epath
 
-from job.core import storage
+from job.core import rundir, storage
 from job.core.errors import ConfigError
 
-LOGS = "logs"  # RUN_DIR/logs/
+LOGS = rundir.LOGS  # RUN_DIR/logs/
 
 log = logging.getLogger("job.observe.process_log")
 
 
 def log_path(run_dir: epath.Path, process: int) -> epath.Path:
     """Process `process`'s log file in `run_dir`."""
-    return run_dir / LOGS / f"process-{process}.log"
+    return rundir.process_log(run_dir, process)
 
 
 class Tee(io.TextIOBase):

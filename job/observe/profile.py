@@ -21,7 +21,7 @@ from typing import Any
 
 import jax
 
-from job.core import storage, values
+from job.core import rundir, storage, values
 from job.core.errors import as_config_error
 
 log = logging.getLogger("job.train")
@@ -39,7 +39,7 @@ def parse_steps(text: str, total_steps: int) -> tuple[int, int]:
 
 def trace_dir(run_dir: Any, process_index: int) -> Any:
     """Where `process_index` writes its trace: its own folder under RUN_DIR/profile."""
-    return run_dir / "profile" / f"process-{process_index}"
+    return rundir.trace(run_dir, process_index)
 
 
 class StepProfiler:

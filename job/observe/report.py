@@ -18,6 +18,7 @@ from typing import Any
 from etils import epath
 from tqdm import tqdm
 
+from job.core import rundir
 from job.observe.metrics import WandbConfig, open_writers
 from job.parallel.multihost import only_specific_processes
 
@@ -102,5 +103,5 @@ class Reporter:
             self._bar.close()
         for writer in self._writers:
             writer.close()
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        rundir.summary(self.run_dir).write_text(json.dumps(summary, indent=2) + "\n")
         log.info("done: %s", ", ".join(f"{k} {v}" for k, v in summary.items() if k not in ("params_sha256", "goodput")))

@@ -23,7 +23,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
-from job.core import values
+from job.core import rundir, values
 from job.core.errors import ConfigError
 from job.observe.status import STALE_S, RunStatus, State, find_runs, state_of
 from job.runs.sweep import Values, short_names
@@ -146,9 +146,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     table = rows(args.folder, stale_s=args.stale_s)
     if not table:
-        raise ConfigError("SWEEP_DIR", expected="a sweep folder (with sweep.json), a folder of run folders "
-                          "(each with a config.json) or one run's folder (its config.json, metrics.jsonl, "
-                          "summary.json)", found=args.folder,
+        raise ConfigError("SWEEP_DIR", expected=f"a sweep folder (with {rundir.SWEEP_PLAN}), a folder of run "
+                          f"folders (each with a {rundir.CONFIG}) or one run's folder (its {rundir.CONFIG}, "
+                          f"{rundir.METRICS}, {rundir.SUMMARY})", found=args.folder,
                           fix="pass the --run-dir the sweep or the run was given, e.g. python -m job runs runs/sweep1")
     print(render(args.folder, table, args.by, higher=args.higher))
     return 0

@@ -37,9 +37,8 @@ from typing import Any
 
 from etils import epath
 
-from job.core import exits, storage
+from job.core import exits, rundir, storage
 from job.core.flags import flatten
-from job.observe.goodput import RECORD as GOODPUT_RECORD
 from job.observe.goodput import read_records
 from job.runs import attempts as attempt_records
 from job.runs.sweep import Run, Sweep, Values, load_plan
@@ -99,26 +98,11 @@ def _failure(record: Mapping[str, Any]) -> str:
     return f"exit {record.get('code')}{where}"
 
 
-def _json(path: epath.Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
-
-
-def _newest_by_split(path: epath.Path) -> dict[str, dict[str, Any]]:
-    """metrics.jsonl's newest record of each split (a torn last line skipped)."""
+def _newest_by_split(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The newest of a run's metrics records of each split."""
     latest: dict[str, dict[str, Any]] = {}
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return latest
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("split"), str):
+    for record in records:
+        if isinstance(record.get("split"), str):
             split = record["split"]
             if record.get("step", -1) >= latest.get(split, {}).get("step", -1):
                 latest[split] = record
@@ -150,10 +134,10 @@ def state_of(run_dir: str | epath.Path, *, now: float | None = None, stale_s: fl
     """Where the run in `run_dir` stands (see the module's docstring for how each state is told)."""
     path = storage.run_path(run_dir)
     now = time.time() if now is None else now
-    cfg, summary = _json(path / "config.json"), _json(path / "summary.json")
-    records = read_records(path / GOODPUT_RECORD)
-    latest = _newest_by_split(path / "metrics.jsonl")
-    started = _started(_json(path / "provenance.json"))
+    cfg, summary = rundir.document(rundir.config(path)), rundir.document(rundir.summary(path))
+    records = read_records(rundir.goodput(path))
+    latest = _newest_by_split(rundir.records(rundir.metrics(path)))
+    started = _started(rundir.document(rundir.provenance(path)))
     if not (cfg or summary or records or latest or started):
         return RunStatus(State.NOT_STARTED)
     summary = summary if isinstance(summary, dict) else {}
@@ -201,10 +185,10 @@ def find_runs(folder: str | epath.Path) -> list[tuple[str, str, Values]]:
         return [(run.name, run.run_dir, run.values) for run in plan.runs]
     root = storage.run_path(folder)
     try:
-        children = sorted(child for child in root.iterdir() if (child / "config.json").exists())
+        children = sorted(child for child in root.iterdir() if rundir.config(child).exists())
     except OSError:
         return []
-    configs = {child.name: flatten(_json(child / "config.json") or {}) for child in children}
+    configs = {child.name: flatten(rundir.document(rundir.config(child)) or {}) for child in children}
     names = sorted({n for flat in configs.values() for n in flat} - set(NOT_VALUES))
     differ = [n for n in names
               if len({json.dumps(flat[n], sort_keys=True) for flat in configs.values() if n in flat}) > 1]

@@ -29,10 +29,12 @@ from typing import Any
 
 from etils import epath
 
+from job.core import rundir
+
 log = logging.getLogger(__name__)
 
 ENV = "JOB_ATTEMPTS"  # set by slurm/requeue.sh's watch_srun for the tasks
-RECORD = "attempts.jsonl"
+RECORD = rundir.ATTEMPTS
 FAILURE, PREEMPTION = "failure", "preemption"
 
 
@@ -70,23 +72,11 @@ def note_hang(process: int, node: str, where: str, environ: Mapping[str, str] = 
 
 def ended(run_dir: epath.Path) -> list[dict[str, Any]]:
     """RUN_DIR/attempts.jsonl's `ended` records, oldest first (none where no backend wrote them)."""
-    try:
-        text = (run_dir / RECORD).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return []
-    return _ended_in(text)
+    return [r for r in rundir.records(rundir.attempts(run_dir)) if r.get("event") == "ended"]
 
 
 def _ended_in(text: str) -> list[dict[str, Any]]:
-    records = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a torn line
-        if isinstance(record, dict) and record.get("event") == "ended":
-            records.append(record)
-    return records
+    return [r for r in rundir.parse(text) if r.get("event") == "ended"]
 
 
 def append_ended(run_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -94,15 +84,12 @@ def append_ended(run_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> 
     node, process, cause, nodes, action) with "event" and "attempt" (the ended records already there + 1).
     The file is read and written back whole (an object in a bucket cannot be appended to): one writer at a time.
     The record written; None, with one warning, where the run dir cannot be written."""
-    target = epath.Path(run_dir) / RECORD
+    target = rundir.attempts(epath.Path(run_dir))
     try:
-        try:
-            old = target.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            old = ""
+        old = rundir.text(target)
         numbered = {"event": "ended", "job": record.get("job"), "attempt": len(_ended_in(old)) + 1}
         numbered.update((key, value) for key, value in record.items() if key not in numbered)
-        _write_after(target, old, numbered)
+        rundir.append(target, numbered, old)
     except Exception as exc:  # noqa: BLE001 - gcsfs's HTTP and credential errors are not OSError; the run goes on
         log.warning("attempts: expected to append how this attempt ended (exit %s, %s) to %s, found %s: "
                     "`python -m job runs` will not show it. Fix: a run dir this machine can write (a gs:// URL, or a "
@@ -112,13 +99,6 @@ def append_ended(run_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> 
     return numbered
 
 
-def _write_after(target: epath.Path, old: str, record: Mapping[str, Any]) -> None:
-    """`old` (the file's text as read), ended if it was torn, and `record` as its new last line, written back whole
-    (an object in a bucket cannot be appended to)."""
-    torn = bool(old) and not old.endswith("\n")
-    target.write_text(old + ("\n" if torn else "") + json.dumps(record) + "\n", encoding="utf-8")
-
-
 def note_resumed(run_dir: str | os.PathLike[str], step: int, start: int, tier: str, now: float | None = None
                  ) -> dict[str, Any] | None:
     """Process 0, at the first step an attempt completes after resuming: one `resumed` record in
@@ -126,10 +106,10 @@ def note_resumed(run_dir: str | os.PathLike[str], step: int, start: int, tier: s
     a failure cost before training went on) and the tier the state came from. None where no attempt's end is on
     record (the first attempt, a run off Slurm and TPU) or the run dir cannot be written."""
     now = time.time() if now is None else now
-    target = epath.Path(run_dir) / RECORD
+    target = rundir.attempts(epath.Path(run_dir))
     try:
-        old = target.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        old = rundir.text(target)
+    except OSError:
         return None
     previous = _ended_in(old)
     if not previous:
@@ -137,7 +117,7 @@ def note_resumed(run_dir: str | os.PathLike[str], step: int, start: int, tier: s
     record = {"event": "resumed", "attempt": len(previous) + 1, "time": round(now, 3), "step": step,
               "from_step": start, "tier": tier, "gap_s": round(now - float(previous[-1].get("ended", now)), 3)}
     try:
-        _write_after(target, old, record)
+        rundir.append(target, record, old)
     except Exception as exc:  # noqa: BLE001 - gcsfs's errors are not OSError; the run goes on
         log.warning("attempts: expected to record the restart gap in %s, found %s", target,
                     getattr(exc, "strerror", None) or exc)

@@ -12,6 +12,7 @@ topology.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import threading
@@ -86,7 +87,10 @@ class Checkpointer:
     `background`. `room` reads what is free (tests replace it).
     """
 
-    def __init__(self, directory: str | os.PathLike[str], cfg: CheckpointConfig) -> None:
+    def __init__(self, directory: str | os.PathLike[str], cfg: CheckpointConfig, *, training: bool = False) -> None:
+        """`training`: the run that writes here, which removes what an interrupted save left (orbax's
+        N.orbax-checkpoint-tmp folders: a second Ctrl-C, a kill during a save); a reader (eval, export) never
+        does, as the run it reads may be saving right now."""
         path = storage.run_path(directory)
         self.directory = path if storage.is_remote(path) else path.absolute()
         self.background = cfg.background
@@ -102,6 +106,7 @@ class Checkpointer:
             multiprocessing_options=ocp.options.MultiprocessingOptions(
                 active_processes=set(range(processes)) if processes > 1 else None),
             create=processes == 1,
+            cleanup_tmp_directories=training,
         )
         if processes > 1:
             on_process_zero(storage.make_dirs, self.directory)
@@ -326,9 +331,11 @@ def _set_aside(source: epath.Path, step: int) -> None:
         log.warning("moved the unreadable checkpoint to %s", target)
 
 
-@jax.jit
-def _copy(arrays: list[jax.Array]) -> list[jax.Array]:
-    return [jnp.copy(x) for x in arrays]
+@functools.cache
+def _copier(shardings: tuple[jax.sharding.Sharding, ...]) -> Callable[[list[jax.Array]], list[jax.Array]]:
+    """One jitted copy per layout of the state (compiled once per run): its out_shardings the arrays' own, so
+    the copy saved records each array's spec as planned (a mesh axis of size 1 included)."""
+    return jax.jit(lambda arrays: [jnp.copy(x) for x in arrays], out_shardings=list(shardings))
 
 
 def snapshot(tree: Any) -> Any:
@@ -340,7 +347,7 @@ def snapshot(tree: Any) -> Any:
     where = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]
     arrays = [leaves[i] for i in where]
     if len({frozenset(x.sharding.device_set) for x in arrays}) <= 1:
-        copies = _copy(arrays)
+        copies = _copier(tuple(x.sharding for x in arrays))(arrays)
     else:
         copies = [jax.device_put(x, x.sharding, may_alias=False) for x in arrays]
     for i, copied in zip(where, copies, strict=True):

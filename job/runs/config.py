@@ -1,6 +1,6 @@
 """How a run saves its checkpoints (`--ckpt.*`): the config `Checkpointer` (job/runs/checkpoint.py) reads.
 
-    Checkpointer(run_dir / "checkpoints", CheckpointConfig(every=50, keep=3))
+    Checkpointer(rundir.checkpoints(run_dir), CheckpointConfig(every=50, keep=3))
     python -m job train --ckpt.every 100 --ckpt.keep 2 --ckpt.no-async-save
 
 `TrainConfig` (job/train/config.py) holds it as `ckpt`. It lives apart from the checkpointer

@@ -7,8 +7,8 @@ device memory. Before each such save this compares the bytes of that copy with w
 - a device whose backend reports its memory (GPU, TPU: `memory_stats()`): bytes_limit -
   bytes_in_use of that device, against the bytes the copy puts on it;
 - a device that does not (CPU: its arrays live in host memory): what the host has available
-  (MemAvailable, within the memory limit of this process's cgroup), against this process's
-  copy times the processes of the run on this host, which all copy at the same moment.
+  (MemAvailable, within the memory limit of this process's cgroup: job.runtime.host), against
+  this process's copy times the processes of the run on this host, which all copy at the same moment.
 
 The copy is taken when it fits in HEADROOM of what is free everywhere, or when nothing says
 what is free. The numbers are read between two steps; the functions here take them as
@@ -20,14 +20,13 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
-from job.runtime.cluster.local import LocalLauncher
-from job.runtime.cluster.slurm import SlurmJob
+from job.runtime.cluster import environment
+from job.runtime.host import host_available
 
 # The copy must fit in 90% of what is free: the other 10% is slack for the allocator's
 # fragmentation and what else allocates beside the save (the host's other users, the write's
@@ -35,10 +34,6 @@ from job.runtime.cluster.slurm import SlurmJob
 # that beside the copy is not covered (`--ckpt.no-background` is). A copy that does not fit is
 # not made: the save is written from the live state on the loop's thread instead.
 HEADROOM = 0.9
-MEMINFO = Path("/proc/meminfo")
-PROC_CGROUP = Path("/proc/self/cgroup")
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-_UNLIMITED = 1 << 62  # cgroup v1 writes "no limit" as a number near 2**63
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,87 +89,15 @@ def device_free(device: Any) -> int | None:
     return max(0, int(stats["bytes_limit"]) - int(stats["bytes_in_use"]))
 
 
-def mem_available(meminfo: str) -> int | None:
-    """MemAvailable of a /proc/meminfo text, in bytes; None when it is not there."""
-    for line in meminfo.splitlines():
-        name, _, value = line.partition(":")
-        if name == "MemAvailable":
-            number, _, unit = value.strip().partition(" ")
-            if number.isdigit():
-                return int(number) * (1024 if unit.strip() == "kB" else 1)
-    return None
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:
-        return None
-
-
-def _stat(text: str | None, name: str) -> int:
-    """A field of a cgroup memory.stat text (0 when absent)."""
-    for line in (text or "").splitlines():
-        key, _, value = line.partition(" ")
-        if key == name and value.strip().isdigit():
-            return int(value)
-    return 0
-
-
-def cgroup_room(proc_cgroup: Path = PROC_CGROUP, root: Path = CGROUP_ROOT) -> int | None:
-    """What this process's cgroup memory limit still allows (limit - usage + reclaimable cache), the
-    tightest over its parents; None when no limit is set or none can be read (cgroup v2, or v1's memory)."""
-    rooms = []
-    for line in (_read(proc_cgroup) or "").splitlines():
-        fields = line.split(":", 2)
-        if len(fields) != 3:
-            continue
-        controllers, path = fields[1], fields[2].lstrip("/")
-        if controllers == "":  # v2: memory.max in the group's folder and in each parent's
-            folder = root / path
-            while folder.is_relative_to(root):
-                limit = (_read(folder / "memory.max") or "max").strip()
-                usage = (_read(folder / "memory.current") or "").strip()
-                if limit.isdigit() and usage.isdigit():
-                    cache = _stat(_read(folder / "memory.stat"), "inactive_file")
-                    rooms.append(int(limit) - int(usage) + cache)
-                folder = folder.parent
-        elif "memory" in controllers.split(","):  # v1: memory.stat holds the tightest limit of the hierarchy
-            folder = root / "memory" / path
-            folder = folder if folder.is_dir() else root / "memory"  # a namespaced mount shows its own group
-            stat = _read(folder / "memory.stat")
-            limit = _stat(stat, "hierarchical_memory_limit")
-            usage = (_read(folder / "memory.usage_in_bytes") or "").strip()
-            if 0 < limit < _UNLIMITED and usage.isdigit():
-                rooms.append(limit - int(usage) + _stat(stat, "total_inactive_file"))
-    return max(0, min(rooms)) if rooms else None
-
-
-def host_available() -> int | None:
-    """Bytes the host can give this process's group: MemAvailable, capped by its cgroup's limit; None
-    when /proc/meminfo does not read."""
-    text = _read(MEMINFO)
-    available = mem_available(text) if text is not None else None
-    if available is None:
-        return None
-    limited = cgroup_room()
-    return available if limited is None else min(available, limited)
-
-
 def processes_on_host(env: Mapping[str, str], process_count: int) -> int:
     """How many of the run's processes share this host (each copying its state at the same moment).
 
-    Our launcher starts all of its processes on one machine; Slurm says how many tasks each node
-    runs. Where nothing says (another scheduler), every process of the run is assumed to be here:
-    a save that needs no copy is slower, a copy that does not fit kills the run.
+    The cluster environment says (job.runtime.cluster). Where it does not, every process of the run
+    is assumed to be here: a save that needs no copy is slower, a copy that does not fit kills the run.
     """
     if process_count == 1:
         return 1
-    if LocalLauncher.is_present(env):
-        return LocalLauncher.num_processes(env)
-    if SlurmJob.is_present(env):
-        return SlurmJob._tasks_on_this_node(env) or process_count  # the one reading of the tasks per node
-    return process_count
+    return environment(env).processes_on_this_host(env) or process_count
 
 
 def room(devices: Iterable[Any]) -> Room:

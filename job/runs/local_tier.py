@@ -42,7 +42,7 @@ import jax
 import numpy as np
 
 from job.parallel.multihost import coordination_client
-from job.runs import headroom
+from job.runtime.host import host_available
 
 log = logging.getLogger(__name__)
 
@@ -273,7 +273,7 @@ class LocalTier:
             return
         size = sum(shard.data.nbytes for leaf in leaves for shard in leaf.addressable_shards)
         free = shutil.disk_usage(self.folder).free
-        memory = headroom.host_available()  # a tmpfs's pages are memory, whatever its size says
+        memory = host_available()  # a tmpfs's pages are memory, whatever its size says
         if str(self.folder).startswith("/dev/shm") and memory is not None:
             free = min(free, memory)
         if free < HEADROOM * size:

@@ -35,20 +35,19 @@ from typing import Any
 
 from etils import epath
 
-from job.core import flags, storage
+from job.core import flags, rundir, storage
 from job.core.errors import ConfigError
 from job.runtime import preflight
-from job.runtime.cluster.local import COORDINATOR, NUM_PROCESSES, PROCESS_ID
+from job.runtime import cluster
 
-RECORD = "provenance.json"
+RECORD = rundir.PROVENANCE
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (or image folder) the job package sits in
 LOCKS = ("requirements.lock", "docker/requirements-cuda.lock", "docker/requirements-tpu.lock")
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "tensorstore")
 ENV_PREFIXES = ("JAX_", "XLA_", "NCCL_", "TPU_", "LIBTPU_", "CUDA_VISIBLE_DEVICES", "TF_CPP_")
 # Set per process by whoever starts it (the launcher, srun, the TPU runtime): never replayed.
-PER_PROCESS = frozenset({COORDINATOR, NUM_PROCESSES, PROCESS_ID, "JAX_COORDINATOR_ADDRESS",
-                         "JAX_COORDINATOR_BIND_ADDRESS", "JAX_COORDINATOR_PORT", "JAX_LOCAL_DEVICE_IDS",
-                         "TPU_WORKER_ID", "CUDA_VISIBLE_DEVICES"})
+PER_PROCESS = cluster.PER_PROCESS | {"JAX_COORDINATOR_ADDRESS", "JAX_COORDINATOR_BIND_ADDRESS", "JAX_COORDINATOR_PORT",
+                                     "JAX_LOCAL_DEVICE_IDS", "CUDA_VISIBLE_DEVICES"}
 GIT_TIMEOUT_S = 10
 UNTRACKED_FILES, UNTRACKED_BYTES = 100, 1 << 20  # new files up to this many and this size go into the diff
 # A task package's walk stops at whichever comes first, so a huge folder (data, a checkout) beside the code
@@ -239,14 +238,14 @@ def record(run_dir: epath.Path, argv: Sequence[str] | None, topology: Mapping[st
            task: str | None = None) -> dict[str, Any]:
     """Append this attempt to RUN_DIR/provenance.json (process 0 calls it); returns the attempt."""
     entry, diff = attempt(argv, topology, task=task)
-    path = run_dir / RECORD
+    path = rundir.provenance(run_dir)
     try:
         attempts = json.loads(path.read_text())["attempts"]
     except (OSError, ValueError, KeyError):
         attempts = []
     storage.make_dirs(run_dir)
     if diff:
-        entry["code"]["diff_file"] = f"code-{len(attempts)}.diff"
+        entry["code"]["diff_file"] = rundir.code_diff(len(attempts))
         (run_dir / entry["code"]["diff_file"]).write_text(diff)
     attempts.append(entry)
     path.write_text(json.dumps({"attempts": attempts}, indent=2) + "\n")

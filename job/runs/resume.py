@@ -19,7 +19,6 @@ moves the old checkpoints aside, never deleting them.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -27,7 +26,7 @@ from typing import Any
 
 from etils import epath
 
-from job.core import storage
+from job.core import rundir, storage
 from job.core.errors import ConfigError
 from job.core.flags import flatten
 from job.parallel.multihost import barrier, on_process_zero
@@ -36,8 +35,7 @@ from job.runs.checkpoint import SET_ASIDE
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.json"
-FRESH_START = "checkpoints.before-fresh-start-"  # where --no-resume moves the old checkpoints
+FRESH_START = rundir.FRESH_START  # where --no-resume moves the old checkpoints
 # Config fields that say where and how the run is run, not what it is: never reported as changed.
 NOT_COMPARED = frozenset({"run_dir", "resume"})
 # Fields that leave the state's structure and shapes as they are: free to change on resume (the run
@@ -45,7 +43,8 @@ NOT_COMPARED = frozenset({"run_dir", "resume"})
 FREE = ("steps", "log_every", "eval_every", "eval_full", "watchdog_s", "straggler_ratio", "compile_cache",
         "compile_timeout_s", "seed", "ckpt.", "wandb.", "profile.", "data.eval_batches",
         "optim.lr", "optim.warmup_steps", "optim.min_lr_ratio", "optim.schedule", "optim.decay_fraction",
-        "optim.decay_steps")
+        "optim.decay_steps",
+        "mesh", "rule", "model_axis")  # the state's layout over the devices, not its shapes: it restores onto any
 SHOWN_LEAVES = 3  # at most this many differing state leaves are named in the error
 
 
@@ -84,11 +83,7 @@ def state_differences(saved: Mapping[str, tuple], built: Mapping[str, tuple]) ->
 
 def saved_config(run_dir: epath.Path) -> dict[str, Any] | None:
     """The run dir's config.json, or None when it has none (or one that does not parse)."""
-    path = run_dir / CONFIG_FILE
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+    return rundir.document(rundir.config(run_dir))
 
 
 def check(run_dir: epath.Path, given: Mapping[str, Any], step: int, saved_specs: Mapping[str, tuple],

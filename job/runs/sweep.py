@@ -29,17 +29,17 @@ import shlex
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
-from job.core import flags, storage, values
+from job.core import flags, rundir, storage, values
 from job.core.errors import ConfigError, as_config_error
+from job.runtime.cluster import environment
 
 Values = tuple[tuple[str, str], ...]  # (dotted config name, value as given), in the order given
 
-PLAN_FILE = "sweep.json"  # SWEEP_DIR/sweep.json: the runs of a sweep, written before the first one starts
+PLAN_FILE = rundir.SWEEP_PLAN  # SWEEP_DIR/sweep.json: the runs of a sweep, written before the first one starts
 MAX_NAME = 120  # characters of a run's folder name; a longer one is cut and ends in '+' and a hash
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=,+-]")
 _GRID_FIX = "write NAME=V1,V2,... words, e.g. SWEEP='optim.lr=1e-3,3e-3 seed=0,1'"
-ARRAY_INDEX = "SLURM_ARRAY_TASK_ID"  # a job array element's index: its run's place in sweep.json
 _NOT_SWEPT = ("run-dir",)  # the sweep sets it: SWEEP_DIR/NAME
 
 
@@ -251,12 +251,12 @@ def save_plan(sweep: Sweep) -> None:
     record = {"spec": sweep.spec, "folder": sweep.folder,
               "runs": [{"name": r.name, "values": [list(v) for v in r.values], "run_dir": r.run_dir,
                         "flags": list(r.flags)} for r in sweep.runs]}
-    (folder / PLAN_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    rundir.sweep_plan(folder).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 
 def load_plan(folder: str | Path) -> Sweep | None:
     """The sweep.json in `folder` (its runs' dirs as found there, wherever it was written from), or None."""
-    path = storage.run_path(folder) / PLAN_FILE
+    path = rundir.sweep_plan(storage.run_path(folder))
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
         runs = tuple(Run(name=r["name"], values=tuple((str(n), str(v)) for n, v in r["values"]),
@@ -268,22 +268,27 @@ def load_plan(folder: str | Path) -> Sweep | None:
 
 
 def element_flags(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str, ...]:
-    """`python -m job sweep-run SWEEP_DIR [INDEX]`: the flags of run INDEX (default $SLURM_ARRAY_TASK_ID)
-    of the sweep.json in SWEEP_DIR: what a job array element of `sbatch --array` runs."""
+    """`python -m job sweep-run SWEEP_DIR [INDEX]`: the flags of run INDEX (default: the cluster's array index,
+    job.runtime.cluster) of the sweep.json in SWEEP_DIR: what an element of the sweep's job array runs."""
     usage = "python -m job sweep-run SWEEP_DIR [INDEX]"
     if len(argv) not in (1, 2):
         raise ConfigError("sweep-run", expected=usage, found=shlex.join(argv), fix="give the sweep folder, then "
-                          "the run's index (or run it as a Slurm array element, which sets SLURM_ARRAY_TASK_ID)")
-    index = argv[1] if len(argv) == 2 else environ.get(ARRAY_INDEX, "")
+                          "the run's index (an element of the sweep's job array is given its own by its cluster)")
+    index: str | int | None
+    if len(argv) == 2:
+        what, index = "sweep-run INDEX", argv[1]
+    else:
+        cluster = environment(environ)
+        what, index = f"sweep-run's array index ({cluster.kind})", cluster.array_index(environ)
     sweep = load_plan(argv[0])
     if sweep is None:
         raise ConfigError("sweep-run SWEEP_DIR", expected=f"a folder with the {PLAN_FILE} its submission wrote",
                           found=argv[0], fix="submit the sweep again (make submit-slurm SWEEP=...), which writes it")
-    with as_config_error("sweep-run INDEX" if len(argv) == 2 else ARRAY_INDEX,
-                         expected=f"a run's index, 0..{len(sweep.runs) - 1}", found=index or "none",
-                         fix=f"pass an index, or run it as an element of sbatch --array=0-{len(sweep.runs) - 1}"):
-        return sweep.runs[values.whole(index, maximum=len(sweep.runs) - 1)].flags
+    last = len(sweep.runs) - 1
+    with as_config_error(what, expected=f"a run's index, 0..{last}", found="none" if index is None else index,
+                         fix=f"pass the run's index (0..{last}), or run it as an element of the sweep's job array"):
+        return sweep.runs[values.whole(str(index), maximum=last)].flags
 
 
-__all__ = ["ARRAY_INDEX", "MAX_NAME", "PLAN_FILE", "Run", "Sweep", "Values", "element_flags", "grid", "listing", "load_plan", "parse", "plan",
+__all__ = ["MAX_NAME", "PLAN_FILE", "Run", "Sweep", "Values", "element_flags", "grid", "listing", "load_plan", "parse", "plan",
            "read_file", "run_flags", "run_names", "save_plan", "short_names"]

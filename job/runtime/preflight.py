@@ -33,8 +33,8 @@ from etils import epath
 from job.core import internals, storage
 from job.core.errors import JobError
 from job.core.flags import flatten
+from job.runtime.cluster import environment
 from job.runtime.cluster.base import SKIP_GPU_CHECK, skips_gpu_check, visible_gpus
-from job.runtime.cluster.slurm import SlurmJob
 
 log = logging.getLogger("job.runtime.preflight")
 
@@ -118,12 +118,12 @@ def sees_process_0(directory: epath.Path, token: str) -> str:
 def gpus_given(env: Mapping[str, str], jax_visible: str = "all") -> int | None:
     """How many GPUs this process was given; None for none (a CPU job).
 
-    The GPUs CUDA_VISIBLE_DEVICES lists (else those Slurm gave the task), narrowed to
+    The GPUs CUDA_VISIBLE_DEVICES lists (else those the cluster gave the task), narrowed to
     the ones jax was told to use (`jax_visible`: its jax_cuda_visible_devices, set from
     local_device_ids) when that is not "all".
     """
     listed = visible_gpus(env)
-    count = len(listed) if listed is not None else SlurmJob.task_gpus(env)
+    count = len(listed) if listed is not None else environment(env).task_gpus(env)
     if not count:
         return None
     return count if jax_visible == "all" else len(jax_visible.split(","))

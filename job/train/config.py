@@ -17,6 +17,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_type_hints
 
+from job.core import rundir
 from job.core.errors import ConfigError
 from job.core.storage import url_problem
 from job.core.values import integer
@@ -253,7 +254,7 @@ def from_dict(values: Mapping[str, Any], task: Task) -> TrainConfig:
         return kind(**out)
 
     nested = {"model": task.model_config, "data": task.data_config}
-    return build(TrainConfig, {"model": {}, "data": {}, **values}, "config.json")
+    return build(TrainConfig, {"model": {}, "data": {}, **values}, rundir.CONFIG)
 
 
 def parse(args: list[str], task: Task) -> TrainConfig:

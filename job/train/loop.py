@@ -25,7 +25,7 @@ from etils import epath
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from job.core import storage
+from job.core import rundir, storage
 from job.core.errors import ConfigError
 from job.observe import process_log
 from job.observe.goodput import Goodput, describe
@@ -151,7 +151,7 @@ class Training:
         cache_dir = compile_cache.enable(cfg.compile_cache, run_dir=cfg.run_dir)  # before the first compilation
         log.info("process %d of %d (%s) on %s", info.process_id, info.num_processes, info.kind, node_name())
         run_dir = storage.run_path(cfg.run_dir)  # a local folder or gs://BUCKET/FOLDER (etils.epath)
-        checked = preflight.check(to_dict(cfg), run_dir / "checkpoints")
+        checked = preflight.check(to_dict(cfg), rundir.checkpoints(run_dir))
         mesh = run_mesh(cfg.model_axis, mesh=cfg.mesh)
         sharding.check_global_batch(cfg.data.global_batch, cfg.accum_steps, mesh)
         # shapes and placement first, no array made; the state is then created as its shards, or restored into them
@@ -168,8 +168,8 @@ class Training:
         """(the step to start from, the state): the newest readable checkpoint's, else a fresh state.
         A checkpoint of another state stops the run here (exit 2), with nothing touched."""
         cfg, run_dir = self.cfg, built.run_dir
-        self.moved = None if cfg.resume else resume.move_aside_for_fresh_start(run_dir / "checkpoints")
-        self.checkpoints = checkpoints = Checkpointer(run_dir / "checkpoints", cfg.ckpt)
+        self.moved = None if cfg.resume else resume.move_aside_for_fresh_start(rundir.checkpoints(run_dir))
+        self.checkpoints = checkpoints = Checkpointer(rundir.checkpoints(run_dir), cfg.ckpt, training=True)
         start, self.changed = 0, []
         newest = checkpoints.newest_specs() if cfg.resume else None
         if newest is not None:
@@ -207,7 +207,7 @@ class Training:
         if start and self.local_source:
             report.message("resumed from step %d (the node-local tier: %s)", start, self.local_source)
         elif start:
-            report.message("resumed from step %d (%s)", start, run_dir / "checkpoints")
+            report.message("resumed from step %d (%s)", start, rundir.checkpoints(run_dir))
         if start and self.changed:
             lr_note = optimizers.schedule_change(task, cfg, self.changed, start)  # None: the same schedule
             report.message("changed since the saved run (the state is the same): %s%s", ", ".join(
@@ -470,4 +470,4 @@ def _topology(info: ClusterInfo, mesh: jax.sharding.Mesh) -> dict:
 
 def _save_config(run_dir: epath.Path, cfg: TrainConfig) -> None:
     storage.make_dirs(run_dir)
-    (run_dir / "config.json").write_text(to_json(cfg) + "\n")
+    rundir.config(run_dir).write_text(to_json(cfg) + "\n")

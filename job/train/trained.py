@@ -26,7 +26,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
-from job.core import storage, values
+from job.core import rundir, storage, values
 from job.core.errors import BAD_INPUT_EXIT_CODE, ConfigError
 from job.parallel import sharding
 from job.parallel.multihost import on_process_zero
@@ -67,7 +67,7 @@ def load_model(run_dir: str, step: int | None = None, *, ema: bool = False) -> t
     mesh = sharding.make_mesh(devices=jax.local_devices())
     like = state.placed(abstract_state, sharding.placement(abstract_state, mesh, "replicated")[0])
     target = {"ema": {"model": like}} if ema else {"model": like}
-    checkpoints = Checkpointer(storage.run_path(run_dir) / "checkpoints", cfg.ckpt)
+    checkpoints = Checkpointer(rundir.checkpoints(storage.run_path(run_dir)), cfg.ckpt)
     try:
         restored = checkpoints.restore(checkpoints.saved_step(step), target, partial=True)
     finally:
@@ -135,7 +135,7 @@ def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None, *
     run_dir = storage.run_path(cfg.run_dir)
     mesh, cfg = eval_mesh(cfg, model_axis)
     _, _, planned, evaluator = loop.plan_run(cfg, task, mesh)
-    checkpoints = Checkpointer(run_dir / "checkpoints", cfg.ckpt)
+    checkpoints = Checkpointer(rundir.checkpoints(run_dir), cfg.ckpt)
     try:
         chosen = checkpoints.saved_step(step)
         restored = checkpoints.restore(chosen, planned.abstract)
@@ -145,11 +145,11 @@ def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None, *
         results = evaluator.run(restored) or {}
     record = {"step": chosen, "splits": {split: {"rows": evaluator.rows(split), "batches": len(evaluator.plan[split]),
                                                  **metrics} for split, metrics in results.items()}}
-    on_process_zero(_write_json, run_dir / f"eval-{chosen}.json", record)
+    on_process_zero(_write_json, rundir.evaluation(run_dir, chosen), record)
     for split, metrics in results.items():
         on_process_zero(log.info, "eval of step %d on %s: %s", chosen, split, ", ".join(
             f"{k} {v:.6g}" for k, v in metrics.items()))
-    on_process_zero(log.info, "wrote %s", run_dir / f"eval-{chosen}.json")
+    on_process_zero(log.info, "wrote %s", rundir.evaluation(run_dir, chosen))
     return 0
 
 

@@ -18,7 +18,7 @@ SMALL = ("--model.layers", "1", "--model.dim", "32", "--model.mlp-dim", "64")
 
 
 def sweep(spec: str, folder: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "deploy.local_sweep", "--sweep", spec, "-n", "2", "--devices-per-process", "1",
+    argv = [sys.executable, "-m", "deploy.local.sweep", "--sweep", spec, "-n", "2", "--devices-per-process", "1",
             "--", "train", "--steps", "4", "--log-every", "2", "--eval-every", "4", "--run-dir", str(folder),
             *SMALL, *flags]
     return run(argv, timeout=240)

@@ -116,11 +116,12 @@ def test_an_interrupted_save_is_never_restored(tmp_path: Path) -> None:
     train(1, 2, tmp_path, "--steps", "8", "--ckpt.every", "4", "--eval-every", "8", *SMALL)
     checkpoints = tmp_path / "checkpoints"
     # what a save killed half-way leaves: orbax's temporary folder for a later step
-    shutil.copytree(checkpoints / "8", checkpoints / "12.orbax-checkpoint-tmp")
-    (checkpoints / "12.orbax-checkpoint-tmp" / "commit_success.txt").unlink(missing_ok=True)
+    shutil.copytree(checkpoints / "8", checkpoints / "16.orbax-checkpoint-tmp")
+    (checkpoints / "16.orbax-checkpoint-tmp" / "commit_success.txt").unlink(missing_ok=True)
     proc = train(1, 2, tmp_path, "--steps", "12", "--ckpt.every", "4", "--eval-every", "12", *SMALL)
     assert "resumed from step 8" in proc.stderr
     assert [r["step"] for r in records(tmp_path) if r["split"] == "train"] == [8, 10, 12]  # resumed after step 8
+    assert not (checkpoints / "16.orbax-checkpoint-tmp").exists()  # the training run clears what was left
     assert summary(tmp_path)["final_step"] == 12
 
 

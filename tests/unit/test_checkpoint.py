@@ -20,6 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from job.runs import checkpoint, headroom
 from job.runs.checkpoint import Checkpointer, CheckpointError
 from job.runs.config import CheckpointConfig
+from job.runtime import host
 
 
 def _state(offset: float = 0.0) -> dict:
@@ -154,8 +155,8 @@ def test_a_device_that_reports_its_memory_gets_the_copy_only_where_it_fits_with_
 
 def test_cpu_devices_share_the_hosts_available_memory_with_every_process_on_it() -> None:
     meminfo = "MemTotal:       25165824 kB\nMemFree:         1048576 kB\nMemAvailable:    8388608 kB\n"
-    assert headroom.mem_available(meminfo) == 8 * GIB
-    assert headroom.mem_available("MemTotal: 25165824 kB\n") is None
+    assert host.mem_available(meminfo) == 8 * GIB
+    assert host.mem_available("MemTotal: 25165824 kB\n") is None
     cpus = {0: GIB, 1: GIB}  # this process's copy: 1 GiB on each of its 2 devices
     four = headroom.fits(cpus, headroom.Room({0: None, 1: None}, 8 * GIB, processes_on_host=4))
     assert four == headroom.Fit(False, 8 * GIB, 8 * GIB, processes_on_host=4)
@@ -184,19 +185,19 @@ def test_a_cgroup_limit_caps_what_the_host_has_available(tmp_path: Path) -> None
     (job / "memory.stat").write_text(f"anon {6 * GIB}\ninactive_file {GIB}\n")
     (step / "memory.max").write_text("max\n")
     (step / "memory.current").write_text(f"{7 * GIB}\n")
-    assert headroom.cgroup_room(tmp_path / "proc", tmp_path / "cg") == 4 * GIB  # 10 - 7 + 1 reclaimable
+    assert host.cgroup_room(tmp_path / "proc", tmp_path / "cg") == 4 * GIB  # 10 - 7 + 1 reclaimable
     (tmp_path / "proc").write_text("4:memory:/g\n")
     (tmp_path / "cg" / "memory" / "g").mkdir(parents=True)
     (tmp_path / "cg" / "memory" / "g" / "memory.stat").write_text("hierarchical_memory_limit 9223372036854771712\n")
     (tmp_path / "cg" / "memory" / "g" / "memory.usage_in_bytes").write_text(f"{GIB}\n")
-    assert headroom.cgroup_room(tmp_path / "proc", tmp_path / "cg") is None  # v1 without a limit
+    assert host.cgroup_room(tmp_path / "proc", tmp_path / "cg") is None  # v1 without a limit
 
 
 def test_free_memory_that_nothing_reports_keeps_the_copy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert headroom.fits({0: 64 * GIB}, headroom.Room({0: None}, None, 1)) == headroom.Fit(True, 64 * GIB, None, 1)
     assert headroom.device_free(jax.devices()[0]) is None  # XLA:CPU does not report
-    monkeypatch.setattr(headroom, "MEMINFO", tmp_path / "missing")
-    assert headroom.host_available() is None
+    monkeypatch.setattr(host, "MEMINFO", tmp_path / "missing")
+    assert host.host_available() is None
 
 
 def _saved_way(caplog: pytest.LogCaptureFixture) -> list[str]:

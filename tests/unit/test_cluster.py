@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -18,7 +19,16 @@ from pathlib import Path
 import pytest
 
 from job.errors import ConfigError
-from job.runtime.cluster import DETECTION_ORDER, KINDS, SINGLE, ClusterInfo, detect
+from job.runtime.cluster import (
+    DETECTION_ORDER,
+    KINDS,
+    PER_PROCESS,
+    SINGLE,
+    ClusterInfo,
+    detect,
+    environment,
+    node_name,
+)
 from job.runtime.cluster.base import read_id_list, read_int, read_port, visible_gpus
 from job.runtime.cluster.local import LocalLauncher
 from job.runtime.cluster.nodelist import first_node
@@ -597,6 +607,43 @@ def test_detect_asks_gce_only_after_everything_else(monkeypatch: pytest.MonkeyPa
     assert detect(CPU_4x1).kind == "slurm"
     assert detect(GKE_TPU).kind == "tpu"
     assert calls == []  # an earlier match never reaches the GCE check
+
+
+# --------------------------------------------------------------------------- what the library asks of a cluster
+
+HOST = socket.gethostname()
+# (id, env, (processes on this host, array index, node name, task's GPUs)) as the detected class answers
+ASKED_TABLES: tuple[tuple[str, Env, tuple[int | None, int | None, str, int]], ...] = (
+    ("launcher", LAUNCHER, (4, None, HOST, 0)),
+    ("launcher-inside-slurm", {**GPU_2x4, **LAUNCHER}, (4, None, HOST, 0)),  # the launcher answers, not Slurm
+    ("slurm-gpus", GPU_2x4, (4, None, "gpu02", 4)),
+    ("slurm-array-element", {**CPU_4x1, "SLURM_ARRAY_TASK_ID": "5"}, (1, 5, "node3", 0)),
+    ("slurm-uneven-nodes", HETERO_ON_B5, (1, None, "b5", 0)),
+    ("slurm-forced-single", {**GPU_2x4, "JOB_CLUSTER": "single"}, (None, None, HOST, 0)),
+    ("tpu-worker", GKE_TPU, (None, None, HOST, 0)),
+    ("nothing", {}, (None, None, HOST, 0)),
+)
+
+
+@pytest.mark.parametrize(("env", "expected"), [r[1:] for r in ASKED_TABLES], ids=[r[0] for r in ASKED_TABLES])
+def test_the_detected_environment_answers_what_the_library_asks_of_a_cluster(
+        env: Env, expected: tuple[int | None, int | None, str, int]) -> None:
+    found = environment(env)
+    assert found.kind == detect(env).kind
+    assert (found.processes_on_this_host(env), found.array_index(env), found.node_name(env),
+            found.task_gpus(env)) == expected
+    assert node_name(env) == expected[2]
+
+
+def test_the_variables_set_per_process_are_each_environments_own_and_none_shared() -> None:
+    assert set(LocalLauncher.variables("10.1.2.3:5555", 4, 1)) <= PER_PROCESS  # what the launcher hands each child
+    assert {"SLURM_PROCID", "SLURM_LOCALID", "TPU_WORKER_ID"} <= PER_PROCESS
+    assert not {"SLURM_JOB_ID", "TPU_WORKER_HOSTNAMES", "JOB_COORDINATOR_PORT"} & PER_PROCESS  # the same everywhere
+
+
+def test_an_array_index_that_is_not_a_number_names_its_variable() -> None:
+    with pytest.raises(ConfigError, match="SLURM_ARRAY_TASK_ID: expected an integer >= 0, found 'x'"):
+        environment({**CPU_4x1, "SLURM_ARRAY_TASK_ID": "x"}).array_index({**CPU_4x1, "SLURM_ARRAY_TASK_ID": "x"})
 
 
 @pytest.mark.parametrize(

@@ -852,12 +852,15 @@ def test_sweep_parallel_without_a_sweep_is_refused(capsys: pytest.CaptureFixture
 
 def test_an_array_element_reads_its_run_from_the_saved_plan(tmp_path: Path) -> None:
     from job.runs.sweep import element_flags, plan, save_plan
+    from tests.unit.test_cluster import CPU_4x1
 
     sweep = plan("seed=0,1", ["train", "--run-dir", str(tmp_path / "sweep")])
     save_plan(sweep)
-    assert element_flags([str(tmp_path / "sweep")], {"SLURM_ARRAY_TASK_ID": "1"}) == sweep.runs[1].flags
+    assert element_flags([str(tmp_path / "sweep")], {**CPU_4x1, "SLURM_ARRAY_TASK_ID": "1"}) == sweep.runs[1].flags
     assert element_flags([str(tmp_path / "sweep"), "0"], {}) == sweep.runs[0].flags
-    with pytest.raises(ConfigError, match=r"SLURM_ARRAY_TASK_ID: expected a run's index, 0..1, found '2'"):
-        element_flags([str(tmp_path / "sweep")], {"SLURM_ARRAY_TASK_ID": "2"})
+    with pytest.raises(ConfigError, match=r"array index \(slurm\): expected a run's index, 0..1, found 2"):
+        element_flags([str(tmp_path / "sweep")], {**CPU_4x1, "SLURM_ARRAY_TASK_ID": "2"})
+    with pytest.raises(ConfigError, match=r"array index \(slurm\): expected a run's index, 0..1, found 'none'"):
+        element_flags([str(tmp_path / "sweep")], CPU_4x1)
     with pytest.raises(ConfigError, match="sweep.json"):
-        element_flags([str(tmp_path / "nothing")], {"SLURM_ARRAY_TASK_ID": "0"})
+        element_flags([str(tmp_path / "nothing")], {**CPU_4x1, "SLURM_ARRAY_TASK_ID": "0"})

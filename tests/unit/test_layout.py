@@ -10,6 +10,8 @@
 - The rooms stand one above another (`FLOORS`, from the ground up): a room imports only its own floor and
   those below, so a config lives in the room of the code that reads it and `TrainConfig` composes them.
 - `docs/layout.md` names every module.
+- A backend is a folder `deploy/NAME/` and a class in `job/runtime/cluster/NAME.py`: no other module imports
+  the class or names its environment variables, and deploy/'s shared modules import no backend folder.
 - An import inside a function of `job/` says why it is not at the top of its module (an entry point kept
   light, an optional dependency), in a comment on its line or the line above.
 - A test helper is defined once: what two test files need lives in `tests/launching.py` (launch runs),
@@ -21,10 +23,13 @@ from __future__ import annotations
 import ast
 import importlib
 import io
+import re
 import tokenize
 from pathlib import Path
 
 import pytest
+
+from job.runtime.cluster import DETECTION_ORDER
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLIC = {"job/__init__.py", "job/__main__.py", "job/launch.py", "job/multihost.py", "job/sharding.py",
@@ -226,3 +231,75 @@ def test_no_test_helper_is_defined_in_two_test_files() -> None:
                 files.setdefault(node.name, []).append(_rel(path))
     twice = {name: where for name, where in files.items() if len(where) > 1}
     assert not twice, f"one definition each (tests/launching.py, tests/records.py), or another name: {twice}"
+
+
+# ---------------------------------------------------------------------------------------------------- backends
+# A backend is a folder deploy/NAME/ and a class of kind NAME in job/runtime/cluster/NAME.py; outside them only
+# the detection order (job/runtime/cluster/__init__.py), the Makefile and the docs name it ("Adding a backend"
+# in docs/layout.md). The library asks the detected class (job.runtime.cluster.environment) what it needs.
+BACKENDS = tuple(dict.fromkeys(cls.kind for cls in DETECTION_ORDER))
+SHARED_CLUSTER = ("job/runtime/cluster/__init__.py", "job/runtime/cluster/base.py")  # every backend's
+# what a backend owns beyond its folder and its class: Slurm's node lists; the local launcher, which starts the
+# processes the local class detects
+OWNS = {"slurm": ("job/runtime/cluster/nodelist.py",), "local": ("job/launch.py",)}
+
+
+def _room(backend: str) -> tuple[str, ...]:
+    """The files (and the folder) that may name `backend`: its folder, its class's module, what it owns."""
+    return (f"deploy/{backend}/", f"job/runtime/cluster/{backend}.py", *OWNS.get(backend, ()), *SHARED_CLUSTER)
+
+
+def _cluster_modules(backend: str) -> set[str]:
+    """`backend`'s modules in job/runtime/cluster/: its class's, and those it owns there."""
+    files = [f"job/runtime/cluster/{backend}.py", *(p for p in OWNS.get(backend, ()) if "/cluster/" in p)]
+    return {".".join(Path(file).with_suffix("").parts) for file in files}
+
+
+def _code_strings(path: Path) -> list[str]:
+    """Every string constant of a file's code (f-strings' parts included), its docstrings left out."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+def _variables(backend: str) -> set[str]:
+    """The environment variables `backend`'s class reads: its module's upper-case string constants, but for
+    those another backend's module reads too (our own knobs, such as JOB_COORDINATOR_PORT)."""
+    def names(kind: str) -> set[str]:
+        return {s for s in _code_strings(ROOT / "job" / "runtime" / "cluster" / f"{kind}.py")
+                if re.fullmatch(r"[A-Z][A-Z0-9]*_[A-Z0-9_]+", s)}
+    return names(backend) - set().union(*(names(other) for other in BACKENDS if other != backend))
+
+
+def test_every_backend_is_a_deploy_folder_with_a_doctor_and_a_cluster_class_of_its_name() -> None:
+    folders = {p.name for p in (ROOT / "deploy").iterdir() if (p / "__init__.py").exists()}
+    assert folders == set(BACKENDS), "each deploy/ folder is a backend, with a class of its kind in DETECTION_ORDER"
+    for cls in DETECTION_ORDER:
+        assert cls.__module__ == f"job.runtime.cluster.{cls.kind}", cls
+    for backend in BACKENDS:
+        assert (ROOT / "deploy" / backend / "doctor.py").exists(), f"deploy/{backend}/ has no doctor.py"
+
+
+def test_no_module_outside_a_backends_room_imports_its_class_or_names_its_variables() -> None:
+    found = []
+    for backend in BACKENDS:
+        own = _cluster_modules(backend)
+        variables = re.compile(r"\b(%s)\b" % "|".join(sorted(_variables(backend))))
+        for path in MODULES.values():
+            if _rel(path).startswith(_room(backend)):
+                continue
+            found += [f"{_rel(path)} imports {name}" for name in sorted(_imports(path) & own)]
+            found += [f"{_rel(path)} names {hit}" for text in _code_strings(path) for hit in variables.findall(text)]
+    assert not found, ("ask the detected environment instead (job.runtime.cluster.environment(env) and the "
+                       f"ClusterEnv classmethods; add one there if the library needs more): {found}")
+
+
+def test_the_top_level_modules_of_deploy_import_no_backend_folder() -> None:
+    found = [f"{_rel(path)} imports {name}" for path in sorted((ROOT / "deploy").glob("*.py"))
+             for name in sorted(_imports(path)) if name.split(".")[:2] in [["deploy", b] for b in BACKENDS]]
+    assert not found, ("deploy/'s top-level modules serve every backend and import no backend's folder: what one "
+                       "backend alone uses belongs in its folder, what more share in a top-level module or the "
+                       f"library (job.launch for the local launcher's command line): {found}")

@@ -1,4 +1,4 @@
-"""`make doctor WHERE=local` (deploy/local_doctor.py): each check of the local launcher's run, against a machine the
+"""`make doctor WHERE=local` (deploy/local/doctor.py): each check of the local launcher's run, against a machine the
 test describes (cores, memory) and this machine's sockets and /dev/shm; ARGS' task, config and batch on its devices."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from deploy import local_doctor
-from deploy.local_doctor import Machine
+from deploy.local import doctor as local_doctor
+from deploy.local.doctor import Machine
+from job.runtime import host
 from tests.doubles import RecordingRunner
 from tests.launching import ROOT, explain
 from tests.records import check_lines
@@ -135,10 +136,10 @@ def test_the_cgroup_cpu_quota_caps_the_cores(tmp_path: Path) -> None:
     (tmp_path / "self").write_text("0::/job\n")
     (tmp_path / "job").mkdir()
     (tmp_path / "job" / "cpu.max").write_text("150000 100000\n")
-    assert local_doctor.cgroup_cpus(tmp_path / "self", tmp_path) == 1.5
+    assert host.cgroup_cpus(tmp_path / "self", tmp_path) == 1.5
     (tmp_path / "job" / "cpu.max").write_text("max 100000\n")
-    assert local_doctor.cgroup_cpus(tmp_path / "self", tmp_path) is None
-    assert local_doctor.cgroup_cpus(tmp_path / "missing", tmp_path) is None
+    assert host.cgroup_cpus(tmp_path / "self", tmp_path) is None
+    assert host.cgroup_cpus(tmp_path / "missing", tmp_path) is None
 
 
 def test_this_machine_is_read() -> None:

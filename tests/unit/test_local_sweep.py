@@ -1,4 +1,4 @@
-"""`make run-local SWEEP=...` (deploy/local_sweep.py) without training: its order, skips and failure policy."""
+"""`make run-local SWEEP=...` (deploy/local/sweep.py) without training: its order, skips and failure policy."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy import local_sweep
+from deploy.local import sweep as local_sweep
 from job.runs.sweep import Run
 
 
@@ -38,7 +38,7 @@ def test_completed_runs_are_skipped_and_said(tmp_path: Path, monkeypatch: pytest
     done.mkdir(parents=True)
     (done / "config.json").write_text(json.dumps({"steps": 4}))
     (done / "summary.json").write_text(json.dumps({"completed": True, "final_step": 4}))
-    caplog.set_level(logging.INFO, logger="deploy.local_sweep")
+    caplog.set_level(logging.INFO, logger="deploy.local.sweep")
     ran: list[str] = []
     monkeypatch.setattr(local_sweep, "launch_argv", _fake_launch({}, ran))
     argv = ["--sweep", "seed=0,1", "-n", "2", "--", "train", "--steps", "4", "--run-dir", str(tmp_path / "sweep")]

@@ -9,6 +9,7 @@ import pytest
 
 from job.errors import ConfigError
 from job.runtime import preflight
+from tests.unit.test_cluster import gpu_task
 
 BASE = {"process": 0, "host": "a", "python": "3.11.7", "jax": "0.10.2", "jaxlib": "0.10.2", "flax": "0.12.8",
         "orbax-checkpoint": "0.12.8", "optax": "0.2.8", "job code": "abc", "device kind": "cpu",
@@ -118,7 +119,7 @@ def test_removing_a_probe_never_raises(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- GPUs
 
-SLURM_TASK = {"SLURM_JOB_ID": "7", "SLURM_GPUS_ON_NODE": "4"}
+SLURM_TASK = gpu_task(4, 1, SLURM_GPUS_ON_NODE="4")
 
 
 @pytest.mark.parametrize(
@@ -134,8 +135,9 @@ SLURM_TASK = {"SLURM_JOB_ID": "7", "SLURM_GPUS_ON_NODE": "4"}
         ({"CUDA_VISIBLE_DEVICES": "NoDevFiles", **SLURM_TASK}, "all", None),
         (SLURM_TASK, "all", 4),  # Slurm says so, nothing narrowed the process
         ({"SLURM_STEP_GPUS": "2,3", **SLURM_TASK}, "all", 2),
-        ({"SLURM_JOB_GPUS": "0,1,2"}, "all", 3),
-        ({"SLURM_LOCALID": "3"}, "3", None),  # a CPU job several tasks a node: jax_cuda_visible_devices is moot
+        (gpu_task(4, 1, SLURM_JOB_GPUS="0,1,2"), "all", 3),
+        (gpu_task(4, 3), "3", None),  # a CPU job several tasks a node: jax_cuda_visible_devices is moot
+        ({"SLURM_GPUS_ON_NODE": "4"}, "all", None),  # not a Slurm task: its variables say nothing
     ],
 )
 def test_gpus_given_to_this_process(env: dict[str, str], jax_visible: str, expected: int | None) -> None:

@@ -437,7 +437,7 @@ def test_make_doctor_goes_where_it_is_told(tmp_path: Path) -> None:
     assert {"--nodes", "3", "--time", "2-00", "--quick=1", "--args=train --steps 5", "--check-run=1"} <= set(slurm_argv)
     bin_dir = tmp_path / "bin"
     assert make_doctor_argv(tmp_path, "WHERE=local", "NPROC=2", "DEVICES=3") == [
-        "-m", "deploy.local_doctor", "-n", "2", "--devices-per-process", "3", "--python", f"{bin_dir}/python",
+        "-m", "deploy.local.doctor", "-n", "2", "--devices-per-process", "3", "--python", f"{bin_dir}/python",
         "--args=train --run-dir runs/local", "--sweep=", "--check-run=0"]
     tpu = make_doctor_argv(tmp_path, "TPU_NAME=pod1", "ZONE=us-central2-b")  # TPU_NAME: tpu unless WHERE says otherwise
     assert tpu[:3] == ["-m", "deploy.tpu", "doctor"] and "--name=pod1" in tpu and tpu[-1] == "--check-run=0"

@@ -1,9 +1,10 @@
-"""The record `job.initialize` returns, and the interface every environment implements."""
+"""The record `job.initialize` returns, the interface every environment implements, and `Single`, no cluster."""
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import socket
 from collections.abc import Mapping
 from typing import ClassVar
 
@@ -102,12 +103,16 @@ class ClusterEnv(abc.ABC):
     """One kind of environment. Subclasses read variables; they never talk to peers.
 
     Every method takes the environment as a mapping so detection can be tested
-    from recorded tables. `describe` validates and builds the record.
+    from recorded tables. `describe` validates and builds the record. The library asks
+    the rest (processes on this host, the array index, the node's name, the task's GPUs)
+    of the detected class through job.runtime.cluster; the defaults say "not known here".
     """
 
     kind: ClassVar[str]
     # Variables that must all be present for `is_present` (documentation and detection).
     required: ClassVar[tuple[str, ...]] = ()
+    # Variables set for each process by whoever starts it: a rerun never replays them.
+    per_process: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def is_present(cls, env: Env) -> bool:
@@ -147,3 +152,42 @@ class ClusterEnv(abc.ABC):
             coordinator_address=cls.coordinator_address(env),
             local_device_ids=cls.local_device_ids(env),
         )
+
+    @classmethod
+    def processes_on_this_host(cls, env: Env) -> int | None:
+        """How many of the job's processes run on this host; None when the environment does not say."""
+        return None
+
+    @classmethod
+    def array_index(cls, env: Env) -> int | None:
+        """This job's index in its job array (a sweep's run each); None outside an array."""
+        return None
+
+    @classmethod
+    def node_name(cls, env: Env) -> str:
+        """This host's name as the environment's scheduler knows it; its host name when it names none."""
+        return socket.gethostname()
+
+    @classmethod
+    def task_gpus(cls, env: Env) -> int:
+        """How many GPUs the environment gave this process, for when CUDA_VISIBLE_DEVICES lists none; 0: it
+        says nothing."""
+        return 0
+
+
+class Single(ClusterEnv):
+    """No cluster: one process, no distributed runtime (what detection falls back to)."""
+
+    kind: ClassVar[str] = "single"
+
+    @classmethod
+    def process_id(cls, env: Env) -> int:
+        return 0
+
+    @classmethod
+    def num_processes(cls, env: Env) -> int:
+        return 1
+
+    @classmethod
+    def coordinator_address(cls, env: Env) -> None:
+        return None

@@ -16,6 +16,7 @@ _FIX = "start the program with `python -m job.launch -n N -- ...` instead of set
 class LocalLauncher(ClusterEnv):
     kind: ClassVar[str] = "local"
     required: ClassVar[tuple[str, ...]] = (COORDINATOR, NUM_PROCESSES, PROCESS_ID)
+    per_process: ClassVar[tuple[str, ...]] = required
 
     @classmethod
     def process_id(cls, env: Env) -> int:
@@ -28,6 +29,11 @@ class LocalLauncher(ClusterEnv):
     @classmethod
     def coordinator_address(cls, env: Env) -> str:
         return env[COORDINATOR]
+
+    @classmethod
+    def processes_on_this_host(cls, env: Env) -> int:
+        """The launcher starts every process of the job on its own machine."""
+        return cls.num_processes(env)
 
     @staticmethod
     def variables(coordinator: str, num_processes: int, process_id: int) -> dict[str, str]:

@@ -31,6 +31,7 @@ LOCALID = "SLURM_LOCALID"
 NODEID = "SLURM_NODEID"
 NODENAME = "SLURMD_NODENAME"  # the node as Slurm names it (every node of a test cluster has one host name)
 TASKS_PER_NODE = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+ARRAY_TASK_ID = "SLURM_ARRAY_TASK_ID"  # a job array element's index (sbatch --array)
 _GPUS_PER_TASK = "SLURM_GPUS_PER_TASK"  # set in a task only inside an sbatch that asked for it
 _GPUS_ON_NODE = "SLURM_GPUS_ON_NODE"  # how many GPUs the step has on this node
 _STEP_GPUS = "SLURM_STEP_GPUS"  # the ids of this task's GPUs (all the step's, when Slurm does not bind)
@@ -57,15 +58,16 @@ def slurm_port(job_id: int, step_id: int) -> int:
 class SlurmJob(ClusterEnv):
     kind: ClassVar[str] = "slurm"
     required: ClassVar[tuple[str, ...]] = (JOB_ID, NODELIST, NTASKS, PROCID, LOCALID)
+    per_process: ClassVar[tuple[str, ...]] = (PROCID, LOCALID, NODEID, NODENAME, _STEP_GPUS)
 
     @classmethod
     def process_id(cls, env: Env) -> int:
         return read_int(env, PROCID, fix=_FIX)
 
     @classmethod
-    def node_name(cls, env: Env) -> str | None:
-        """This task's node as Slurm names it; None outside a Slurm task."""
-        return env.get(NODENAME) or None
+    def node_name(cls, env: Env) -> str:
+        """This task's node as Slurm names it (SLURMD_NODENAME), else the host's name."""
+        return env.get(NODENAME) or super().node_name(env)
 
     @classmethod
     def num_processes(cls, env: Env) -> int:
@@ -97,7 +99,7 @@ class SlurmJob(ClusterEnv):
           ConfigError; tasks on the node that cannot be counted -> ``(SLURM_LOCALID,)``.
         """
         visible = visible_gpus(env)
-        tasks_here = cls._tasks_on_this_node(env)
+        tasks_here = cls.processes_on_this_host(env)
         if visible is None:
             return (cls._local_id(env),) if tasks_here is not None and tasks_here > 1 else None
         seen = len(visible)
@@ -145,9 +147,16 @@ class SlurmJob(ClusterEnv):
         return read_int(env, LOCALID, fix=_FIX)
 
     @classmethod
-    def _tasks_on_this_node(cls, env: Env) -> int | None:
-        """From the step's tasks per node and SLURM_NODEID; when every node runs the same
-        number of tasks, SLURM_NODEID is not needed."""
+    def array_index(cls, env: Env) -> int | None:
+        """SLURM_ARRAY_TASK_ID: this element's index in its `sbatch --array`; None outside an array."""
+        if ARRAY_TASK_ID not in env:
+            return None
+        return read_int(env, ARRAY_TASK_ID, fix="let Slurm set it (sbatch --array), or unset it")
+
+    @classmethod
+    def processes_on_this_host(cls, env: Env) -> int | None:
+        """The tasks on this node, from the step's tasks per node and SLURM_NODEID; when every node runs
+        the same number of tasks, SLURM_NODEID is not needed."""
         name = next((name for name in TASKS_PER_NODE if name in env), None)
         if name is None:
             return None

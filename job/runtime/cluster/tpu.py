@@ -40,6 +40,7 @@ def _without_port(entry: str) -> str:
 class TpuPod(ClusterEnv):
     kind: ClassVar[str] = "tpu"
     required: ClassVar[tuple[str, ...]] = (WORKER_ID, "TPU_WORKER_HOSTNAMES")
+    per_process: ClassVar[tuple[str, ...]] = (WORKER_ID, SLICE_ID)
 
     @classmethod
     def is_present(cls, env: Env) -> bool:
