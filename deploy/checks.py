@@ -103,9 +103,9 @@ def _one_run(args: Sequence[str], devices: Devices) -> Check:
 
 
 def _sweep_runs(spec: str, args: Sequence[str], devices: Devices) -> Check:
-    runs = sweep_check.prepare(spec, list(args))  # every run parses and validates: then the devices
+    runs = sweep_check.checked_sweep(spec, list(args))  # every run parses and validates: then the devices
     try:
-        sweep_check.check(runs, devices.count)
+        sweep_check.check_runs(runs, devices.count)
     except ConfigError as exc:
         return failed(RUN, exc, where=f" on {devices}")
     return Check(RUN, True, f"{len(runs.runs)} run(s) of SWEEP: each parses, validates and splits its global batch "

@@ -1,7 +1,7 @@
 """What every backend does with a sweep before it starts anything: check every run, save the plan, skip
 the completed runs.
 
-    todo = sweeps.prepare("optim.lr=1e-3,3e-3 seed=0,1", ["train", "--run-dir", "runs/sweep1"], devices=8)
+    todo = sweeps.runs_to_start("optim.lr=1e-3,3e-3 seed=0,1", ["train", "--run-dir", "runs/sweep1"], devices=8)
     todo.runs        # the runs not yet completed, in the sweep's order
     todo.indices     # their places in the sweep (the Slurm array's indices)
     todo.summary()   # '1 of 4 already complete, skipped: lr=1e-3,seed=0'
@@ -48,14 +48,10 @@ class Todo:
         return f"{left} run(s) to {verb}"
 
 
-def check(spec: str, args: Sequence[str], devices: int | None = None) -> Sweep:
-    """Every run of the sweep checked (a ConfigError naming the first bad run); nothing written."""
-    return sweep_check.prepare(spec, list(args), devices)
-
-
-def prepare(spec: str, args: Sequence[str], devices: int | None = None, *, save: bool = True) -> Todo:
-    """Check every run, write SWEEP_DIR/sweep.json (unless `save` is false), and find the runs to start."""
-    sweep = check(spec, args, devices)
+def runs_to_start(spec: str, args: Sequence[str], devices: int | None = None, *, save: bool = True) -> Todo:
+    """Check every run (a ConfigError naming the first bad run, nothing written), write SWEEP_DIR/sweep.json
+    (unless `save` is false), and find the runs to start: those not completed."""
+    sweep = sweep_check.checked_sweep(spec, list(args), devices)
     if save:
         save_plan(sweep)
     left = tuple(i for i, run in enumerate(sweep.runs) if state_of(run.run_dir).state is not State.COMPLETED)
@@ -82,4 +78,4 @@ def in_turn(todo: Todo, start: Callable[[Run], int], *, again: str) -> int:
     return 0
 
 
-__all__ = ["Todo", "check", "in_turn", "listing", "prepare"]
+__all__ = ["Todo", "in_turn", "listing", "runs_to_start"]

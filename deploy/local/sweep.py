@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     a, base = parser.parse_args(argv[:cut]), argv[cut + 1:]
     devices = a.nproc * (a.devices_per_process or 1)
     try:
-        todo = sweeps.prepare(a.sweep, base, devices, save=not a.dry_run)
+        todo = sweeps.runs_to_start(a.sweep, base, devices, save=not a.dry_run)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         print("nothing was run", file=sys.stderr)

@@ -224,7 +224,7 @@ def submit_sweep(cfg: SlurmConfig, runner: Runner) -> int:
     """Check, plan, submit the array (or print it); the exit code of `make submit-slurm SWEEP=...`."""
     assert cfg.sweep is not None
     try:
-        todo = sweeps.prepare(cfg.sweep, cfg.args, devices(cfg), save=not cfg.dry_run)
+        todo = sweeps.runs_to_start(cfg.sweep, cfg.args, devices(cfg), save=not cfg.dry_run)
     except ConfigError as exc:
         code = said(exc)
         print("nothing was submitted", file=sys.stderr)

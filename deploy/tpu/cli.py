@@ -166,7 +166,7 @@ def sweep_pod(cfg: TpuConfig, runner: Runner) -> int:
     the same slice, each in its own run dir (resumed from its checkpoints); the first failure stops the sweep."""
     assert cfg.sweep is not None
     try:
-        todo = sweeps.prepare(cfg.sweep, cfg.job_args, save=False)
+        todo = sweeps.runs_to_start(cfg.sweep, cfg.job_args, save=False)
     except ConfigError as exc:
         raise ConfigError(exc.what, expected=exc.expected, found=exc.found, fix=f"{exc.fix}; nothing was run"
                           ) from None

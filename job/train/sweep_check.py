@@ -52,15 +52,15 @@ def switches(task: tasks.Task) -> frozenset[str]:
     return frozenset(name for name, kind in _fields(task).items() if kind is bool)
 
 
-def prepare(spec: str, base: Sequence[str], devices: int | None = None) -> Sweep:
+def checked_sweep(spec: str, base: Sequence[str], devices: int | None = None) -> Sweep:
     """The sweep's runs, each one checked (`check`): a ConfigError before anything else happens."""
     words = list(base[1:] if base and base[0] == "train" else base)
     sweep = plan(spec, base, switches(tasks.load(tasks.task_name(words))))
-    check(sweep, devices)
+    check_runs(sweep, devices)
     return sweep
 
 
-def check(sweep: Sweep, devices: int | None = None) -> None:
+def check_runs(sweep: Sweep, devices: int | None = None) -> None:
     """Every run checked; one ConfigError naming the first failing run (and how many others fail)."""
     if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
         raise ConfigError("devices", expected="a whole number >= 1, or None (not known)", found=devices,
@@ -156,11 +156,11 @@ def sweep_command(argv: list[str]) -> int:
     parser.epilog = "then -- and the base ARGS of every run: train ... --run-dir SWEEP_DIR"
     cut = argv.index("--") if "--" in argv else len(argv)
     parsed, base = parser.parse_args(argv[:cut]), argv[cut + 1:]
-    sweep = prepare(parsed.spec, base, parsed.devices)
+    sweep = checked_sweep(parsed.spec, base, parsed.devices)
     print(listing(sweep))
     print(f"checked {len(sweep.runs)} run(s): every one parses and validates"
           + (f", and its batch splits over {parsed.devices} devices" if parsed.devices else ""), file=sys.stderr)
     return 0
 
 
-__all__ = ["SHOWN_FAILURES", "check", "check_args", "check_mesh", "check_run", "prepare", "sweep_command", "switches"]
+__all__ = ["SHOWN_FAILURES", "check_args", "check_mesh", "check_run", "check_runs", "checked_sweep", "sweep_command", "switches"]

@@ -154,7 +154,7 @@ def _lm() -> object:
 
 def test_a_valid_sweep_passes_every_check_a_run_makes(tmp_path: Path) -> None:
     base = ["train", "--steps", "40", "--run-dir", str(tmp_path / "sweep")]
-    made = sweep_check.prepare("optim.lr=1e-3,3e-3 model.layers=1,2", base, devices=8)
+    made = sweep_check.checked_sweep("optim.lr=1e-3,3e-3 model.layers=1,2", base, devices=8)
     assert len(made.runs) == 4
     cfg = sweep_check.check_run(made.runs[3])
     assert (cfg.optim.lr, cfg.model.layers, cfg.steps, cfg.run_dir) == (3e-3, 2, 40, made.runs[3].run_dir)
@@ -164,7 +164,7 @@ def test_a_valid_sweep_passes_every_check_a_run_makes(tmp_path: Path) -> None:
 def test_a_sweep_with_one_invalid_value_is_one_error_naming_that_run_and_value(tmp_path: Path) -> None:
     base = ["train", "--steps", "40", "--run-dir", str(tmp_path / "sweep")]
     with pytest.raises(ConfigError) as caught:
-        sweep_check.prepare("seed=0,1 optim.lr=1e-3,-1,3e-3", base)
+        sweep_check.checked_sweep("seed=0,1 optim.lr=1e-3,-1,3e-3", base)
     assert str(caught.value) == ("sweep run 'seed=0,lr=-1': --optim.lr: expected a finite learning rate > 0, "
                                  "found -1.0. Fix: pass --optim.lr 3e-3. 1 other run(s) fail too: seed=1,lr=-1")
     assert not (tmp_path / "sweep").exists()
@@ -187,31 +187,31 @@ def test_a_sweep_with_one_invalid_value_is_one_error_naming_that_run_and_value(t
 ])
 def test_each_check_a_run_makes_at_its_start_is_made_for_every_run(spec: str, message: str) -> None:
     with pytest.raises(ConfigError) as caught:
-        sweep_check.prepare(spec, BASE)
+        sweep_check.checked_sweep(spec, BASE)
     assert message in str(caught.value)
 
 
 def test_a_sweep_over_an_optim_flag_a_tasks_own_optimizer_never_reads_is_refused() -> None:
     base = ["train", "--task", "tests.user_tasks.digits:TASK", "--steps", "40", "--run-dir", "runs/digits"]
     with pytest.raises(ConfigError) as caught:
-        sweep_check.prepare("optim.lr=1e-3,1e-2", base)
+        sweep_check.checked_sweep("optim.lr=1e-3,1e-2", base)
     assert str(caught.value).startswith("sweep run 'lr=1e-3': --optim.lr: expected only --optim.* flags task ")
     assert "1 other run(s) fail too: lr=1e-2" in caught.value.fix
-    sweep_check.prepare("seed=0,1", base)  # what the task reads sweeps as before
+    sweep_check.checked_sweep("seed=0,1", base)  # what the task reads sweeps as before
 
 
 def test_with_the_device_count_known_the_batch_and_the_model_axis_must_split() -> None:
     with pytest.raises(ConfigError) as caught:
-        sweep_check.prepare("data.global-batch=32,12", BASE, devices=8)
+        sweep_check.checked_sweep("data.global-batch=32,12", BASE, devices=8)
     assert str(caught.value) == ("sweep run 'global-batch=12': --data.global-batch: expected a multiple of the "
                                  "data-parallel size 8 = 8, found 12. Fix: use --data.global-batch 16")
     with pytest.raises(ConfigError, match=r"'accum-steps=4': .* size 16 x --accum-steps 4 = 64, found 32"):
-        sweep_check.prepare("accum-steps=1,4", BASE, devices=16)
+        sweep_check.checked_sweep("accum-steps=1,4", BASE, devices=16)
     with pytest.raises(ConfigError, match=r"sweep run 'model-axis=3': --model-axis: expected a divisor of the "
                                           r"job's 8 devices, found 3. Fix: pass --model-axis one of \[1, 2, 4, 8\]"):
-        sweep_check.prepare("model-axis=2,3", BASE, devices=8)
-    sweep_check.prepare("data.global-batch=32,12", BASE, devices=None)  # not known: not checked
-    sweep_check.prepare("model-axis=2 data.global-batch=12", BASE, devices=12)  # 6 data-parallel: 12 splits
+        sweep_check.checked_sweep("model-axis=2,3", BASE, devices=8)
+    sweep_check.checked_sweep("data.global-batch=32,12", BASE, devices=None)  # not known: not checked
+    sweep_check.checked_sweep("model-axis=2 data.global-batch=12", BASE, devices=12)  # 6 data-parallel: 12 splits
 
 
 def test_python_m_job_sweep_checks_and_lists_the_runs_or_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
