@@ -88,9 +88,10 @@ class Checkpointer:
     """
 
     def __init__(self, directory: str | os.PathLike[str], cfg: CheckpointConfig, *, training: bool = False) -> None:
-        """`training`: the run that writes here, which removes what an interrupted save left (orbax's
-        N.orbax-checkpoint-tmp folders: a second Ctrl-C, a kill during a save); a reader (eval, export) never
-        does, as the run it reads may be saving right now."""
+        """`training`: the run that writes here, which removes what an interrupted save left on a disk
+        (orbax's N.orbax-checkpoint-tmp folders: a second Ctrl-C, a kill during a save; in a bucket orbax
+        never restores them either); a reader (eval, export) never does, as the run it reads may be saving
+        right now."""
         path = storage.run_path(directory)
         self.directory = path if storage.is_remote(path) else path.absolute()
         self.background = cfg.background
@@ -106,7 +107,9 @@ class Checkpointer:
             multiprocessing_options=ocp.options.MultiprocessingOptions(
                 active_processes=set(range(processes)) if processes > 1 else None),
             create=processes == 1,
-            cleanup_tmp_directories=training,
+            # on a disk only: in a bucket orbax takes any step folder without its commit marker for one, and
+            # a checkpoint set aside as unreadable is moved marker first (storage.move_aside)
+            cleanup_tmp_directories=training and not storage.is_remote(path),
         )
         if processes > 1:
             on_process_zero(storage.make_dirs, self.directory)
@@ -368,7 +371,7 @@ class _FailureListener(logging.Handler):
         exc = record.exc_info[1] if record.exc_info else None
         caught = exc.__traceback__.tb_frame.f_code if exc is not None and exc.__traceback__ else None
         # the frame that caught it: orbax's background save thread (its logger may not name it)
-        if caught is not None and internals.is_orbax_save_thread(caught):
+        if exc is not None and caught is not None and internals.is_orbax_save_thread(caught):
             self._report(exc)
 
 

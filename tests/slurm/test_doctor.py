@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -125,28 +127,34 @@ def test_gpus_per_node_over_what_the_nodes_have_is_one_line(slurm_env: dict[str,
 
 def test_a_run_dir_the_compute_nodes_do_not_share_is_one_line(slurm_env: dict[str, str], tmp_path: Path) -> None:
     """The island node's jobs see a /tmp of their own (slurm/local-cluster.sh): tmp_path, under this machine's
-    /tmp, is the login-node-only folder users pick by mistake."""
+    /tmp, is the login-node-only folder users pick by mistake. A checkout under /tmp (a clone made there) is
+    hidden from the island too: then its interpreter and submit folder fail as well, each in its own line."""
     state = subprocess.run(["sinfo", "--noheader", "--partition", ISLAND, "--format", "%T"], env=slurm_env,
                            capture_output=True, text=True).stdout.strip()
     if state not in ("idle", "mixed", "allocated"):
         pytest.skip(f"node {ISLAND} is {state or 'absent'}: slurm/local-cluster.sh up starts it (needs unshare "
                     "--mount, root with CAP_SYS_ADMIN); its log says why not")
-    if ROOT.resolve().is_relative_to("/tmp"):
-        pytest.skip(f"the checkout {ROOT} is under /tmp, which node {ISLAND} does not share (its /tmp is its own): "
-                    "its interpreter and submit folder are missing there too, so the run dir's one line cannot be "
-                    "told apart; clone the project outside /tmp to run this test")
+    hidden_checkout = ROOT.resolve().is_relative_to("/tmp")
+    also = {"submit folder on a compute node", "interpreter on a compute node"} if hidden_checkout else set()
     proc = doctor(slurm_env, tmp_path, "--nodes", "1", "--partition", ISLAND)
     assert proc.returncode == 1, proc.stdout
     run = tmp_path / "run"
-    assert failing(proc) == [f"FAIL  run dir on a compute node: --run-dir {run} (made here) does not exist on "
-                             f"{ISLAND}: the compute nodes do not see this folder. Fix: a --run-dir on a file system "
-                             "the compute nodes mount too (a shared home or project folder, not /tmp or a login "
-                             "node's own disk), e.g. ARGS='train --run-dir runs/NAME' from a shared checkout, or "
-                             "gs://"], proc.stdout
+    found = check_lines(proc.stdout)
+    assert {name for name, line in found.items() if line.startswith("FAIL")} == {"run dir on a compute node", *also}
+    assert found["run dir on a compute node"] == (
+        f"FAIL  run dir on a compute node: --run-dir {run} (made here) does not exist on "
+        f"{ISLAND}: the compute nodes do not see this folder. Fix: a --run-dir on a file system "
+        "the compute nodes mount too (a shared home or project folder, not /tmp or a login "
+        "node's own disk), e.g. ARGS='train --run-dir runs/NAME' from a shared checkout, or gs://"), proc.stdout
     assert not run.exists()
-    # the same request with a run dir in the checkout, which the island node shares, passes
-    shared = doctor(slurm_env, tmp_path, "--nodes", "1", "--partition", ISLAND, run_dir=ROOT / "runs" / "doctor-x")
-    assert shared.returncode == 0, shared.stdout
+    # the same request with a run dir the island node shares (outside /tmp) passes that check
+    shared_dir = Path(tempfile.mkdtemp(prefix="jax-job-doctor-", dir="/var/tmp"))
+    try:
+        shared = doctor(slurm_env, tmp_path, "--nodes", "1", "--partition", ISLAND, run_dir=shared_dir / "run")
+    finally:
+        shutil.rmtree(shared_dir, ignore_errors=True)
+    failing_now = {name for name, line in check_lines(shared.stdout).items() if line.startswith("FAIL")}
+    assert failing_now == also and shared.returncode == (1 if also else 0), shared.stdout
 
 
 def test_an_interpreter_missing_on_the_compute_nodes_is_one_line(slurm_env: dict[str, str], tmp_path: Path) -> None:
