@@ -28,7 +28,7 @@ SLURM_ENV := /var/tmp/jax-job-slurm/env.sh
 # ARGS given on the command line reach the job as shell-style words (never run); otherwise deploy.slurm.submit's default
 SLURM_ARGS = $(if $(filter command line,$(origin ARGS)),--args=$(call quote,ARGS))
 
-.PHONY: help venv run-local test-local test-unit test-smoke bench rerun plot runs lock clean slurm-up slurm-down submit-slurm doctor
+.PHONY: help venv run-local test-local test-unit test-smoke lint bench rerun plot runs lock clean slurm-up slurm-down submit-slurm doctor
 
 help: ## list every target
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -82,6 +82,11 @@ test-unit: $(BIN)/.installed ## only the fast single-process tests (under a minu
 
 test-smoke: $(BIN)/.installed ## the unit tier and a multi-process smoke (train, bitwise resume, one fault): CI's second Python
 	$(BIN)/python -m pytest $(TEST_WORKERS) tests/unit tests/multiprocess -m "smoke or not multiprocess" $(PYTEST_ARGS)
+
+# mypy reads pyproject.toml's [tool.mypy] (job/ and deploy/, for Python 3.11); its cache beside the venv whose
+# libraries it read (ignored by git, removed with the venv)
+lint: $(BIN)/.installed ## the type check of job/ and deploy/ (mypy, as CI runs it); VENV=.venv-py3.11 on that venv
+	$(BIN)/mypy --cache-dir $(VENV)/.mypy_cache
 
 bench: $(BIN)/.installed ## benchmarks vs hand-written JAX (~10-15 min on 2 cores): bench/RESULTS.md; BENCH_ARGS=--quick
 	$(BIN)/python -m bench $(BENCH_ARGS)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 
 from job.core import exits
 
@@ -108,30 +109,31 @@ class Decision:
 def decide(ended: Ended) -> Decision:
     """The one decision, for every backend."""
     outcome = Outcome.of(ended.code)
-    plain = dict(outcome=outcome, spends_retry=False, retry=0, retries=ended.retries)
+    plain = functools.partial(Decision, outcome=outcome, spends_retry=False, retry=0, retries=ended.retries)
     if outcome is Outcome.COMPLETED:
-        return Decision(action=Action.NONE, **plain)
+        return plain(action=Action.NONE)
     if outcome is Outcome.PREEMPTED:
-        return Decision(action=Action.RESTART if ended.same_allocation else Action.REQUEUE, **plain)
+        return plain(action=Action.RESTART if ended.same_allocation else Action.REQUEUE)
     if outcome is Outcome.CONFIGURATION_ERROR:
-        return Decision(action=Action.STOP, why="the same flags would fail again", **plain)
+        return plain(action=Action.STOP, why="the same flags would fail again")
     if outcome is Outcome.STOPPED:
-        return Decision(action=Action.STOP, why="stopped with Ctrl-C after a save; the same command resumes", **plain)
+        return plain(action=Action.STOP, why="stopped with Ctrl-C after a save; the same command resumes")
     if ended.failures_before >= ended.retries:
-        return Decision(action=Action.STOP, why=f"the retry budget is spent ({ended.retries} of {ended.retries})"
-                        if ended.retries else "retries are off (RETRIES=0)", **plain)
-    spent = dict(outcome=outcome, spends_retry=True, retry=ended.failures_before + 1, retries=ended.retries)
+        return plain(action=Action.STOP, why=f"the retry budget is spent ({ended.retries} of {ended.retries})"
+                     if ended.retries else "retries are off (RETRIES=0)")
+    spent = functools.partial(Decision, outcome=outcome, spends_retry=True, retry=ended.failures_before + 1,
+                              retries=ended.retries)
     if ended.same_allocation or ended.node is None:
-        return Decision(action=Action.RESTART, **spent)
+        return spent(action=Action.RESTART)
     if ended.spares_left > 0:
-        return Decision(action=Action.RESTART, exclude=ended.node, on_spare=True, **spent)
+        return spent(action=Action.RESTART, exclude=ended.node, on_spare=True)
     if ended.can_requeue:
-        return Decision(action=Action.REQUEUE, exclude=ended.node, **spent)
+        return spent(action=Action.REQUEUE, exclude=ended.node)
     if ended.node_answers:
-        return Decision(action=Action.RESTART, why=f"no spare left and the job cannot be requeued; {ended.node} "
-                        "still answers", **spent)
-    return Decision(action=Action.STOP, why=f"no spare left, the job cannot be requeued, and {ended.node} does not "
-                    "answer a probe step", **plain)
+        return spent(action=Action.RESTART, why=f"no spare left and the job cannot be requeued; {ended.node} "
+                     "still answers")
+    return plain(action=Action.STOP, why=f"no spare left, the job cannot be requeued, and {ended.node} does not "
+                 "answer a probe step")
 
 
 __all__ = ["Action", "Decision", "Ended", "Outcome", "decide"]

@@ -186,7 +186,7 @@ def batch_environment(cfg: SlurmConfig, environ: Mapping[str, str]) -> dict[str,
     ours = {"IMAGE", "CONTAINER_RUNTIME", "JOB_PYTHON", "JOB_LOG_DIR", "JOB_DRY_RUN", "JOB_RETRIES", "JOB_NODES",
             "JOB_SUPERVISOR_PYTHON"}
     env = {k: v for k, v in environ.items() if k not in ours and not k.startswith("SLURM_")}
-    env.update(pair.split("=", 1) for pair in exports(cfg))
+    env.update((name, value) for name, _, value in (pair.partition("=") for pair in exports(cfg)))
     env.update(task_environment(cfg, environ), JOB_DRY_RUN="1", SLURM_JOB_NUM_NODES=str(cfg.allocated_nodes),
                SLURM_NTASKS_PER_NODE=str(cfg.ntasks_per_node))
     if cfg.cpus_per_task:

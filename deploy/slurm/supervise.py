@@ -72,7 +72,7 @@ def first_failure(stderr: str) -> Failure | None:
         if lost and not failures:
             failures.append(Failure(lost.group(1), None, "node failure", None))
     crashed = [f for f in failures if f.code is not None and exits.is_crash(f.code)]
-    return (crashed or failures or [None])[0]
+    return crashed[0] if crashed else failures[0] if failures else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,8 +91,9 @@ class Allocation:
         nodes = tuple(expand_nodelist(listed)) if listed else ()
         per_node = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "1")
         run_nodes = int(env.get(NODES_ENV) or len(nodes) or 1)
+        counted = re.match(r"\d+", per_node)
         return cls(env.get("SLURM_JOB_ID", "0"), nodes, min(run_nodes, len(nodes)) if nodes else run_nodes,
-                   int(re.match(r"\d+", per_node).group()) if re.match(r"\d+", per_node) else 1,
+                   int(counted.group()) if counted else 1,
                    int(env.get("SLURM_RESTART_COUNT") or 0))
 
     def usable(self, lost: set[str]) -> list[str]:
@@ -159,10 +160,15 @@ class Records:
                 folder: Path | epath.Path = epath.Path(run_dir)
             else:
                 folder = Path(run_dir)
-            rundir.append(rundir.attempts(folder), dict(record))  # written back whole; one writer: this supervisor
+            rundir.append(rundir.attempts(folder), record)  # written back whole; one writer: this supervisor
         except (OSError, ImportError) as exc:
             print(f"attempts: expected to append to {run_dir.rstrip('/')}/{rundir.ATTEMPTS}, found {exc}; the record "
                   f"stays in {self.path}", file=sys.stderr, flush=True)
+
+
+def _at_or_after(time: object, since: float) -> bool:
+    """A record's "time" (seconds since the epoch, a number) is at or after `since`; missing or garbled: not."""
+    return isinstance(time, (int, float)) and time >= since
 
 
 class Supervisor:
@@ -213,7 +219,7 @@ class Supervisor:
 
     def stuck(self, since: float, nodes: list[str]) -> Failure | None:
         """The process the watchdog's roll call named in this attempt (process 0's `hang` record), if any."""
-        hangs = [r for r in self.records.lines() if r.get("event") == "hang" and float(r.get("time", 0)) >= since]
+        hangs = [r for r in self.records.lines() if r.get("event") == "hang" and _at_or_after(r.get("time"), since)]
         if not hangs:
             return None
         hang = hangs[-1]

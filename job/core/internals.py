@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 from collections.abc import Iterator
 from types import CodeType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from unittest import mock
+
+if TYPE_CHECKING:
+    import jax
 
 # Every private name used here, "module:attribute" (dotted attribute paths allowed).
 JAX_XLA_BRIDGE = "jax._src.xla_bridge"
@@ -96,7 +100,7 @@ def in_cloud_tpu_vm() -> bool:
     return bool(lookup(f"{JAX_CLOUD_TPU}:running_in_cloud_tpu_vm")) and gce_tpu_cluster().is_env_present()
 
 
-def submitit_sbatch_script(command: str, folder: Any, **parameters: Any) -> str:
+def submitit_sbatch_script(command: str, folder: str | os.PathLike[str], **parameters: object) -> str:
     """The batch script submitit's SlurmExecutor submits for `command` and these parameters."""
     return lookup(f"{SUBMITIT_SLURM}:_make_sbatch_string")(command=command, folder=folder, **parameters)
 
@@ -107,7 +111,7 @@ def is_orbax_save_thread(code: CodeType) -> bool:
 
 
 @contextlib.contextmanager
-def one_host_view(local_devices: list[Any]) -> Iterator[None]:
+def one_host_view(local_devices: list[jax.Device]) -> Iterator[None]:
     """Inside: jax says process 0 of 1 with `local_devices` as every device, orbax skips its
     cross-host sync and signals its async stages through a store of this process's own.
     Patched for every thread of the process; everything is put back on exit."""

@@ -34,6 +34,7 @@ imports this module with whatever python3 the batch host has.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any, Protocol, TypeVar
 
@@ -170,12 +171,12 @@ def text(path: Readable) -> str:
     return "" if data is None else data.decode("utf-8", errors="replace")
 
 
-def line(record: dict[str, Any]) -> str:
+def line(record: Mapping[str, object]) -> str:
     """`record` as one line of a JSON-lines file."""
     return json.dumps(record) + "\n"
 
 
-def append(path: Writable, record: dict[str, Any], old: str | None = None) -> None:
+def append(path: Writable, record: Mapping[str, object], old: str | None = None) -> None:
     """`record` as the new last line of the JSON-lines file `path`, written back whole after `old` (its text as
     just read; read here when not given): an object in a bucket cannot be appended to. A torn last line is
     ended first, so the record never joins it. One writer at a time."""

@@ -17,7 +17,7 @@ import argparse
 import math
 import re
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -83,7 +83,7 @@ def _duration(text: str, *, positive: bool) -> float:
     return value
 
 
-def for_argparse(parse: Callable[..., T], *, fix: str = "", **bounds: Any) -> Callable[[str], T]:
+def for_argparse(parse: Callable[..., T], *, fix: str = "", **bounds: object) -> Callable[[str], T]:
     """`parse` (with `bounds`, e.g. minimum=1) as an argparse `type=`: a BadValue becomes argparse's usage
     error in the same words, then ". Fix: `fix`" when one is given."""
 

@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from etils import epath
+
 from job.core import rundir, storage
 from job.runs import attempts as attempt_records
 
@@ -50,7 +52,7 @@ class Goodput:
         self.first_step_s: float | None = None
         self.steps_timed = 0
         self.previous: dict[str, Any] = {}
-        self._record: Any = None  # a storage.Appender on RUN_DIR/goodput.jsonl (process 0, from `resume`)
+        self._record: storage.Appender | None = None  # on RUN_DIR/goodput.jsonl (process 0, from `resume`)
 
     def started(self) -> None:
         """Everything until now (initialisation, preflight, building and restoring the state) is start-up."""
@@ -100,7 +102,7 @@ class Goodput:
         return self.seconds["steps"] / self.steps_timed if self.steps_timed else 0.0
 
     # -------------------------------------------------------------- across attempts (process 0)
-    def resume(self, run_dir: Path | Any, start_step: int) -> None:
+    def resume(self, run_dir: Path | epath.Path, start_step: int) -> None:
         """Read earlier attempts' lines from RUN_DIR/goodput.jsonl; append this attempt's start."""
         path = rundir.goodput(run_dir)
         lines = read_records(path)
@@ -129,16 +131,13 @@ class Goodput:
             "failed_attempts": sum(r.get("after") == attempt_records.FAILURE for r in earlier),
         })
         self.previous = previous
-        self._record = storage.Appender(path)
-        self._append({"event": "attempt", "attempt": previous["attempt"], "step": start_step,
+        self._append(run_dir, {"event": "attempt", "attempt": previous["attempt"], "step": start_step,
                       "time": self.began_wall, **lost})
         self.flush()  # the attempt is on record at once, even if it ends within seconds
 
-    def progress(self, run_dir: Path | Any, step: int, event: str = "progress") -> None:
+    def progress(self, run_dir: Path | epath.Path, step: int, event: str = "progress") -> None:
         """Note that this attempt reached `step` (process 0, when it logs or stops; "end" writes it out)."""
-        if self._record is None:
-            self._record = storage.Appender(rundir.goodput(run_dir))
-        self._append({"event": event, "attempt": self.previous.get("attempt", 1), "step": step,
+        self._append(run_dir, {"event": event, "attempt": self.previous.get("attempt", 1), "step": step,
                       "time": self._wall(), "step_time_s": round(self.step_time(), 6)})
 
     def flush(self) -> None:
@@ -146,14 +145,17 @@ class Goodput:
         if self._record is not None:
             self._record.flush()
 
-    def _append(self, record: dict[str, Any]) -> None:
+    def _append(self, run_dir: Path | epath.Path, record: dict[str, Any]) -> None:
+        """`record` as the next line of RUN_DIR/goodput.jsonl, opened on the first (and again after an "end")."""
+        if self._record is None:
+            self._record = storage.Appender(rundir.goodput(run_dir))
         self._record.write(rundir.line(record))
         if record["event"] == "end":
             self._record.close()
             self._record = None
 
 
-def read_records(path: Path | Any) -> list[dict[str, Any]]:
+def read_records(path: Path | epath.Path) -> list[dict[str, Any]]:
     """The records of a goodput.jsonl (job.core.rundir.records: a torn line skipped), those with a time;
     [] when there is none."""
     return [r for r in rundir.records(path) if "time" in r]

@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from etils import epath
+
 from job.core import rundir, storage
 from job.core.errors import ConfigError
 
@@ -55,7 +57,7 @@ class MetricWriter(Protocol):
 class JsonlWriter:
     """RUN_DIR/metrics.jsonl: `{"step": N, "split": "train", name: value, ...}` per line."""
 
-    def __init__(self, run_dir: Path | Any, start_step: int) -> None:
+    def __init__(self, run_dir: Path | epath.Path, start_step: int) -> None:
         path = rundir.metrics(run_dir)
         if start_step and path.exists():  # steps past the checkpoint are trained again: drop their records
             found = rundir.text(path)
@@ -84,7 +86,7 @@ def _step_of(record: Mapping[str, Any]) -> int:
 class TensorBoardWriter:
     """TensorBoard event files in RUN_DIR; a resumed run purges what earlier attempts logged past its start."""
 
-    def __init__(self, run_dir: Path | Any, start_step: int) -> None:
+    def __init__(self, run_dir: Path | epath.Path, start_step: int) -> None:
         # ~1 s to import: job/train/config.py imports this module
         from tensorboardX import SummaryWriter
 
@@ -106,7 +108,7 @@ class TensorBoardWriter:
 class WandbWriter:
     """A W&B run per run directory: requeued attempts resume it (`resume="allow"` with the stored id)."""
 
-    def __init__(self, run_dir: Path | Any, wandb_cfg: WandbConfig, config: Mapping[str, Any]) -> None:
+    def __init__(self, run_dir: Path | epath.Path, wandb_cfg: WandbConfig, config: Mapping[str, Any]) -> None:
         try:
             import wandb  # optional (the wandb extra): only with --wandb.project
         except ImportError:
@@ -132,7 +134,7 @@ class WandbWriter:
         self._run.finish()
 
 
-def open_writers(run_dir: Path | Any, *, start_step: int, wandb: WandbConfig | None = None,
+def open_writers(run_dir: Path | epath.Path, *, start_step: int, wandb: WandbConfig | None = None,
                  config: Mapping[str, Any] | None = None) -> list[MetricWriter]:
     """The writers of a run: metrics.jsonl and TensorBoard always, W&B when `wandb.project` is set."""
     storage.make_dirs(run_dir)

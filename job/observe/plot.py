@@ -17,10 +17,14 @@ from __future__ import annotations
 import argparse
 import io
 import sys
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from job.core import rundir
 from job.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 SWEEP_PLOT = rundir.SWEEP_PLOT  # a folder of runs' figure, in that folder
 
@@ -32,7 +36,7 @@ def series(records: list[dict[str, Any]], split: str, name: str) -> tuple[list[i
     return steps, [points[s] for s in steps]
 
 
-def _pyplot() -> Any:
+def _pyplot() -> ModuleType:
     try:
         import matplotlib  # optional (the plot extra): only this command draws
     except ImportError:
@@ -44,7 +48,7 @@ def _pyplot() -> Any:
     return plt
 
 
-def _png(plt: Any, fig: Any) -> bytes:
+def _png(plt: ModuleType, fig: Figure) -> bytes:
     """The figure as a PNG's bytes (a file in a bucket is written whole), then closed."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100)

@@ -62,11 +62,11 @@ class Tee(io.TextIOBase):
         return self.stream.isatty()
 
     @property
-    def encoding(self) -> str:  # type: ignore[override]
+    def encoding(self) -> str:  # type: ignore[override]  # the console's, read-only: TextIOBase types it writable
         return self.stream.encoding
 
     @property
-    def errors(self) -> str | None:  # type: ignore[override]
+    def errors(self) -> str | None:  # type: ignore[override]  # the console's, read-only, as encoding
         return self.stream.errors
 
 

@@ -17,9 +17,8 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
 import jax
+from etils import epath
 
 from job.core import rundir, storage, values
 from job.core.errors import as_config_error
@@ -37,7 +36,7 @@ def parse_steps(text: str, total_steps: int) -> tuple[int, int]:
         return first, values.whole(last_text.strip(), minimum=first, maximum=total_steps)
 
 
-def trace_dir(run_dir: Any, process_index: int) -> Any:
+def trace_dir(run_dir: Path | epath.Path, process_index: int) -> Path | epath.Path:
     """Where `process_index` writes its trace: its own folder under RUN_DIR/profile."""
     return rundir.trace(run_dir, process_index)
 
@@ -45,17 +44,17 @@ def trace_dir(run_dir: Any, process_index: int) -> Any:
 class StepProfiler:
     """Call `step(n)` around each training step n (1-based); traces steps first..last when `steps` is given."""
 
-    def __init__(self, steps: str, total_steps: int, run_dir: Path | Any, process_index: int) -> None:
+    def __init__(self, steps: str, total_steps: int, run_dir: Path | epath.Path, process_index: int) -> None:
         self.range = parse_steps(steps, total_steps) if steps else None
         self.folder = trace_dir(run_dir, process_index)
         self.active = False
         self.seconds = 0.0  # spent starting, waiting for and ending the trace (the goodput's "profile" part)
 
     @contextlib.contextmanager
-    def step(self, number: int) -> Iterator[list[Any]]:
+    def step(self, number: int) -> Iterator[list[object]]:
         """Wraps step `number`; the caller appends the step's outputs to the yielded list, which are
         waited for before the trace stops after the last step."""
-        outputs: list[Any] = []
+        outputs: list[object] = []
         if self.range is None or not self.range[0] <= number <= self.range[1]:
             yield outputs
             return

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from job.core import rundir
 from job.observe.metrics import WandbConfig, open_writers
+from job.observe.stragglers import Straggler
 from job.parallel.multihost import only_specific_processes
 
 log = logging.getLogger("job.train")
@@ -68,7 +69,7 @@ class Reporter:
                      self._shown(metrics), lr, rate, self.unit, step_time * 1e3)
 
     @only_specific_processes()
-    def hosts(self, step: int, stragglers: Sequence[Any]) -> None:
+    def hosts(self, step: int, stragglers: Sequence[Straggler]) -> None:
         """The stragglers of this log interval (job.observe.stragglers): one line naming each, and the metrics."""
         if not stragglers:
             return

@@ -109,7 +109,7 @@ def _newest_by_split(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]
     return latest
 
 
-def _started(provenance: Any) -> list[float]:
+def _started(provenance: object) -> list[float]:
     """The start time of each attempt in provenance.json."""
     times = []
     for entry in (provenance or {}).get("attempts", []) if isinstance(provenance, dict) else []:
@@ -197,7 +197,7 @@ def find_runs(folder: str | epath.Path) -> list[tuple[str, str, Values]]:
             for child in children]
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Sequence
-from typing import Any
-
+import jax
 import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
@@ -33,7 +32,7 @@ from job.core.errors import ConfigError
 _SLICE_ATTRIBUTES = ("partition_index", "slice_index")
 
 
-def partition_of(device: Any) -> Any:
+def partition_of(device: jax.Device) -> int | None:
     """The slice (partition) number of `device`; None when it carries none (CPU devices)."""
     for name in _SLICE_ATTRIBUTES:
         value = getattr(device, name, None)
@@ -42,17 +41,17 @@ def partition_of(device: Any) -> Any:
     return None
 
 
-def slice_sizes(devices: Sequence[Any]) -> dict[Any, int]:
+def slice_sizes(devices: Sequence[jax.Device]) -> dict[int | None, int]:
     """{slice number: device count}; devices without one count under None."""
     return dict(collections.Counter(partition_of(d) for d in devices))
 
 
-def spans_slices(devices: Sequence[Any]) -> bool:
+def spans_slices(devices: Sequence[jax.Device]) -> bool:
     """True when the devices carry more than one distinct slice number."""
     return len(slice_sizes(devices)) > 1
 
 
-def equal_slices(devices: Sequence[Any], what: str) -> tuple[int, int]:
+def equal_slices(devices: Sequence[jax.Device], what: str) -> tuple[int, int]:
     """(devices per slice, slice count); ConfigError when the slices differ in size."""
     sizes = slice_sizes(devices)
     if len(set(sizes.values())) > 1:
@@ -64,7 +63,7 @@ def equal_slices(devices: Sequence[Any], what: str) -> tuple[int, int]:
     return next(iter(sizes.values())), len(sizes)
 
 
-def check_model_axis(model_axis: Any, per_slice: int, slices: int, what: str) -> None:
+def check_model_axis(model_axis: object, per_slice: int, slices: int, what: str) -> None:
     """ConfigError unless `model_axis` is a positive divisor of the devices of one slice."""
     if (isinstance(model_axis, bool) or not isinstance(model_axis, int) or model_axis < 1
             or per_slice % model_axis):
@@ -82,7 +81,7 @@ def rows_by_process(array: np.ndarray) -> np.ndarray:
     return array[np.asarray(order, dtype=int)]
 
 
-def hybrid_mesh(devices: Sequence[Any], shape: Sequence[int], axis_names: Sequence[str],
+def hybrid_mesh(devices: Sequence[jax.Device], shape: Sequence[int], axis_names: Sequence[str],
                 what: str) -> Mesh:
     """A mesh of `shape` (leading axis across slices, the rest inside one) with Auto axes.
 
@@ -91,13 +90,13 @@ def hybrid_mesh(devices: Sequence[Any], shape: Sequence[int], axis_names: Sequen
     """
     _, slices = equal_slices(devices, what)
     inner = (shape[0] // slices, *shape[1:])
-    granules = collections.defaultdict(list)
+    granules: dict[int | None, list[jax.Device]] = collections.defaultdict(list)
     for device in devices:
         granules[partition_of(device)].append(device)
     # one mesh per slice, stacked along the leading axis in slice order (create_hybrid_device_mesh with
     # dcn shape (slices, 1, ...), grouping by partition_of instead of by the slice_index attribute alone)
     blocks = [mesh_utils.create_device_mesh(inner, granules[key], allow_split_physical_axes=True)
-              for key in sorted(granules)]
+              for key in sorted(granules, key=lambda k: -1 if k is None else k)]  # None: no slice number
     array = np.concatenate(blocks, axis=0)
     return Mesh(rows_by_process(array), tuple(axis_names),
                 axis_types=(AxisType.Auto,) * len(shape))

@@ -21,7 +21,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import jax
 import numpy as np
@@ -35,8 +35,8 @@ from job.parallel.trees import is_array, path_str
 
 DATA_PARALLELISM_AXIS_NAME = "devices"
 
-F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
+_P = ParamSpec("_P")  # the decorated function's parameters
 _PROCESS_ZERO = frozenset({0})
 
 
@@ -69,7 +69,7 @@ def create_dp_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(names[0] if len(names) == 1 else tuple(names)))
 
 
-def on_process_zero(func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T | None:
+def on_process_zero(func: Callable[_P, T], /, *args: _P.args, **kwargs: _P.kwargs) -> T | None:
     """`func(*args, **kwargs)` on process 0, and its result there; None on every other process.
 
     This is the one place the project says "process 0 only" (`only_specific_processes()` says
@@ -82,16 +82,16 @@ def on_process_zero(func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T |
     return func(*args, **kwargs) if _runs_here(_PROCESS_ZERO) else None
 
 
-def only_specific_processes(processes: int | list[int] = 0) -> Callable[[F], F]:
+def only_specific_processes(processes: int | list[int] = 0) -> Callable[[Callable[_P, T]], Callable[_P, T | None]]:
     """Decorator: run the function only on these process indices; elsewhere return None."""
     chosen = frozenset([processes] if isinstance(processes, int) else processes)
 
-    def decorator(func: F) -> F:
+    def decorator(func: Callable[_P, T]) -> Callable[_P, T | None]:
         @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
+        def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> T | None:
             return func(*args, **kwargs) if _runs_here(chosen) else None
 
-        return wrapper  # type: ignore[return-value]
+        return wrapper
 
     return decorator
 

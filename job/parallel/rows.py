@@ -10,14 +10,18 @@ rows. This module never imports jax: the sharding passed in brings it.
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING
 
 from job.core.errors import ConfigError
 
+if TYPE_CHECKING:
+    from jax.sharding import Sharding
 
-def row_span(sharding: Any, size: int) -> tuple[int, int]:
+
+def row_span(sharding: Sharding, size: int) -> tuple[int, int]:
     """[start, stop) of the global rows this process's devices hold under `sharding`."""
-    spans = sorted({idx[0].indices(size)[:2] for idx in sharding.addressable_devices_indices_map((size,)).values()})
+    held = sharding.addressable_devices_indices_map((size,)).values()
+    spans = sorted({idx[0].indices(size)[:2] for idx in held if idx is not None})  # None: a device holding none
     start, stop = spans[0][0], max(end for _, end in spans)
     if not all(a_end >= b_start for (_, a_end), (b_start, _) in itertools.pairwise(spans)):
         raise ConfigError("batch sharding", expected="each process's rows in one contiguous block", found=spans,

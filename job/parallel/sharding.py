@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from job.core.errors import ConfigError
 from job.parallel.mesh import check_model_axis, equal_slices, hybrid_mesh, spans_slices
@@ -53,9 +53,9 @@ LAYERS_AXIS = "layers"
 MeshAxes = str | tuple[str, ...] | None  # what a logical axis maps to: a mesh axis, several, or none (whole)
 
 # in every preset: experts over "expert", an activation's batch over the batch axes, its length over "sequence"
-_EVERY = {"experts": EXPERT_AXIS, "batch": (DATA_AXIS, EXPERT_AXIS), "length": SEQUENCE_AXIS}
-_FSDP = {"embed": DATA_AXIS}
-_TENSOR = {"mlp": MODEL_AXIS, "heads": MODEL_AXIS, "vocab": MODEL_AXIS}
+_EVERY: dict[str, MeshAxes] = {"experts": EXPERT_AXIS, "batch": (DATA_AXIS, EXPERT_AXIS), "length": SEQUENCE_AXIS}
+_FSDP: dict[str, MeshAxes] = {"embed": DATA_AXIS}
+_TENSOR: dict[str, MeshAxes] = {"mlp": MODEL_AXIS, "heads": MODEL_AXIS, "vocab": MODEL_AXIS}
 RULES: Mapping[str, tuple[tuple[str, MeshAxes], ...]] = types.MappingProxyType({
     "replicated": tuple((name, _EVERY.get(name)) for name in LOGICAL_AXES),
     "fsdp": tuple((name, _FSDP.get(name, _EVERY.get(name))) for name in LOGICAL_AXES),
@@ -105,7 +105,7 @@ def make_mesh(devices: Sequence[jax.Device] | None = None, model_axis: int = 1, 
                          axis_types=(AxisType.Auto, AxisType.Auto), devices=devices)
 
 
-def _multi_slice_mesh(devices: list[Any], model_axis: int) -> Mesh:
+def _multi_slice_mesh(devices: list[jax.Device], model_axis: int) -> Mesh:
     """The hybrid ("data", "model") mesh of devices that span several slices."""
     what = "make_mesh(devices=...)"
     per_slice, slices = equal_slices(devices, what)
@@ -151,7 +151,7 @@ def mesh_shape(axes: Mapping[str, int], devices: int, what: str = "--mesh") -> d
     return shape
 
 
-def _named_mesh(devices: list[Any], axes: Mapping[str, int]) -> Mesh:
+def _named_mesh(devices: list[jax.Device], axes: Mapping[str, int]) -> Mesh:
     """The mesh of `axes` over `devices`; across slices, the first axis spans them and the rest stay inside
     one (the fast network), or one ConfigError that says which axis would cross."""
     shape = mesh_shape(axes, len(devices))
@@ -171,13 +171,13 @@ def _named_mesh(devices: list[Any], axes: Mapping[str, int]) -> Mesh:
     return jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(names), devices=devices)
 
 
-def batch_axes(mesh: Mesh) -> tuple[str, ...]:
+def batch_axes(mesh: Mesh | AbstractMesh) -> tuple[str, ...]:
     """Every mesh axis but "model" and "sequence": the axes a batch's leading dimension spans ("data", and
     "expert": the layers other than the experts are data-parallel over it)."""
     return tuple(name for name in mesh.axis_names if name not in (MODEL_AXIS, SEQUENCE_AXIS))
 
 
-def batch_size_divisor(mesh: Mesh) -> int:
+def batch_size_divisor(mesh: Mesh | AbstractMesh) -> int:
     """How many data-parallel shards a batch is split into."""
     return math.prod(mesh.shape[name] for name in batch_axes(mesh))
 
@@ -212,7 +212,7 @@ def rule_table(rule: str, logical_axes: AxisRules | None = None) -> dict[str, Me
     return table
 
 
-def _axis_rule_problem(name: Any, by_rule: Any) -> str:
+def _axis_rule_problem(name: object, by_rule: object) -> str:
     if not isinstance(name, str) or not name:
         return "the name is not a non-empty string"
     if not isinstance(by_rule, Mapping):
@@ -230,7 +230,7 @@ def _targets(axis: MeshAxes) -> tuple[str, ...]:
     return () if axis is None else (axis,) if isinstance(axis, str) else tuple(axis)
 
 
-def _spec_for(names: Any, shape: tuple[int, ...], rule: Mapping[str, MeshAxes], mesh: Any,
+def _spec_for(names: object, shape: tuple[int, ...], rule: Mapping[str, MeshAxes], mesh: Mesh | AbstractMesh,
               notes: list[str] | None = None) -> tuple[PartitionSpec | None, str]:
     """The spec for one annotated variable, or (None, why it cannot be used). A mesh axis the mesh lacks
     (one of KNOWN_AXES) leaves its dimension whole; where two dimensions map to one mesh axis, the first
@@ -241,7 +241,7 @@ def _spec_for(names: Any, shape: tuple[int, ...], rule: Mapping[str, MeshAxes], 
     if len(names) != len(shape):
         return None, f"{len(names)} names {names} for an array of rank {len(shape)} {shape}"
     spec: list[str | tuple[str, ...] | None] = []
-    used: dict[str, Any] = {}  # mesh axis -> the logical name whose dimension took it
+    used: dict[str, str] = {}  # mesh axis -> the logical name whose dimension took it
     for dim, entry in zip(shape, names):
         group = entry if isinstance(entry, tuple) else (entry,)
         mesh_axes: list[str] = []
@@ -310,7 +310,7 @@ def placement(state: Any, mesh: Mesh, rule: str = "replicated",
 
 
 def fallback_warning(what: str, fallbacks: Sequence[str], mesh: Mesh,
-                     table: Mapping[str, str | None]) -> str:
+                     table: Mapping[str, MeshAxes]) -> str:
     """The one warning that lists every variable placed replicated against its annotation."""
     return (f"{what}: {len(fallbacks)} variable(s) fell back to replicated:\n  " + "\n  ".join(fallbacks)
             + "\nFix: annotate with job.sharding.axes(...) using one name per dimension from "
@@ -408,7 +408,7 @@ def _size_fix(size: int, divisor: int) -> str:
             f"e.g. {max(divisor, -(-size // divisor) * divisor)}")
 
 
-def check_global_batch(global_batch: int, accum_steps: int, mesh: Any) -> None:
+def check_global_batch(global_batch: int, accum_steps: int, mesh: Mesh | AbstractMesh) -> None:
     """--data.global-batch splits over the data-parallel devices of `mesh` (a Mesh or an AbstractMesh: the
     sweep check knows only the device count), every one of --accum-steps micro-batches too: the loop's rule,
     checked at its start and before a sweep or a doctor queues anything."""
@@ -494,7 +494,7 @@ def mesh_context(mesh: Mesh | None, rules: Mapping[str, MeshAxes] | None = None)
             _RULES.reset(token)
 
 
-def constrain(x: T, names: Sequence[Any]) -> T:
+def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     """`x` (an activation inside a model) laid out by the logical axis `names`, one per dimension, under the
     run's rule table: `jax.lax.with_sharding_constraint` by logical name, as flax's
     `with_logical_constraint` does. `("batch", "length", "embed")` splits a [B, L, D] activation's batch over

@@ -37,7 +37,7 @@ def leaf_specs(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
     return specs
 
 
-def is_array(leaf: Any, *, scalars: bool = False) -> bool:
+def is_array(leaf: object, *, scalars: bool = False) -> bool:
     """True for a jax.Array or a NumPy array (the leaves sharding places); with `scalars`, NumPy scalars
     too (every leaf with a shape and dtype, as the cross-host pytree checks compare them)."""
     kinds = (jax.Array, np.ndarray, np.generic) if scalars else (jax.Array, np.ndarray)

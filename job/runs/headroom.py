@@ -40,7 +40,7 @@ HEADROOM = 0.9
 class Room:
     """What is free for the copy on this process."""
 
-    devices: Mapping[Any, int | None]  # device -> bytes free on it; None: its backend does not say (CPU)
+    devices: Mapping[jax.Device, int | None]  # device -> bytes free on it; None: its backend does not say (CPU)
     host: int | None  # bytes the host has available for the devices that do not say; None: unknown
     processes_on_host: int  # processes of the run on this host, each copying its state at the same moment
 
@@ -68,9 +68,9 @@ class Fit:
         return np.array([self.fits, self.needed, free, self.processes_on_host], np.float32)
 
 
-def copy_bytes(tree: Any) -> dict[Any, int]:
+def copy_bytes(tree: Any) -> dict[jax.Device, int]:
     """device -> bytes the on-device copy of every jax.Array leaf puts on it (this process's shards)."""
-    needed: dict[Any, int] = {}
+    needed: dict[jax.Device, int] = {}
     for leaf in jax.tree.leaves(tree):
         if isinstance(leaf, jax.Array):
             for shard in leaf.addressable_shards:
@@ -78,7 +78,7 @@ def copy_bytes(tree: Any) -> dict[Any, int]:
     return needed
 
 
-def device_free(device: Any) -> int | None:
+def device_free(device: jax.Device) -> int | None:
     """bytes_limit - bytes_in_use from the device's `memory_stats()`; None where the backend does not say."""
     try:
         stats = device.memory_stats()
@@ -100,14 +100,14 @@ def processes_on_host(env: Mapping[str, str], process_count: int) -> int:
     return environment(env).processes_on_this_host(env) or process_count
 
 
-def room(devices: Iterable[Any]) -> Room:
+def room(devices: Iterable[jax.Device]) -> Room:
     """What is free now on these devices (and, for those that do not say, on the host)."""
     free = {device: device_free(device) for device in devices}
     host = host_available() if any(value is None for value in free.values()) else None
     return Room(free, host, processes_on_host(os.environ, jax.process_count()))
 
 
-def fits(needed: Mapping[Any, int], room: Room, headroom: float = HEADROOM) -> Fit:
+def fits(needed: Mapping[jax.Device, int], room: Room, headroom: float = HEADROOM) -> Fit:
     """Whether a copy needing `needed` bytes per device fits in `headroom` of `room`; with the numbers of
     the tightest place (a device that says, or the host for the devices that do not)."""
     places = [Fit(True, size, room.devices[device]) for device, size in needed.items()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import logging
 import mmap
@@ -108,7 +109,8 @@ def write_shards(path: Path, state: Any, step: int, fingerprint: str) -> int:
         f.write(MAGIC + len(header).to_bytes(8, "little") + header)
         for entry, data in zip(entries, arrays):
             f.seek(start + entry["offset"])
-            f.write(memoryview(data).cast("B"))
+            if data.nbytes:  # the array's own buffer, as bytes (a memoryview of no elements cannot be cast)
+                f.write(data.data.cast("B"))
         f.truncate(start + offset)
     os.replace(tmp, path)
     return start + offset
@@ -158,7 +160,7 @@ def held(folder: Path) -> list[tuple[int, int]]:
     return sorted(out)
 
 
-def _receive(reader: Any, size: int, path: Path) -> None:
+def _receive(reader: io.BufferedIOBase, size: int, path: Path) -> None:
     """`size` bytes from a connection into `path`, atomically, in chunks (never the whole file in memory)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
@@ -176,8 +178,10 @@ def _receive(reader: Any, size: int, path: Path) -> None:
 class _Handler(socketserver.StreamRequestHandler):
     """`GET STEP PROCESS` -> `SIZE` and the file's bytes (-1: none); `PUT STEP PROCESS SIZE` and the bytes -> `ok`."""
 
+    server: _Server
+
     def handle(self) -> None:
-        folder: Path = self.server.folder  # type: ignore[attr-defined]
+        folder = self.server.folder
         words = self.rfile.readline().decode().split()
         if len(words) == 3 and words[0] == "GET":
             path = _file(folder, int(words[1]), int(words[2]))
@@ -196,6 +200,7 @@ class _Handler(socketserver.StreamRequestHandler):
 class _Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
+    folder: Path  # this node's folder (LocalTier's), which the handler serves
 
 
 def _prune(folder: Path) -> None:
@@ -237,7 +242,7 @@ class LocalTier:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.me, self.count = jax.process_index(), jax.process_count()
         self.server = _Server(("0.0.0.0", 0), _Handler)
-        self.server.folder = self.folder  # type: ignore[attr-defined]
+        self.server.folder = self.folder
         threading.Thread(target=self.server.serve_forever, name="job-local-tier", daemon=True).start()
         address = f"{node}:{self.server.server_address[1]}"
         self.client = coordination_client()

@@ -137,7 +137,8 @@ def _origin(module: str, search: Sequence[str], loaded: Mapping[str, ModuleType]
     if module in loaded and top is not None:
         places = list(getattr(top, "__path__", None) or [getattr(top, "__file__", None)])
         return getattr(loaded[module], "__file__", None), [Path(p) for p in places if p]
-    parts, path, roots, spec = module.split("."), list(search), [], None
+    parts, path, spec = module.split("."), list(search), None
+    roots: list[Path] = []
     for depth in range(1, len(parts) + 1):
         try:
             spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:depth]), path)
@@ -146,7 +147,7 @@ def _origin(module: str, search: Sequence[str], loaded: Mapping[str, ModuleType]
         if spec is None:
             return None, roots
         if depth == 1:
-            roots = [Path(p) for p in spec.submodule_search_locations or [spec.origin] if p]
+            roots = [Path(p) for p in spec.submodule_search_locations or ([spec.origin] if spec.origin else [])]
         path = list(spec.submodule_search_locations or [])
     return spec.origin if spec is not None else None, roots
 
@@ -298,12 +299,12 @@ def task_differences(old: Mapping[str, Any] | None, new: Mapping[str, Any] | Non
     return lines
 
 
-def _fact(git: Any, key: str) -> Any:
+def _fact(git: object, key: str) -> Any:
     """A git fact of a task package: only a package in a repository of its own has them."""
     return git.get(key) if isinstance(git, Mapping) else None
 
 
-def _git_differences(old: Any, new: Any) -> list[str]:
+def _git_differences(old: object, new: object) -> list[str]:
     """A task package's commit and uncommitted changes, where either record has them (its own repository)."""
     changed = []
     if _fact(old, "commit") != _fact(new, "commit"):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from etils import epath
 
@@ -57,12 +57,19 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def config_changes(saved: Mapping[str, Any], given: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(dotted field, saved value, given value) for every field that differs; a field only one side has
-    shows as None on the other."""
+class Change(NamedTuple):
+    """A config field that differs between the saved run and this one."""
+
+    name: str  # dotted: `data.global_batch`
+    saved: object  # None: the saved run's config.json lacks the field
+    given: object  # None: this run's config lacks it
+
+
+def config_changes(saved: Mapping[str, Any], given: Mapping[str, Any]) -> list[Change]:
+    """A Change for every field that differs; a field only one side has shows as None on the other."""
     old, new = flatten(saved), flatten(given)
     names = sorted((set(old) | set(new)) - NOT_COMPARED)
-    return [(name, old.get(name), new.get(name)) for name in names if old.get(name) != new.get(name)]
+    return [Change(name, old.get(name), new.get(name)) for name in names if old.get(name) != new.get(name)]
 
 
 def is_free(name: str) -> bool:
@@ -87,7 +94,7 @@ def saved_config(run_dir: epath.Path) -> dict[str, Any] | None:
 
 
 def check(run_dir: epath.Path, given: Mapping[str, Any], step: int, saved_specs: Mapping[str, tuple],
-          state: Any) -> list[tuple[str, Any, Any]]:
+          state: Any) -> list[Change]:
     """The config fields changed since the run dir's config.json, once the checkpoint of `step` (whose
     leaves are `saved_specs`) is known to hold the state this run built; else StateMismatch."""
     saved = saved_config(run_dir)
@@ -95,7 +102,7 @@ def check(run_dir: epath.Path, given: Mapping[str, Any], step: int, saved_specs:
     differences = state_differences(saved_specs, leaf_specs(state))
     if not differences:
         return changes
-    suspects = [change for change in changes if not is_free(change[0])]
+    suspects = [change for change in changes if not is_free(change.name)]
     if suspects:
         found = "; ".join(f"{flag(name)} saved {old!r}, given {new!r}" for name, old, new in suspects)
         back = " ".join(f"{flag(name)} {old}" for name, old, _ in suspects if old is not None)

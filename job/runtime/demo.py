@@ -76,7 +76,7 @@ def run(cfg: DemoConfig) -> float:
 
 
 @multihost.only_specific_processes()
-def _report(info: ClusterInfo, mesh: object, run_id: str, total: float, dp_sum: float) -> None:
+def _report(info: ClusterInfo, mesh: jax.sharding.Mesh, run_id: str, total: float, dp_sum: float) -> None:
     print(f"[{run_id}] {info.summary()}")
     print(f"  devices: {jax.device_count()} global, {jax.local_device_count()} per process, "
           f"platform {jax.devices()[0].platform}")

@@ -21,7 +21,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import ClassVar
+from typing import ClassVar, TypedDict
 
 from job.core import internals
 from job.core.errors import BAD_INPUT_EXIT_CODE, ConfigError, InitOrderError, JobError
@@ -56,6 +56,15 @@ class Timeouts:
         return cls(**values)
 
 
+class _Overrides(TypedDict, total=False):
+    """The ClusterInfo fields an environment variable or an argument of `resolve` sets."""
+
+    coordinator_address: str
+    num_processes: int
+    process_id: int
+    local_device_ids: tuple[int, ...]
+
+
 def resolve(
     env: Mapping[str, str],
     *,
@@ -70,20 +79,21 @@ def resolve(
         # (an uneven split) must not stop the override that fixes it
         env = {name: value for name, value in env.items() if name != CUDA_VISIBLE_DEVICES}
     info = detect(env)
-    overrides: dict[str, object] = {}
+    overrides: _Overrides = {}
     if "JAX_COORDINATOR_ADDRESS" in env:
         overrides["coordinator_address"] = env["JAX_COORDINATOR_ADDRESS"]
     if "JAX_LOCAL_DEVICE_IDS" in env:
         overrides["local_device_ids"] = read_id_list(
             env, "JAX_LOCAL_DEVICE_IDS", fix="give device ids such as '0,1', or unset it"
         )
-    explicit = {
-        "coordinator_address": coordinator_address,
-        "num_processes": num_processes,
-        "process_id": process_id,
-        "local_device_ids": None if local_device_ids is None else tuple(local_device_ids),
-    }
-    overrides.update({k: v for k, v in explicit.items() if v is not None})
+    if coordinator_address is not None:
+        overrides["coordinator_address"] = coordinator_address
+    if num_processes is not None:
+        overrides["num_processes"] = num_processes
+    if process_id is not None:
+        overrides["process_id"] = process_id
+    if local_device_ids is not None:
+        overrides["local_device_ids"] = tuple(local_device_ids)
     if not overrides:
         return info
     if info.kind == "single" and {"num_processes", "process_id"} <= overrides.keys():

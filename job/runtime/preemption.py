@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from collections.abc import Callable
 from types import FrameType
 
 import numpy as np
@@ -28,6 +29,8 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 # a scheduler's notice (Slurm's --signal=USR2@SECONDS, scancel --signal=USR2): heard from before the processes
 # join, where SIGTERM keeps its default until they have (the launcher's stop ends a process waiting to join)
 NOTICES = (signal.SIGUSR1, signal.SIGUSR2)
+# what signal.signal takes and gives back: a function, SIG_DFL or SIG_IGN, or None (one not set from Python)
+Handler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
 
 
 class EarlyNotice:
@@ -72,7 +75,7 @@ class PreemptionGuard:
         self.received: int | None = None
         self.stopping = False  # should_stop said so: every process is saving and leaving
         self.interrupted = False  # ... and one of them heard Ctrl-C: they leave with STOPPED_EXIT_CODE
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Handler] = {}
 
     def __enter__(self) -> PreemptionGuard:
         for sig in self.signals:
@@ -100,7 +103,7 @@ class PreemptionGuard:
         if self.stopping:
             return
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+            signal.signal(sig, handler)
 
     @property
     def exit_code(self) -> int:

@@ -151,7 +151,8 @@ def local_facts(config: Mapping[str, Any], run_dir: epath.Path,
 
     env = os.environ if env is None else env
     devices = jax.local_devices()
-    given = gpus_given(env, internals.cuda_visible_devices())
+    # None: a jax without the setting, which uses every GPU it sees
+    given = gpus_given(env, internals.cuda_visible_devices() or "all")
     facts: dict[str, Any] = {
         "process": jax.process_index(),
         "host": socket.gethostname(),
@@ -287,7 +288,7 @@ def _groups(rows: Sequence[Mapping[str, Any]], field: str, named: int = 10) -> l
     return out
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     return text if len(text) <= 60 else text[:57] + "..."
 

@@ -15,10 +15,11 @@ jax only when it builds arrays.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
@@ -27,11 +28,14 @@ from job.parallel.rows import row_span
 from job.runtime import priority
 from job.train.task import Rows
 
+if TYPE_CHECKING:
+    import jax
+
 T = TypeVar("T")
 PREFETCH_NICE = 10  # the prefetch thread gives way to the loop and the step (bench.pipeline)
 
 
-def to_global(rows: Mapping[str, Any], sharding: Any, size: int) -> dict[str, Any]:
+def to_global(rows: Mapping[str, Any], sharding: jax.sharding.Sharding, size: int) -> dict[str, jax.Array]:
     """This process's rows (from `row_span`) as jax.Arrays of `size` global rows laid out by `sharding`."""
     import jax  # only to build arrays: this module imports without jax (tests/unit/test_batches.py)
 
@@ -40,14 +44,15 @@ def to_global(rows: Mapping[str, Any], sharding: Any, size: int) -> dict[str, An
     return jax.make_array_from_process_local_data(sharding, local, shapes)  # one call: one batched transfer
 
 
-def global_batch(source: Rows, sharding: Any, *, split: str, step: int, size: int, offset: int = 0) -> dict[str, Any]:
+def global_batch(source: Rows, sharding: jax.sharding.Sharding, *, split: str, step: int, size: int,
+                 offset: int = 0) -> dict[str, jax.Array]:
     """Batch `step` of `split` as jax.Arrays of `size` rows laid out by `sharding`: the source's rows
     offset .. offset + size (a finite split's full pass reads it in such windows)."""
     start, stop = row_span(sharding, size)
     return to_global(source.rows(split, step, offset + start, offset + stop), sharding, size)
 
 
-def impurity(source: Rows, split: str, step: int, start: int, stop: int) -> tuple[dict[str, Any], str | None]:
+def impurity(source: Rows, split: str, step: int, start: int, stop: int) -> tuple[Mapping[str, Any], str | None]:
     """Rows start..stop of `step` asked for twice: (the first answer, None when both are the same bytes, else
     where they first differ). The loop's promises (bitwise resume, the same batch on every topology) rest on
     `rows` being a pure function of (split, step, start, stop)."""
@@ -65,6 +70,18 @@ def impurity(source: Rows, split: str, step: int, start: int, stop: int) -> tupl
     return first, None
 
 
+@dataclasses.dataclass(frozen=True)
+class _Made(Generic[T]):
+    step: int
+    value: T  # what make(step) returned
+
+
+@dataclasses.dataclass(frozen=True)
+class _Failed:
+    step: int
+    error: BaseException  # what make(step) raised
+
+
 class Prefetch(Generic[T]):
     """`make(step)` for each step of `steps` in order, up to `depth` steps ahead, on a daemon thread.
 
@@ -77,7 +94,7 @@ class Prefetch(Generic[T]):
         if depth < 1:
             raise ConfigError("prefetch depth", expected="an integer >= 1", found=depth, fix="pass depth=1 or more")
         self._make, self._steps = make, steps
-        self._ready: queue.Queue[tuple[int, T | None, BaseException | None]] = queue.Queue(maxsize=depth)
+        self._ready: queue.Queue[_Made[T] | _Failed] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._work, name="job-prefetch", daemon=True)
         self._thread.start()
@@ -85,35 +102,36 @@ class Prefetch(Generic[T]):
     def _work(self) -> None:
         priority.lower(PREFETCH_NICE)  # it fills the step's gaps on a host whose cores the step uses
         for step in self._steps:
+            item: _Made[T] | _Failed
             try:
-                item: tuple[int, T | None, BaseException | None] = (step, self._make(step), None)
+                item = _Made(step, self._make(step))
             except BaseException as err:  # handed to the consumer, which re-raises it in its own thread
-                item = (step, None, err)
+                item = _Failed(step, err)
             while not self._stop.is_set():
                 try:
                     self._ready.put(item, timeout=0.1)
                     break
                 except queue.Full:
                     continue
-            if self._stop.is_set() or item[2] is not None:
+            if self._stop.is_set() or isinstance(item, _Failed):
                 return
 
     def get(self, step: int) -> T:
         """What `make(step)` returned, waiting for it if it is not ready yet."""
         while True:
             try:
-                made, value, err = self._ready.get(timeout=1.0)
+                item = self._ready.get(timeout=1.0)
                 break
             except queue.Empty:
                 if not self._thread.is_alive() and self._ready.empty():
                     raise RuntimeError(f"prefetch: step {step} was asked for, but the prefetch thread has "
                                        f"stopped (it makes steps {self._steps.start}..{self._steps.stop - 1} "
                                        "in order)") from None
-        if err is not None:
-            raise err
-        if made != step:
-            raise RuntimeError(f"prefetch: expected step {step}, found step {made}; ask for steps in order")
-        return value  # type: ignore[return-value]
+        if isinstance(item, _Failed):
+            raise item.error
+        if item.step != step:
+            raise RuntimeError(f"prefetch: expected step {step}, found step {item.step}; ask for steps in order")
+        return item.value
 
     def close(self) -> None:
         """Stop the thread (it finishes the step it is making) and drop what it made."""

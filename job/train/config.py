@@ -236,7 +236,7 @@ def from_dict(values: Mapping[str, Any], task: Task) -> TrainConfig:
     """The TrainConfig that `to_dict` (a run's config.json) holds: `from_dict(to_dict(cfg), task) == cfg`.
     A field the file lacks takes its default (a config.json of an older version); one it has that the
     config does not is one error."""
-    def build(kind: type, given: Any, where: str) -> Any:
+    def build(kind: type, given: object, where: str) -> Any:
         if not isinstance(given, Mapping):
             raise ConfigError(where, expected=f"a JSON object of {kind.__name__}'s fields", found=given,
                               fix="pass a config.json that python -m job train wrote")
@@ -249,8 +249,10 @@ def from_dict(values: Mapping[str, Any], task: Task) -> TrainConfig:
         out = {}
         for name, value in given.items():
             inner = nested[name] if kind is TrainConfig and name in nested else hints.get(name)
-            is_config = isinstance(inner, type) and dataclasses.is_dataclass(inner)
-            out[name] = build(inner, value, f"{where}.{name}") if is_config else value
+            if isinstance(inner, type) and dataclasses.is_dataclass(inner):  # a nested config: its own fields
+                out[name] = build(inner, value, f"{where}.{name}")
+            else:
+                out[name] = value
         return kind(**out)
 
     nested = {"model": task.model_config, "data": task.data_config}
@@ -261,7 +263,7 @@ def parse(args: list[str], task: Task) -> TrainConfig:
     """Command-line flags -> the TrainConfig of `task`; an unknown flag exits with usage (code 2)."""
     import tyro  # only to parse (0.1 s): deploy's tools import this module for commands that parse nothing
 
-    kind = TrainConfig[task.model_config, task.data_config]  # type: ignore[name-defined]
+    kind = TrainConfig[task.model_config, task.data_config]  # type: ignore[name-defined]  # run-time classes, for tyro
     registry = _registry()
     parsed = tyro.cli(kind, args=args, default=defaults(task), prog="python -m job train",
                       description=__doc__.split("\n")[0], registry=registry)

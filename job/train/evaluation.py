@@ -29,11 +29,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from job.core.errors import ConfigError
 from job.parallel import sharding
 from job.train.batches import global_batch
+from job.train.task import Rows
 
 RESERVED_SPLITS = ("train", "hosts")  # metric records the loop writes under these names
 # a source's rows of a finite split: a name of the protocol's own (`size` is often an image side)
@@ -50,7 +51,7 @@ class Piece:
     whole: bool = False  # held whole by every device (a full pass's last few rows), else sharded over data
 
 
-def size_of(source: Any, split: str) -> int | None:
+def size_of(source: object, split: str) -> int | None:
     """The rows of a finite split (the source's `split_size(split)`), None for a split without an end or a
     source without the method. A source's `size` is its own unless it is a method taking the split: the
     name this protocol had before, still read, with a FutureWarning."""
@@ -73,7 +74,7 @@ def size_of(source: Any, split: str) -> int | None:
     return None if rows is None else int(rows)
 
 
-def _takes_a_split(method: Any) -> bool:
+def _takes_a_split(method: object) -> bool:
     """True for a callable that takes one positional argument (the split)."""
     if not callable(method):
         return False
@@ -84,7 +85,7 @@ def _takes_a_split(method: Any) -> bool:
     return True
 
 
-def _old_size(source: Any) -> Callable[[str], Any] | None:
+def _old_size(source: object) -> Callable[[str], object] | None:
     """`source.size` when it is the split-size method under its old name (with a FutureWarning); None
     for anything else a source calls `size` (an image side, a shape, a method without the split)."""
     size = getattr(source, "size", None)
@@ -132,7 +133,7 @@ def check_splits(splits: Sequence[str], task_name: str) -> None:
 class Evaluator:
     """Evaluates a state on every declared split, each under its own name."""
 
-    def __init__(self, eval_step: Callable[..., Any], source: Any, mesh: Any, *, splits: Sequence[str],
+    def __init__(self, eval_step: jax.stages.Wrapped, source: Rows, mesh: Mesh, *, splits: Sequence[str],
                  global_batch: int, batches: int, full: bool, weight: str | None) -> None:
         self._step, self._source, self._weight = eval_step, source, weight
         self._sharded = sharding.batch_sharding(mesh)
@@ -146,7 +147,7 @@ class Evaluator:
         """How many rows one evaluation of `split` reads."""
         return sum(p.rows for p in self.plan[split])
 
-    def batch(self, split: str, piece: Piece) -> dict[str, Any]:
+    def batch(self, split: str, piece: Piece) -> dict[str, jax.Array]:
         """The global arrays of one piece: sharded like a train batch, or whole on every device."""
         return global_batch(self._source, self._whole if piece.whole else self._sharded, split=split,
                             step=piece.step, size=piece.rows, offset=piece.offset)

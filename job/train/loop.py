@@ -82,9 +82,9 @@ class Built:
     source: Rows  # the task's rows
     planned: state_plan.Plan  # shapes, shardings and the init of the state
     schedule: optax.Schedule  # the learning rate by step
-    train_step: Callable[..., Any]  # (state, batch) -> (state, metrics), jitted
+    train_step: jax.stages.Wrapped  # (state, batch) -> (state, metrics), jitted
     evaluator: Evaluator  # over the task's eval splits
-    batch_sharding: jax.sharding.NamedSharding  # how a train batch is laid out
+    batch_sharding: jax.sharding.Sharding  # how a train batch is laid out
     checked: preflight.Summary  # the preflight's findings
     cache_dir: str | None  # the compilation cache's folder; None: off
 
@@ -97,23 +97,25 @@ class Training:
     (one optimizer step, then logging, evaluate and save as due) -> finish (the last save, the summary).
     `run` strings them together."""
 
+    # made by the phases, in this order: restore (checkpoints), then open_records (report, profiler)
+    checkpoints: Checkpointer
+    report: Reporter
+    profiler: StepProfiler
+
     def __init__(self, cfg: TrainConfig, task: Task, argv: list[str] | None, timer: Goodput,
                  info: ClusterInfo, guard: PreemptionGuard) -> None:
         self.cfg, self.task, self.argv, self.timer, self.info, self.guard = cfg, task, argv, timer, info, guard
-        self.metrics: dict[str, Any] = {}  # the last train step's
+        self.metrics: dict[str, jax.Array] = {}  # the last train step's
         self.evaluated: dict[str, dict[str, float]] = {}  # the last evaluation's, by split
         self.last_saved = 0
         self.cache_events = CacheEvents()  # this process's cache hits and misses, every program of the run
         self.watch = StragglerWatch(cfg.straggler_ratio)
         self.began = time.perf_counter()  # the loop's own start (open_records), for summary.json's seconds
-        # made by the phases, in this order: restore, then open_records
+        # set by restore, read by open_records
         self.moved: epath.Path | None = None  # --no-resume: where the earlier checkpoints went
-        self.changed: list[tuple[str, Any, Any]] = []  # the config fields changed since the saved run
-        self.checkpoints: Checkpointer | None = None
+        self.changed: list[resume.Change] = []  # the config fields changed since the saved run
         self.local: LocalTier | None = None  # the node-local tier (--ckpt.local-every), made with the checkpointer
         self.local_source = ""  # where a restore from the node-local tier read each process's shards
-        self.report: Reporter | None = None
-        self.profiler: StepProfiler | None = None
         self.compile_s = 0.0  # this process's own time compiling the steps ahead (the barrier's wait excluded)
         self.progress = Progress()  # where the loop is: the hang watchdog's roll call reads it
         self.answered = 0  # processes that answered the watchdog's roll call: process 0 waits for them to leave
@@ -155,16 +157,17 @@ class Training:
         mesh = run_mesh(cfg.model_axis, mesh=cfg.mesh)
         sharding.check_global_batch(cfg.data.global_batch, cfg.accum_steps, mesh)
         # shapes and placement first, no array made; the state is then created as its shards, or restored into them
-        source, schedule, planned, evaluator = plan_run(cfg, task, mesh)
+        run_plan = plan_run(cfg, task, mesh)
         batch_sharding = sharding.batch_sharding(mesh)
         micro = sharding.batch_sharding(mesh, whole=1)  # K micro-batches stacked on a leading axis
-        train_step = jit_train_step(task.loss, planned.graphdef, planned.shardings, accum_steps=cfg.accum_steps,
-                                    weight=task.weight, custom=task.train_step, micro_sharding=micro)
-        return Built(run_dir=run_dir, mesh=mesh, source=source, planned=planned, schedule=schedule,
-                     train_step=train_step, evaluator=evaluator, batch_sharding=batch_sharding, checked=checked,
-                     cache_dir=cache_dir)
+        train_step = jit_train_step(task.loss, run_plan.planned.graphdef, run_plan.planned.shardings,
+                                    accum_steps=cfg.accum_steps, weight=task.weight, custom=task.train_step,
+                                    micro_sharding=micro)
+        return Built(run_dir=run_dir, mesh=mesh, source=run_plan.source, planned=run_plan.planned,
+                     schedule=run_plan.schedule, train_step=train_step, evaluator=run_plan.evaluator,
+                     batch_sharding=batch_sharding, checked=checked, cache_dir=cache_dir)
 
-    def restore(self, built: Built) -> tuple[int, Any]:
+    def restore(self, built: Built) -> tuple[int, nnx.State]:
         """(the step to start from, the state): the newest readable checkpoint's, else a fresh state.
         A checkpoint of another state stops the run here (exit 2), with nothing touched."""
         cfg, run_dir = self.cfg, built.run_dir
@@ -179,11 +182,9 @@ class Training:
         if cfg.ckpt.local_every:
             self.local = LocalTier(cfg.ckpt.local_dir, str(run_dir), cfg.ckpt.local_every, node_name(),
                                    built.planned.abstract)
-        local = self.local.restore(built.planned.abstract, checkpoints.latest_step()) if (
-            self.local is not None and cfg.resume) else None
-        if local is not None:  # newer than the persistent tier's newest, and every process read its part back
+        local = self.restore_local(built, newer_than=checkpoints.latest_step())
+        if local is not None:
             start, state = local
-            self.local_source = self.local.sources(start)
         elif cfg.resume and checkpoints.all_steps():  # read back first: an unreadable newest step is set aside
             start, state = checkpoints.restore_newest(built.planned.abstract)
         else:
@@ -194,6 +195,16 @@ class Training:
                 self.local.clear()  # an earlier run's local steps are never restored into this one
         self.last_saved = start
         return start, state
+
+    def restore_local(self, built: Built, newer_than: int | None) -> tuple[int, nnx.State] | None:
+        """(step, state) of the node-local tier when it holds a step newer than the persistent tier's newest
+        (`newer_than`) and every process read its part back; else None (and with no tier, or --no-resume)."""
+        if self.local is None or not self.cfg.resume:
+            return None
+        restored = self.local.restore(built.planned.abstract, newer_than)
+        if restored is not None:
+            self.local_source = self.local.sources(restored[0])
+        return restored
 
     def open_records(self, built: Built, start: int) -> None:
         """The metrics writers, goodput, profiler and straggler watch, and the run's opening lines."""
@@ -224,7 +235,7 @@ class Training:
         self.began = time.perf_counter()
         self.timer.started()
 
-    def compile(self, built: Built, state: Any, start: int) -> dict[str, jax.Array]:
+    def compile(self, built: Built, state: nnx.State, start: int) -> dict[str, jax.Array]:
         """Compile the train step (for `state` and the batch of step `start`) and the eval step now, then wait
         at the barrier "compiled" for every process: the first step's call finds its program compiled, and a
         process that loaded its programs from the cache waits here for one that compiles, not in the first
@@ -242,7 +253,8 @@ class Training:
                 " (pass a larger one), or they died or hung"))
         return batch
 
-    def train(self, built: Built, start: int, state: Any, made: dict[int, dict[str, jax.Array]]) -> tuple[int, Any]:
+    def train(self, built: Built, start: int, state: nnx.State,
+              made: dict[int, dict[str, jax.Array]]) -> tuple[int, nnx.State]:
         """Steps start..cfg.steps-1, each followed by what is due; (exit code, the state at the end). `made`:
         batches already made, by step (the compiled-for first one), each handed on once and let go."""
         cfg, timer = self.cfg, self.timer
@@ -286,7 +298,8 @@ class Training:
                                                                  before_exit=self.leave))
         return 0, state
 
-    def step(self, built: Built, state: Any, step: int, upcoming: Any, *, first: bool) -> tuple[Any, bool]:
+    def step(self, built: Built, state: nnx.State, step: int, upcoming: Prefetch[dict[str, jax.Array]], *,
+             first: bool) -> tuple[nnx.State, bool]:
         """One optimizer step, then its logging, evaluation and save when due: (state, stop now)."""
         cfg, timer, report = self.cfg, self.timer, self.report
         done = step + 1
@@ -352,7 +365,7 @@ class Training:
         if client is not None and info.is_multiprocess:
             leave(client, info.process_id, self.answered or info.num_processes, wait_s=5.0)
 
-    def evaluate(self, built: Built, state: Any, done: int) -> bool:
+    def evaluate(self, built: Built, state: nnx.State, done: int) -> bool:
         """Every eval split, each reported under its name; False when a preemption signal cut it short."""
         with self.timer.part("eval"):
             results = built.evaluator.run(state, self.guard.should_stop)
@@ -363,14 +376,14 @@ class Training:
             self.report.eval(done, metrics, split=split)
         return True
 
-    def save(self, state: Any, done: int) -> Any:
+    def save(self, state: nnx.State, done: int) -> nnx.State:
         """Step `done`'s checkpoint (written in the background when --ckpt.async-save)."""
         with self.timer.part("checkpoint"):
             self.checkpoints.save(done, state)
         self.last_saved = done
         return state
 
-    def finish(self, built: Built, state: Any, code: int) -> None:
+    def finish(self, built: Built, state: nnx.State, code: int) -> None:
         """The saves written, the goodput split, and summary.json."""
         cfg, task, timer = self.cfg, self.task, self.timer
         with timer.part("checkpoint"):
@@ -423,7 +436,7 @@ def run_mesh(model_axis: int, flag: str = "--model-axis", mesh: str = "") -> jax
                           fix=exc.fix.replace("use one of", f"pass {flag} one of", 1)) from None
 
 
-def first_batch(source: Rows, batch_sharding: Any, *, step: int, size: int) -> dict[str, jax.Array]:
+def first_batch(source: Rows, batch_sharding: jax.sharding.Sharding, *, step: int, size: int) -> dict[str, jax.Array]:
     """The batch of the first step, its rows asked for twice first: a source whose answers differ (an unseeded
     rng, a stream read on) stops every process with one error (exit 2) before any step, instead of training
     on with resume and topology invariance silently lost."""
@@ -441,16 +454,25 @@ def first_batch(source: Rows, batch_sharding: Any, *, step: int, size: int) -> d
     return to_global(rows, batch_sharding, size)
 
 
-def plan_run(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh) -> tuple[Any, Any, Any, Any]:
-    """(the task's rows, the learning rate by step, the state's plan, the Evaluator of the task's eval
-    splits): what a run and an evaluation of its checkpoint both build on `mesh`; no array is made."""
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """What a run and an evaluation of its checkpoint both build on a mesh (`plan_run`); no array is made."""
+
+    source: Rows  # the task's rows
+    schedule: optax.Schedule  # the learning rate by step
+    planned: state_plan.Plan  # shapes, shardings and the init of the state
+    evaluator: Evaluator  # over the task's eval splits
+
+
+def plan_run(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh) -> RunPlan:
+    """The task's rows, the learning rate, the state's plan and the Evaluator of a run of `task` on `mesh`."""
     source = task.source(cfg.data, cfg.model)
     tx, schedule = optimizers.for_task(task, cfg)
     planned = state_plan.plan(task, cfg, mesh, tx)
     evaluator = Evaluator(jit_eval_step(task.loss, planned.eval_graphdef, task.weight), source, mesh,
                           splits=task.eval_splits, global_batch=cfg.data.global_batch,
                           batches=cfg.data.eval_batches, full=cfg.eval_full, weight=task.weight)
-    return source, schedule, planned, evaluator
+    return RunPlan(source=source, schedule=schedule, planned=planned, evaluator=evaluator)
 
 
 def _written(flush: Callable[[], None], what: str) -> None:
@@ -460,7 +482,7 @@ def _written(flush: Callable[[], None], what: str) -> None:
         log.warning("could not write the %s at the end of the run: %s", what, exc)
 
 
-def _topology(info: ClusterInfo, mesh: jax.sharding.Mesh) -> dict:
+def _topology(info: ClusterInfo, mesh: jax.sharding.Mesh) -> dict[str, object]:
     """Where the run ran, for its provenance record."""
     devices = jax.devices()
     return {"kind": info.kind, "processes": info.num_processes, "local_devices": jax.local_device_count(),

@@ -19,13 +19,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import optax
 
 from job.core.errors import ConfigError
 from job.train.config import OPTIMIZER_NAMES, OptimConfig, TrainConfig, from_dict, to_dict
 from job.train.task import Task
+
+if TYPE_CHECKING:  # resume brings orbax: the sweep checks import this module for for_task alone
+    from job.runs.resume import Change
 
 PROBES = 8  # schedule_change compares the two schedules at about this many steps past the resumed one
 
@@ -93,7 +96,7 @@ def horizon(cfg: TrainConfig) -> int:
 class _Reads:
     """`cfg.optim` as a task's own optimizer sees it: each field it reads is noted."""
 
-    def __init__(self, optim: Any) -> None:
+    def __init__(self, optim: OptimConfig) -> None:
         object.__setattr__(self, "_optim", optim)
         object.__setattr__(self, "read", set())
 
@@ -110,7 +113,8 @@ def for_task(task: Task, cfg: TrainConfig) -> tuple[optax.GradientTransformation
     if not task.optimizer:
         return make_optimizer(cfg.optim, steps)
     seen = _Reads(cfg.optim)
-    built = task.optimizer(dataclasses.replace(cfg, optim=seen), steps)
+    # the proxy answers every field as cfg.optim does, noting which are read
+    built = task.optimizer(dataclasses.replace(cfg, optim=cast(OptimConfig, seen)), steps)
     defaults = type(cfg.optim)()
     # decay_steps is the loop's (the horizon it passes as `steps`), read whether or not the task reads it
     given = [f.name for f in dataclasses.fields(cfg.optim) if f.name != "decay_steps"
@@ -126,12 +130,11 @@ def for_task(task: Task, cfg: TrainConfig) -> tuple[optax.GradientTransformation
     return built
 
 
-def schedule_change(task: Task, cfg: TrainConfig, changes: Sequence[tuple[str, Any, Any]], step: int) -> str | None:
-    """What resuming from `step` with `changes` ((dotted field, saved value, given value), as
-    job.runs.resume.check lists them) does to the learning rate: None when the schedule is the same,
-    else a sentence with the rate of both schedules at the first step where they differ (from the
-    resumed one on, numbered as the progress line numbers them) and, when the horizon moved, the flag
-    that keeps it."""
+def schedule_change(task: Task, cfg: TrainConfig, changes: Sequence[Change], step: int) -> str | None:
+    """What resuming from `step` with `changes` (as job.runs.resume.check lists them) does to the learning
+    rate: None when the schedule is the same, else a sentence with the rate of both schedules at the first
+    step where they differ (from the resumed one on, numbered as the progress line numbers them) and, when
+    the horizon moved, the flag that keeps it."""
     saved = saved_config(cfg, changes, task)
     before, after = for_task(task, saved)[1], for_task(task, cfg)[1]
     end = max(cfg.steps, saved.steps, horizon(cfg), horizon(saved))
@@ -151,13 +154,13 @@ def schedule_change(task: Task, cfg: TrainConfig, changes: Sequence[tuple[str, A
     return line
 
 
-def saved_config(cfg: TrainConfig, changes: Sequence[tuple[str, Any, Any]], task: Task) -> TrainConfig:
+def saved_config(cfg: TrainConfig, changes: Sequence[Change], task: Task) -> TrainConfig:
     """The saved run's config: `cfg` with every changed field's saved value. A field the saved run
     lacked (saved value None) takes its default; one this code lacks is left out."""
     values = to_dict(cfg)
     for name, old, _ in changes:
         *path, last = name.split(".")
-        node: Any = values
+        node: object = values
         for key in path:
             node = node.get(key) if isinstance(node, dict) else None
         if not isinstance(node, dict) or last not in node:

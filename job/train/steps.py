@@ -87,7 +87,8 @@ def micro_batches(batch: Mapping[str, jax.Array], k: int) -> dict[str, jax.Array
 def _accumulated(loss: Loss, model: Any, batch: Mapping[str, jax.Array], k: int, weight: str | None,
                  micro_sharding: jax.sharding.Sharding | None) -> tuple[Any, dict[str, jax.Array]]:
     """(the gradient of the whole batch, its metrics) from k micro-batches in a scan."""
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    graphdef, params, *others = nnx.split(model, nnx.Param, ...)
+    (rest,) = others  # the state of everything but the Params
     micro = micro_batches(batch, k)
     if micro_sharding is not None:
         micro = jax.lax.with_sharding_constraint(micro, micro_sharding)
@@ -139,7 +140,7 @@ def _shardings(tree: Any) -> Any:
 
 def jit_train_step(loss: Loss, graphdef: nnx.GraphDef, state: nnx.State, *, accum_steps: int = 1,
                    weight: str | None = None, micro_sharding: jax.sharding.Sharding | None = None,
-                   custom: Callable[..., Mapping[str, jax.Array]] | None = None) -> Callable[..., Any]:
+                   custom: Callable[..., Mapping[str, jax.Array]] | None = None) -> jax.stages.Wrapped:
     """`train_step_fn` jitted for `state`'s layout (its arrays, or their shardings): the state is
     donated and keeps its shardings."""
     step = functools.partial(train_step_fn, loss, graphdef, accum_steps=accum_steps, weight=weight,
@@ -147,7 +148,7 @@ def jit_train_step(loss: Loss, graphdef: nnx.GraphDef, state: nnx.State, *, accu
     return jax.jit(step, donate_argnums=0, out_shardings=(_shardings(state), None))
 
 
-def jit_eval_step(loss: Loss, graphdef: nnx.GraphDef, weight: str | None = None) -> Callable[..., Any]:
+def jit_eval_step(loss: Loss, graphdef: nnx.GraphDef, weight: str | None = None) -> jax.stages.Wrapped:
     """The metrics of one batch; pass the graphdef with the model in eval mode
     (`job.train.state.Plan.eval_graphdef`) for dropout off and batch norm's running averages."""
     return jax.jit(functools.partial(eval_step_fn, loss, graphdef, weight=weight))

@@ -35,13 +35,11 @@ def _fields(task: tasks.Task) -> dict[str, type]:
     found: dict[str, type] = {}
 
     def walk(node: object, prefix: str) -> None:
-        for field in dataclasses.fields(node):  # type: ignore[arg-type]
-            value = getattr(node, field.name)
-            name = f"{prefix}{field.name.replace('_', '-')}"
-            if dataclasses.is_dataclass(value):
-                walk(value, name + ".")
-            else:
-                found[name] = type(value)
+        if not dataclasses.is_dataclass(node):  # a field's value; `prefix` is the field's name and a dot
+            found[prefix.removesuffix(".")] = type(node)
+            return
+        for field in dataclasses.fields(node):
+            walk(getattr(node, field.name), f"{prefix}{field.name.replace('_', '-')}.")
 
     walk(config.defaults(task), "")
     return found

@@ -33,10 +33,13 @@ import difflib
 import importlib
 import pkgutil
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from job.core import flags
 from job.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from flax import nnx
 
 TASKS_PACKAGE = "job.tasks"
 DEFAULT_TASK = "lm"
@@ -60,7 +63,7 @@ class Task:
     name: str  # the folder under job/tasks/, and the value of --task
     model_config: type  # frozen dataclass of the model's sizes: --model.* flags
     data_config: type  # frozen dataclass with at least global_batch and eval_batches: --data.* flags
-    build: Callable[[Any, Any], Any]  # (model config, nnx.Rngs) -> the nnx.Module to train
+    build: Callable[[Any, nnx.Rngs], nnx.Module]  # (model config, its random keys) -> the model to train
     loss: Callable[[Any, Mapping[str, Any]], tuple[Any, dict[str, Any]]]  # (model, batch) -> (loss, metrics)
     source: Callable[[Any, Any], Rows]  # (data config, model config) -> the batches, by row
     validate: Callable[..., None] = _no_checks  # (model cfg, data cfg, rule=, model_axis=): ConfigError if bad
@@ -146,6 +149,12 @@ def _load_from_module(spec: str) -> Task:
                if tasks else f"define {attr} = job.task.Task(...) in {module_name}")
         raise ConfigError("--task", expected=f"{module_name}.{attr} to be a job.task.Task", found=found, fix=fix)
     return task
+
+
+@overload
+def task_name(args: Sequence[str], default: str = DEFAULT_TASK) -> str: ...
+@overload
+def task_name(args: Sequence[str], default: None) -> str | None: ...
 
 
 def task_name(args: Sequence[str], default: str | None = DEFAULT_TASK) -> str | None:

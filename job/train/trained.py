@@ -19,7 +19,6 @@ import json
 import logging
 import math
 import sys
-from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
@@ -42,7 +41,7 @@ from job.train.task import Task
 log = logging.getLogger("job.train.trained")
 
 
-def saved_config(run_dir: str) -> tuple[Any, Any]:
+def saved_config(run_dir: str) -> tuple[TrainConfig, Task]:
     """(TrainConfig, Task) of a run dir, from its config.json."""
     path = storage.run_path(run_dir)
     saved = resume.saved_config(path)
@@ -53,7 +52,7 @@ def saved_config(run_dir: str) -> tuple[Any, Any]:
     return config.from_dict(saved, chosen), chosen
 
 
-def load_model(run_dir: str, step: int | None = None, *, ema: bool = False) -> tuple[Any, Any]:
+def load_model(run_dir: str, step: int | None = None, *, ema: bool = False) -> tuple[nnx.Module, TrainConfig]:
     """(the trained model in eval mode, its TrainConfig), from one step (default: the newest) of a run
     dir; only the model's own state is read (with `ema`, the EMA's copy of it), onto this host's
     devices, replicated. One process (it reads the checkpoint alone)."""
@@ -134,11 +133,12 @@ def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None, *
     initialize()
     run_dir = storage.run_path(cfg.run_dir)
     mesh, cfg = eval_mesh(cfg, model_axis)
-    _, _, planned, evaluator = loop.plan_run(cfg, task, mesh)
+    run_plan = loop.plan_run(cfg, task, mesh)
+    evaluator = run_plan.evaluator
     checkpoints = Checkpointer(rundir.checkpoints(run_dir), cfg.ckpt)
     try:
         chosen = checkpoints.saved_step(step)
-        restored = checkpoints.restore(chosen, planned.abstract)
+        restored = checkpoints.restore(chosen, run_plan.planned.abstract)
     finally:
         checkpoints.close()
     with sharding.mesh_context(mesh, loop.run_rules(cfg, task)):

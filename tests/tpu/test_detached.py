@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launching import explain, wait_for
+from tests.launching import explain, wait_for, wait_for_line
 from tests.records import summary
 from tests.tpu.fake_gcloud import ssh as fake_ssh
 from tests.tpu.harness import ROOT, ZONE, Cloud
@@ -60,10 +60,13 @@ def test_a_second_pod_attaches_and_stop_and_logs_work_from_other_machines(cloud:
         second = subprocess.Popen(cloud.make_argv("tpu-pod", **slice_, TPU_LOCAL_DIR=str(tmp_path / "laptop")),
                                   cwd=ROOT, env=cloud.env(), stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
-        wait_for(run_dir / "checkpoints" / "10", timeout_s=300, proc=second)
+        # the second follower has found the job and attached before anyone stops it (stopped earlier, it would
+        # find no job running and start one)
+        attached = wait_for_line(second, "attaching to it instead of starting another", timeout=300, stderr=True)
         stop = cloud.make("tpu-stop", **slice_, TPU_LOCAL_DIR=str(tmp_path / "desktop"))
         assert stop.returncode == 0, explain(stop)
         outs = [p.communicate(timeout=120) for p in (first, second)]
+        outs[1] = (outs[1][0], "".join(attached) + outs[1][1])
     finally:
         for p in (first, second) if "second" in locals() else (first,):
             p.kill()

@@ -182,3 +182,6 @@ def test_a_hang_the_roll_call_named_is_the_attempts_failure_not_the_first_proces
     stuck = supervisor.stuck(99.0, ["n1", "n2"])
     assert stuck is not None and (stuck.process, stuck.node) == ("3", "n2")  # tasks 2, 3 on the second node
     assert supervisor.stuck(101.0, ["n1", "n2"]) is None  # an earlier attempt's hang
+    # a record torn or written by something else (a time that is not a number) is skipped, not fatal
+    records.write_text(json.dumps({"event": "hang", "time": "x", "process": "1", "node": "n9", "where": ""}) + "\n")
+    assert supervisor.stuck(99.0, ["n1", "n2"]) is None

@@ -114,3 +114,16 @@ def test_a_data_config_without_the_fields_the_loop_reads_is_one_error_naming_the
                                  "and eval_batches (the loop reads them), found 'BatchOnly without eval_batches'. "
                                  "Fix: add global_batch: int = 32 and eval_batches: int = 2 to it "
                                  "(docs/your-model.md)")
+
+
+def test_sampling_from_a_run_of_another_task_is_one_error_naming_the_run_dir(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from job.tasks.lm import task as lm_task
+    from job.train import trained
+
+    classify_cfg = config.defaults(task.load("classify"))
+    monkeypatch.setattr(trained, "load_model", lambda run_dir, step, ema=False: (object(), classify_cfg))
+    assert lm_task.TASK.commands["sample"](["--run-dir", "runs/spirals"]) == 2
+    err = capsys.readouterr().err
+    assert "--run-dir: expected a run of the lm task" in err and "a run of task classify" in err, err
+    assert "Traceback" not in err

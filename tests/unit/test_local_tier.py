@@ -45,6 +45,16 @@ def test_every_shard_round_trips_onto_the_same_layout(spec: P, tmp_path: Path) -
         np.testing.assert_array_equal(np.asarray(back[name]), np.asarray(state[name]))
 
 
+def test_a_state_with_an_empty_array_round_trips(tmp_path: Path) -> None:
+    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+    state = {**_sharded_state(P("data")),
+             "empty": jax.device_put(jnp.zeros((0, 8), jnp.float32), NamedSharding(mesh, P()))}  # e.g. no extra tokens
+    write_shards(tmp_path / "f.jlt", state, 7, layout(state))
+    back = read_shards(tmp_path / "f.jlt", _abstract(state), layout(state))
+    assert back["empty"].shape == (0, 8)
+    np.testing.assert_array_equal(np.asarray(back["kernel"]), np.asarray(state["kernel"]))
+
+
 def test_a_step_saved_on_another_layout_is_refused(tmp_path: Path) -> None:
     state = _sharded_state(P("data"))
     write_shards(tmp_path / "f.jlt", state, 7, layout(state))

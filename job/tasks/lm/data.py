@@ -75,7 +75,6 @@ class _Source:
 
     seed: int
     seq_len: int
-    vocab_size: int
     width: int  # random words (uint64) each row is drawn from
     _mask: np.ndarray
 
@@ -206,7 +205,7 @@ class TokenFile(_Source):
                      "use a longer file, a smaller --model.seq-len, or another --data.eval-fraction")
         # opening costs the same for any size: nothing reads the whole file; with no FILE.json beside it
         # (`python -m job tokenize` writes one) each batch's tokens are checked as they are read
-        self.vocab_size = _described_vocab(self.path, self.tokens)
+        self.vocab_size: int | None = _described_vocab(self.path, self.tokens)  # None: no FILE.json
         self.limit = self.vocab_size
         self._mask = np.ones(seq_len, np.float32)
         self.width = 1

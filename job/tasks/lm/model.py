@@ -152,6 +152,7 @@ class Transformer(nnx.Module):
                                param_dtype=jnp.float32, embedding_init=init,
                                embedding_metadata=axes("vocab", "embed"), rngs=rngs)
         self.pos = nnx.Param(partitioned(init, (None, "embed"))(rngs.params(), (cfg.seq_len, cfg.dim)))
+        self.blocks: Block | nnx.List[Block]  # one stacked Block (--model.scan), or a list of them
         if cfg.scan:
             self.blocks = _stacked_blocks(cfg, rngs)
         else:
@@ -168,11 +169,11 @@ class Transformer(nnx.Module):
         # positions by global index: under the mesh the arrays are global, each device adds its slice's rows
         x = constrain(self.embed(tokens) + self.pos[:t].astype(self.cfg.dtype), RESIDUAL)
         block_fn = _block_call(self.cfg.remat)
-        if self.cfg.scan:
-            x = _scan_blocks(block_fn, x, self.blocks)
-        else:
+        if isinstance(self.blocks, nnx.List):  # --model.no-scan: unrolled
             for block in self.blocks:
                 x = block_fn(block, x)
+        else:
+            x = _scan_blocks(block_fn, x, self.blocks)
         return constrain(self.head(self.norm(x)), LOGITS).astype(jnp.float32)
 
 

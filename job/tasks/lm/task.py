@@ -88,6 +88,10 @@ def _sample(args: list[str]) -> int:
     opts = p.parse_args(args)
     try:
         net, cfg = trained.load_model(opts.run_dir, opts.step, ema=opts.ema)
+        if not isinstance(net, model.Transformer):  # the run of another task: its model has no tokens to sample
+            raise ConfigError("--run-dir", expected="a run of the lm task (its model a Transformer)",
+                              found=f"{opts.run_dir}, a run of task {cfg.task} (its model a {type(net).__name__})",
+                              fix="pass the --run-dir of an lm run (python -m job train --task lm)")
         vocab = cfg.model.vocab_size
         tok = tokenizer.of_token_file(token_files.description(cfg.data.source), cfg.data.source, opts.tokenizer,
                                       vocab)

@@ -55,10 +55,10 @@ def tokenize_text(text_path: str | os.PathLike[str], out_path: str | os.PathLike
     require(record_tokens >= 1, "--record-tokens", "an integer >= 1", record_tokens, "pass --record-tokens 1024")
     text_tokenizer = None if tokenizer is None else load_tokenizer(tokenizer)
     n = src.stat().st_size
-    described = ({"vocab_size": BYTE_VOCAB, "dtype": "uint16", "tokenizer": BYTES} if text_tokenizer is None else
-                 {"vocab_size": text_tokenizer.vocab_size, "dtype": text_tokenizer.dtype,
-                  **text_tokenizer.description()})
-    chunks, dtype = _tokens_of(src, n, text_tokenizer), described["dtype"]
+    dtype = "uint16" if text_tokenizer is None else text_tokenizer.dtype
+    described = ({"vocab_size": BYTE_VOCAB, "dtype": dtype, "tokenizer": BYTES} if text_tokenizer is None else
+                 {"vocab_size": text_tokenizer.vocab_size, "dtype": dtype, **text_tokenizer.description()})
+    chunks = _tokens_of(src, n, text_tokenizer)
     partial = dst.with_name(dst.name + ".partial")
     try:
         if dst.suffix == ".npy":
@@ -105,13 +105,13 @@ def _write_npy(chunks: Iterable[np.ndarray], partial: Path, dtype: str, count: i
             return count
         finally:
             raw.unlink(missing_ok=True)
-    out = np.lib.format.open_memmap(partial, mode="w+", dtype=dtype, shape=(count,))
+    array = np.lib.format.open_memmap(partial, mode="w+", dtype=dtype, shape=(count,))
     pos = 0
     for chunk in chunks:
-        out[pos:pos + len(chunk)] = chunk
+        array[pos:pos + len(chunk)] = chunk
         pos += len(chunk)
-    out.flush()
-    del out
+    array.flush()
+    del array
     return pos
 
 

@@ -17,13 +17,17 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import hashlib
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
 from job.errors import ConfigError, require
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 BYTES = "bytes"  # a token file description's "tokenizer" when its tokens are the text's bytes
 UINT16_IDS = 1 << 16  # a vocabulary up to this many ids is stored as uint16, a larger one as uint32
@@ -38,7 +42,7 @@ class TextTokenizer:
     path: Path  # absolute
     sha256: str  # of the file's bytes: what a token file's description records
     vocab_size: int  # its largest id + 1, added tokens included
-    backend: Any  # the `tokenizers.Tokenizer`
+    backend: Tokenizer
 
     @property
     def dtype(self) -> str:
@@ -91,7 +95,7 @@ def _decoded(utf8: codecs.IncrementalDecoder, piece: bytes, name: str, at: int, 
                               "(byte-level tokens keep any bytes)") from err
 
 
-def _tokenizers_class(what: str) -> Any:
+def _tokenizers_class(what: str) -> type[Tokenizer]:
     """`tokenizers.Tokenizer`, or one error with the install line."""
     try:
         # only a tokenizer file needs the tokenizers package: the job imports without it
@@ -102,7 +106,7 @@ def _tokenizers_class(what: str) -> Any:
     return Tokenizer
 
 
-def load(path: str | Path, *, what: str = "--tokenizer", sha256: str | None = None) -> TextTokenizer:
+def load(path: str | os.PathLike[str], *, what: str = "--tokenizer", sha256: str | None = None) -> TextTokenizer:
     """The tokenizer file at `path`; with `sha256` (a token file's description), it must be that very file."""
     file = Path(path).expanduser().resolve()
     require(file.is_file(), what, "an existing tokenizer.json (Tokenizer.save of the tokenizers library writes one)",
@@ -131,13 +135,17 @@ def of_token_file(described: dict | None, source: str, given: str | None, model_
     if given is not None and recorded == BYTES:
         raise ConfigError("--tokenizer", expected=f"none: token file {source} holds byte-level tokens",
                           found=given, fix="leave out --tokenizer")
-    if given is None and (recorded is None or recorded == BYTES):
-        return None
     what = "--tokenizer" if given is not None else f"the tokenizer of token file {source}"
-    if given is None and not Path(recorded).is_file():
+    if given is not None:
+        path = given
+    elif recorded is None or recorded == BYTES:
+        return None
+    elif not Path(recorded).is_file():
         raise ConfigError(what, expected=f"{recorded}, as the file's description names it", found="no such file",
                           fix="pass --tokenizer PATH: that tokenizer.json where it is now")
-    tok = load(given or recorded, what=what, sha256=sha256 if isinstance(sha256, str) else None)
+    else:
+        path = recorded
+    tok = load(path, what=what, sha256=sha256 if isinstance(sha256, str) else None)
     require(tok.vocab_size <= model_vocab, what, f"at most the model's {model_vocab} ids (--model.vocab-size)",
             f"{tok.vocab_size} ids in {tok.path}", "pass --tokenizer with the tokenizer.json the run's token file "
             "was written with")
