@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -77,8 +78,16 @@ def test_wandb_offline_logs_the_scalars_and_a_requeued_attempt_resumes_the_same_
     assert len(runs) == 2, runs  # one folder per attempt, both for the one run id
     for attempt, folder in enumerate(runs):
         run_file = folder / f"run-{ids[0]}.wandb"
-        history = [(int(h["_step"]), float(h["train/loss"])) for h in wandb_history(run_file)]
-        assert history == [(s, float(s)) for s in range(1 + 4 * attempt, 5 + 4 * attempt)]
+        expected = [(s, float(s)) for s in range(1 + 4 * attempt, 5 + 4 * attempt)]
+        # wandb's service process may still be writing the file when finish() returns: read until it holds
+        # the attempt's records (or 30 s pass: records never written fail here)
+        deadline = time.monotonic() + 30
+        while True:
+            history = [(int(h["_step"]), float(h["train/loss"])) for h in wandb_history(run_file)]
+            if history == expected or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert history == expected
         run = wandb_run(run_file)
         assert run.run_id == ids[0] and run.project == "job-tests"
         config = {u.key: json.loads(u.value_json) for u in run.config.update}
