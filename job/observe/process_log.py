@@ -28,14 +28,7 @@ from etils import epath
 from job.core import rundir, storage
 from job.core.errors import ConfigError
 
-LOGS = rundir.LOGS  # RUN_DIR/logs/
-
 log = logging.getLogger("job.observe.process_log")
-
-
-def log_path(run_dir: epath.Path, process: int) -> epath.Path:
-    """Process `process`'s log file in `run_dir`."""
-    return rundir.process_log(run_dir, process)
 
 
 class Tee(io.TextIOBase):
@@ -81,7 +74,7 @@ def _ending(exc: BaseException) -> str:
 def teed(run_dir: str, process: int) -> Iterator[epath.Path]:
     """Inside: sys.stdout, sys.stderr and the root logger's console handlers also write to process
     `process`'s log file in `run_dir` (its path is yielded); an exception that leaves is written there too."""
-    path = log_path(storage.run_path(run_dir), process)
+    path = rundir.process_log(storage.run_path(run_dir), process)
     try:
         storage.make_dirs(path.parent)
         copy, lock = storage.Appender(path), threading.Lock()
@@ -116,4 +109,4 @@ def teed(run_dir: str, process: int) -> Iterator[epath.Path]:
                 log.warning("could not write %s: %s", path, exc)
 
 
-__all__ = ["LOGS", "Tee", "log_path", "teed"]
+__all__ = ["Tee", "teed"]

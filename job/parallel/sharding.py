@@ -403,9 +403,13 @@ def replicate(tree: T, mesh: Mesh) -> T:
     return jax.tree.map(lambda x: jax.device_put(x, sharding) if is_array(x) else x, tree)
 
 
+def _splitting_size(size: int, divisor: int) -> int:
+    """The batch size nearest above `size` that splits over `divisor` shards (at least one row each)."""
+    return max(divisor, -(-size // divisor) * divisor)
+
+
 def _size_fix(size: int, divisor: int) -> str:
-    return (f"use a batch size that is a multiple of {divisor}, "
-            f"e.g. {max(divisor, -(-size // divisor) * divisor)}")
+    return f"use a batch size that is a multiple of {divisor}, e.g. {_splitting_size(size, divisor)}"
 
 
 def check_global_batch(global_batch: int, accum_steps: int, mesh: Mesh | AbstractMesh) -> None:
@@ -418,7 +422,7 @@ def check_global_batch(global_batch: int, accum_steps: int, mesh: Mesh | Abstrac
         raise ConfigError(
             "--data.global-batch", expected=f"a multiple of the data-parallel size "
             f"{batch_size_divisor(mesh)}{per} = {divisor}", found=global_batch,
-            fix=f"use --data.global-batch {divisor * max(1, -(-global_batch // divisor))}")
+            fix=f"use --data.global-batch {_splitting_size(global_batch, divisor)}")
 
 
 def check_batch_divisible(batch: Any, mesh: Mesh, what: str = "batch") -> int:

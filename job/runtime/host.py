@@ -87,15 +87,11 @@ def host_available() -> int | None:
 
 def cgroup_cpus(proc_cgroup: Path = PROC_CGROUP, root: Path = CGROUP_ROOT) -> float | None:
     """The cpu.max quota of this process's cgroup (v2) in cores; None when there is none."""
-    try:
-        lines = proc_cgroup.read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
+    for line in (_read(proc_cgroup) or "").splitlines():
         if line.startswith("0::"):
             try:
-                quota, period = (root / line[3:].lstrip("/") / "cpu.max").read_text().split()
-            except (OSError, ValueError):
+                quota, period = (_read(root / line[3:].lstrip("/") / "cpu.max") or "").split()
+            except ValueError:  # none, or not "QUOTA PERIOD"
                 return None
             return None if quota == "max" else int(quota) / int(period)
     return None

@@ -128,10 +128,10 @@ DATA_FIELDS = ("global_batch", "eval_batches")  # what the loop reads of a task'
 def mesh_axes(cfg: TrainConfig) -> dict[str, int]:
     """The run's mesh axes and sizes, -1 for the devices the others leave: --mesh, else ("data", "model") of
     --model-axis. A ConfigError for a bad --mesh, or for --mesh and --model-axis both given."""
-    from job.parallel.sharding import MODEL_AXIS, parse_mesh  # jax: as in validate
+    from job.parallel.sharding import DATA_AXIS, MODEL_AXIS, parse_mesh  # jax: as in validate
 
     if not cfg.mesh:
-        return {"data": -1, MODEL_AXIS: cfg.model_axis}
+        return {DATA_AXIS: -1, MODEL_AXIS: cfg.model_axis}
     axes = parse_mesh(cfg.mesh)
     if cfg.model_axis != 1:
         raise ConfigError("--model-axis", expected="no --model-axis with --mesh (the mesh names every axis)",
@@ -144,7 +144,9 @@ def mesh_axes(cfg: TrainConfig) -> dict[str, int]:
 def model_axis(cfg: TrainConfig) -> int:
     """The size of the run's "model" axis, as the task's validate checks its dimensions against it (1 when
     the mesh has none; the devices left when --mesh gives it -1, checked once the devices are known)."""
-    size = mesh_axes(cfg).get("model", 1)
+    from job.parallel.sharding import MODEL_AXIS  # jax: as in validate
+
+    size = mesh_axes(cfg).get(MODEL_AXIS, 1)
     return 1 if size == -1 else size
 
 

@@ -423,17 +423,17 @@ def run_rules(cfg: TrainConfig, task: Task) -> dict[str, sharding.MeshAxes]:
     return sharding.rule_table(cfg.rule, getattr(task, "logical_axes", None))
 
 
-def run_mesh(model_axis: int, flag: str = "--model-axis", mesh: str = "") -> jax.sharding.Mesh:
+def run_mesh(model_axis: int, mesh: str = "") -> jax.sharding.Mesh:
     """The run's mesh over every device of the job: --mesh's axes (`mesh`), else ("data", "model") of
-    `model_axis`; a model axis that does not fit the devices is one error naming the user's flag (`flag`),
-    not the function that builds the mesh."""
+    `model_axis`; a model axis that does not fit the devices is one error naming the user's flag,
+    --model-axis, not the function that builds the mesh."""
     if mesh:
         return sharding.make_mesh(axes=sharding.parse_mesh(mesh))
     try:
         return sharding.make_mesh(model_axis=model_axis)
     except ConfigError as exc:
-        raise ConfigError(flag, expected=exc.expected, found=exc.found,
-                          fix=exc.fix.replace("use one of", f"pass {flag} one of", 1)) from None
+        raise ConfigError("--model-axis", expected=exc.expected, found=exc.found,
+                          fix=exc.fix.replace("use one of", "pass --model-axis one of", 1)) from None
 
 
 def first_batch(source: Rows, batch_sharding: jax.sharding.Sharding, *, step: int, size: int) -> dict[str, jax.Array]:

@@ -51,7 +51,7 @@ def switches(task: tasks.Task) -> frozenset[str]:
 
 
 def checked_sweep(spec: str, base: Sequence[str], devices: int | None = None) -> Sweep:
-    """The sweep's runs, each one checked (`check`): a ConfigError before anything else happens."""
+    """The sweep's runs, each one checked (`check_runs`): a ConfigError before anything else happens."""
     words = list(base[1:] if base and base[0] == "train" else base)
     sweep = plan(spec, base, switches(tasks.load(tasks.task_name(words))))
     check_runs(sweep, devices)
@@ -161,4 +161,5 @@ def sweep_command(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["SHOWN_FAILURES", "check_args", "check_mesh", "check_run", "check_runs", "checked_sweep", "sweep_command", "switches"]
+__all__ = ["SHOWN_FAILURES", "check_args", "check_mesh", "check_run", "check_runs", "checked_sweep", "sweep_command",
+           "switches"]

@@ -28,6 +28,7 @@ from flax import nnx
 from job.core import rundir, storage, values
 from job.core.errors import BAD_INPUT_EXIT_CODE, ConfigError
 from job.parallel import sharding
+from job.parallel.mesh import slice_sizes
 from job.parallel.multihost import on_process_zero
 from job.runs import resume
 from job.runs.checkpoint import Checkpointer
@@ -118,7 +119,7 @@ def eval_mesh(cfg: TrainConfig, given: int | None = None) -> tuple[jax.sharding.
     except ConfigError:
         saved = model_axis_of(cfg)
         n = jax.device_count()
-        here = math.gcd(saved, n // len({getattr(d, "slice_index", 0) for d in jax.devices()}))
+        here = math.gcd(saved, n // len(slice_sizes(jax.devices())))  # a model group stays inside one slice
         on_process_zero(log.info, "the run's %s does not fit this job's %d device(s): evaluating with a model "
                         "axis of %d (the checkpoint is resharded as it is restored; eval's --model-axis chooses "
                         "another)", f"--mesh {cfg.mesh}" if cfg.mesh else f"--model-axis {saved}", n, here)
