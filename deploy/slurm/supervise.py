@@ -183,6 +183,20 @@ class Supervisor:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.records = Records(log_dir / f"{self.alloc.job_id}-attempts.jsonl")
         self.lost: set[str] = set()
+        self.interrupted = False  # a SIGINT came (Ctrl-C, scancel --signal=INT): nothing restarts after this step
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        """Ctrl-C to the batch script (a terminal's, `scancel --signal=INT --full`): passed on to the step's tasks,
+        which save and exit 130 (srun itself only prints their state on one SIGINT), while the supervisor waits
+        for them instead of dying with the attempt unrecorded; nothing restarts or requeues after (a person
+        asked to stop)."""
+        if self.interrupted:
+            return
+        self.interrupted = True
+        self.say(f"job {self.alloc.job_id}: SIGINT: passed on to the step's processes, which save and stop; nothing "
+                 "is restarted or requeued after it", error=True)
+        # every step of the job, not the batch step this supervisor runs in
+        self.runner.run(["scancel", "--signal=INT", self.alloc.job_id], check=False, capture=True)
 
     def say(self, text: str, *, error: bool = False) -> None:
         print(text, file=sys.stderr if error else sys.stdout, flush=True)
@@ -190,6 +204,7 @@ class Supervisor:
     def run(self) -> int:
         srun = self.runner.which("srun") or "srun"
         step_env = {**self.env, ATTEMPTS_ENV: str(self.records.path)}
+        signal.signal(signal.SIGINT, self._on_sigint)
         while True:
             # requeues are counted by Slurm, restarts in an allocation by the record: whichever knows more
             attempt = max(len(self.records.ended()), self.alloc.restart_count) + 1
@@ -203,6 +218,8 @@ class Supervisor:
             if code != 0:  # a hang the watchdog ended: the process its roll call named, not the first to exit
                 failure = self.stuck(began, nodes) or failure
             decision = self.decide(code, failure)
+            if self.interrupted and decision.action is not Action.STOP:  # stopped on purpose, whatever the code
+                decision = decide(Ended(exits.STOPPED, 0, self.retries))
             self.records.add({
                 "event": "ended", "job": self.alloc.job_id, "attempt": attempt, "began": round(began, 3),
                 "ended": round(time.time(), 3), "code": code, "outcome": decision.outcome.value,
@@ -268,6 +285,9 @@ class Supervisor:
             self.say(f"job {job} saved its state after a preemption signal: requeueing (restart "
                      f"{self.alloc.restart_count + 1})")
             self.requeue(None)
+        elif decision.outcome is Outcome.STOPPED:
+            self.say(f"job {job} attempt {attempt} ended with exit code {code} after Ctrl-C: {decision.describe()}")
+            return exits.STOPPED if code != 0 else code
         elif decision.outcome is Outcome.CONFIGURATION_ERROR:
             self.say(f"job {job} attempt {attempt} ended with exit code {code} (a configuration error"
                      f"{f', process {failure.process} on {failure.node}' if failure and failure.process else ''}): "
