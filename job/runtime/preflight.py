@@ -26,7 +26,7 @@ import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from etils import epath
 
@@ -328,11 +328,20 @@ def check(config: Mapping[str, Any], run_dir: epath.Path) -> Summary:
     error = PreflightError(verdict["report"] if jax.process_index() == 0 else
                            f"preflight: this job's processes differ or fail on {', '.join(verdict['bad'])}; "
                            "process 0 prints the report")
-    if jax.process_count() > 1:  # every message out before anyone exits (the first exit aborts the others)
+    raise_together(error, "preflight")
+
+
+def raise_together(error: JobError, name: str) -> NoReturn:
+    """Raise `error`, which every process raises, once its message is on every process's stderr: the
+    first process to exit aborts the others (the launcher stops them, the coordination service fails
+    them), so each prints first and waits for the rest at a barrier. Collective where there are peers."""
+    import jax  # as in local_facts
+
+    if jax.process_count() > 1:
         # multihost imports jax: as in local_facts
         from job.parallel.multihost import barrier
 
         print(f"{type(error).__name__}: {error}", file=sys.stderr, flush=True)
         error.reported = True
-        barrier("preflight: reported")
+        barrier(f"{name}: reported")
     raise error

@@ -176,7 +176,10 @@ class Training:
         start, self.changed = 0, []
         newest = checkpoints.newest_specs() if cfg.resume else None
         if newest is not None:
-            self.changed = resume.check(run_dir, to_dict(cfg), *newest, built.planned.abstract)
+            try:
+                self.changed = resume.check(run_dir, to_dict(cfg), *newest, built.planned.abstract)
+            except resume.StateMismatch as exc:  # every process finds it: each prints it before any exits
+                preflight.raise_together(exc, "state_mismatch")
         on_process_zero(_save_config, run_dir, cfg)
         on_process_zero(provenance.record, run_dir, self.argv, _topology(self.info, built.mesh), task=self.cfg.task)
         if cfg.ckpt.local_every:
@@ -189,7 +192,10 @@ class Training:
             start, state = checkpoints.restore_newest(built.planned.abstract)
         else:
             if cfg.resume:  # never from step 0 over checkpoints that were set aside as unreadable
-                resume.refuse_fresh_start_over_set_aside(checkpoints.directory)
+                try:
+                    resume.refuse_fresh_start_over_set_aside(checkpoints.directory)
+                except ConfigError as exc:
+                    preflight.raise_together(exc, "set_aside")
             state = built.planned.init()
             if self.local is not None:
                 self.local.clear()  # an earlier run's local steps are never restored into this one
@@ -445,12 +451,13 @@ def first_batch(source: Rows, batch_sharding: jax.sharding.Sharding, *, step: in
     found = preflight.problems_of_all("pure_rows", problem)
     if found:
         process, said = next(iter(found.items()))
-        raise ConfigError("the task's rows", expected="rows(split, step, start, stop) a pure function of its "
-                          "arguments: the same rows every time a batch is asked for", found=f"process {process}: {said}",
-                          fix="draw the rows' randomness from job.random (row_bits, uniform, below: keyed by seed, "
-                              "split, step and row), not from an unseeded np.random.default_rng(), random or a stream "
-                              "read on; an iterator-style pipeline: index a dataset by (step * global batch + row) "
-                              "(docs/your-model.md)")
+        error = ConfigError("the task's rows", expected="rows(split, step, start, stop) a pure function of its "
+                            "arguments: the same rows every time a batch is asked for", found=f"process {process}: {said}",
+                            fix="draw the rows' randomness from job.random (row_bits, uniform, below: keyed by seed, "
+                                "split, step and row), not from an unseeded np.random.default_rng(), random or a stream "
+                                "read on; an iterator-style pipeline: index a dataset by (step * global batch + row) "
+                                "(docs/your-model.md)")
+        preflight.raise_together(error, "pure_rows")
     return to_global(rows, batch_sharding, size)
 
 

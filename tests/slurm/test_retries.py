@@ -1,11 +1,13 @@
 """Retries on the real local Slurm cluster: a rank killed on one node is retried away from that node and
 the run completes as an uninterrupted one does (bitwise); a fault on every attempt stops once the budget is
-spent, with the failure's code; a configuration error is never retried. The fault: tests/user_tasks/node_fault.py
-(SIGKILL of the process on a named node at a step, on every attempt that runs there)."""
+spent, with the failure's code; a configuration error is never retried; Ctrl-C (scancel --signal=INT) saves and
+stops, retrying nothing. The fault: tests/user_tasks/node_fault.py (SIGKILL of the process on a named node at a
+step, on every attempt that runs there)."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -192,3 +194,41 @@ def test_a_killed_process_restarts_on_a_spare_inside_the_allocation_while_a_requ
     print(f"restart in the allocation: the next step began {done['began'] - failed['ended']:.1f} s after the failed "
           f"one ended, its first training step {resumed['gap_s']:.1f} s after; goodput: "
           f"{ours['goodput']['lost_to_failures_s']:.1f} s lost to the failure")
+
+
+def test_ctrl_c_to_the_job_saves_stops_every_step_with_130_and_nothing_restarts(
+        slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """`scancel --signal=INT --full`, Slurm's Ctrl-C to a batch job: the supervisor passes it on to the job's
+    processes, which save the step in progress and exit 130; the attempt is recorded as stopped, nothing is retried
+    or requeued, and `python -m job runs` says where it stopped."""
+    run_dir = tmp_path / "run"
+    flags = ["--steps", "2000", "--ckpt.every", "1000", "--log-every", "2", *SMALL]
+    argv = deploy_argv(tmp_path, "--wait", "--retries", "2",
+                       job=["train", "--run-dir", str(run_dir), *flags], nodes=2)
+    proc = subprocess.Popen(argv, env=task_env(slurm_env), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    seen = wait_for_line(proc, "submitted Slurm job", timeout=120)
+    jid = job_id("".join(seen))
+    deadline = time.monotonic() + 240
+    logs = tmp_path / "logs"
+    while time.monotonic() < deadline and not any(
+            "step 4/2000" in p.read_text(errors="replace") for p in logs.glob(f"{jid}_*")):
+        assert proc.poll() is None, "".join(seen) + (proc.stdout.read() if proc.stdout else "")
+        time.sleep(0.5)
+    subprocess.run(["scancel", "--signal=INT", "--full", jid], env=slurm_env, check=True)
+    out, _ = proc.communicate(timeout=180)
+    output = "".join(seen) + out
+    assert proc.returncode != 0, output
+    everything = "\n".join(p.read_text(errors="replace") for p in sorted(logs.glob(f"{jid}_*")))
+    saved = {int(n) for n in re.findall(r"stopped \(Ctrl-C\): saved step (\d+); exiting with 130", everything)}
+    assert len(saved) == 1, everything  # every process saved the same step
+    (stopped,) = saved
+    assert "Traceback" not in everything, everything
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == [str(stopped)]
+    (record,) = _ended(run_dir)
+    assert record == {**record, "job": jid, "attempt": 1, "code": 130, "outcome": "stopped"}, record
+    assert not any(word in record["action"] for word in ("retry", "restart", "requeue")), record
+    shown = subprocess.run(["scontrol", "show", "job", jid], env=slurm_env, capture_output=True, text=True,
+                           check=True).stdout
+    assert "Restarts=0" in shown, shown
+    assert state_of(run_dir).describe() == f"stopped at step {stopped} (Ctrl-C; the same command resumes)"
