@@ -32,6 +32,12 @@ from typing import TYPE_CHECKING  # noqa: E402
 
 import pytest  # noqa: E402
 
+# submitit's import runs logging.config.dictConfig, which closes every handler made so far: absl's (made when
+# jax is imported) closes its stream when that is not sys.stderr at that moment. Imported first inside a test
+# that captures stderr, it closed pytest's own capture file. Imported here, before any test, it closes nothing
+# of pytest's, and its own handlers write to the session's streams.
+import submitit  # noqa: E402, F401
+
 from tests.gcs_emulator import Emulator, EmulatorUnavailable, emulator  # noqa: E402
 
 if TYPE_CHECKING:

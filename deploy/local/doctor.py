@@ -62,6 +62,9 @@ def size(n: float) -> str:
     return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
 
 
+PORT_PICKS = 5  # free ports picked and tried before "the host cannot listen" is believed
+
+
 def port_problem(host: str, port: int) -> str | None:
     """Why `port` cannot be bound on `host` (the coordinator's address), or None when it can."""
     bare = host[1:-1] if host.startswith("[") else host
@@ -84,11 +87,18 @@ def coordinator(cfg: launch.LaunchConfig) -> Check:
                          + (" (another program holds it: process 0 would crash at its start)" if taken else ""),
                          fix="leave --port out (the launcher picks a free one), or another --port")
         return Check(name, True, f"{cfg.host}:{cfg.port} is free")
-    try:
-        port = launch.coordinator_port(None)  # as the launcher picks it
-    except Exception as exc:  # noqa: BLE001 (portpicker raises NoFreePortFoundError or OSError)
-        return Check(name, False, f"no free port on this machine ({exc})", fix="close programs that hold ports")
-    problem = port_problem(cfg.host, port)
+    in_use = os.strerror(errno.EADDRINUSE)
+    for _ in range(PORT_PICKS):  # a port picked free can be taken before it is tried (another program's pick)
+        try:
+            port = launch.coordinator_port(None)  # as the launcher picks it
+        except Exception as exc:  # noqa: BLE001 (portpicker raises NoFreePortFoundError or OSError)
+            return Check(name, False, f"no free port on this machine ({exc})", fix="close programs that hold ports")
+        problem = port_problem(cfg.host, port)
+        if problem != in_use:
+            break
+    if problem == in_use:
+        return Check(name, False, f"each of {PORT_PICKS} ports picked free was taken before it could be tried",
+                     fix="close programs that take ports, or pass --port with a port kept free for the launcher")
     if problem:
         return Check(name, False, f"--host {cfg.host}: cannot listen there ({problem})",
                      fix="--host 127.0.0.1 (the default), or an address of this machine")

@@ -13,6 +13,7 @@ shape error or hours later with a silent divergence.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -331,10 +332,15 @@ def check(config: Mapping[str, Any], run_dir: epath.Path) -> Summary:
     raise_together(error, "preflight")
 
 
+RAISE_TOGETHER_TIMEOUT_S = 60.0  # how long a process that printed its error waits for its peers to print theirs
+
+
 def raise_together(error: JobError, name: str) -> NoReturn:
     """Raise `error`, which every process raises, once its message is on every process's stderr: the
     first process to exit aborts the others (the launcher stops them, the coordination service fails
-    them), so each prints first and waits for the rest at a barrier. Collective where there are peers."""
+    them), so each prints first and waits for the rest at a barrier. Collective where there are peers;
+    a peer that never comes (it did not find the error) delays the raise by RAISE_TOGETHER_TIMEOUT_S at
+    most, and the error raised is still `error`, printed already."""
     import jax  # as in local_facts
 
     if jax.process_count() > 1:
@@ -343,5 +349,6 @@ def raise_together(error: JobError, name: str) -> NoReturn:
 
         print(f"{type(error).__name__}: {error}", file=sys.stderr, flush=True)
         error.reported = True
-        barrier(f"{name}: reported")
+        with contextlib.suppress(JobError):  # a barrier timeout: our error, not the wait, is what to say
+            barrier(f"{name}: reported", RAISE_TOGETHER_TIMEOUT_S)
     raise error

@@ -52,3 +52,22 @@ def test_one_process_preflight_passes_and_says_so(tmp_path: Path) -> None:
     proc = run([sys.executable, "-m", "job", "train", "--run-dir", str(tmp_path), *SMALL], timeout=180)
     assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
     assert "preflight: 1 process(es) agree: jax " in proc.stderr
+
+
+@pytest.mark.parametrize("who", ["all", "1"])
+def test_an_error_raised_together_is_printed_by_each_process_that_raises_it_and_ends_the_job_with_2(
+        who: str) -> None:
+    """job.runtime.preflight.raise_together: each raising process prints the error before any exits (the first
+    exit has the launcher stop the rest), so with `all` both say it; raised by process 1 alone, the barrier
+    process 0 never comes to does not turn it into a barrier timeout, and the job still ends with 2."""
+    proc = run(launcher_argv(2, scenario("raise_together.py", who)), timeout=120)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, explain(proc, proc.stdout, proc.stderr)
+    raising = (0, 1) if who == "all" else (1,)
+    for rank in raising:
+        said = [line for line in output.splitlines() if line.startswith(f"[rank {rank}] ConfigError: --thing")]
+        assert said == [f"[rank {rank}] ConfigError: --thing: expected a good thing, found 'a bad one on process "
+                        f"{rank}'. Fix: pass a good one"], output
+    assert "BarrierTimeout" not in output and "Traceback" not in output, output
+    if who == "1":
+        assert "[rank 0] going on on process 0" in output, output  # it was stopped in its long wait

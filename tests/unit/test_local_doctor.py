@@ -67,6 +67,21 @@ def test_a_coordinator_port_already_taken_is_one_line(cpu_only: None, held_port:
         "another --port")
 
 
+def test_a_port_picked_free_but_taken_before_it_is_tried_is_picked_again(
+        cpu_only: None, held_port: int, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # another program (a launcher beside this one) takes the port between the pick and the try: not a FAIL
+    picks = iter([held_port, held_port])
+    monkeypatch.setattr(local_doctor.launch, "coordinator_port", lambda port: next(picks, 0))
+    code, lines = run_local_doctor(["-n", "2"], capsys)
+    assert code == 0 and lines["coordinator port"] == ("ok    coordinator port: a free port on 127.0.0.1 (e.g. 0; the "
+                                                       "launcher picks its own at the start)"), lines
+    monkeypatch.setattr(local_doctor.launch, "coordinator_port", lambda port: held_port)  # taken every time
+    code, lines = run_local_doctor(["-n", "2"], capsys)
+    assert code == 1 and lines["coordinator port"] == (
+        f"FAIL  coordinator port: each of {local_doctor.PORT_PICKS} ports picked free was taken before it could be "
+        "tried. Fix: close programs that take ports, or pass --port with a port kept free for the launcher"), lines
+
+
 def test_a_host_that_is_not_this_machine_is_one_line(cpu_only: None, capsys: pytest.CaptureFixture[str]) -> None:
     # TEST-NET-1: never an address of this machine
     code, lines = run_local_doctor(["-n", "2", "--host", "192.0.2.1"], capsys)
