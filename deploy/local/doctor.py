@@ -66,11 +66,14 @@ PORT_PICKS = 5  # free ports picked and tried before "the host cannot listen" is
 
 
 def port_problem(host: str, port: int) -> str | None:
-    """Why `port` cannot be bound on `host` (the coordinator's address), or None when it can."""
+    """Why `port` cannot be bound on `host` (the coordinator's address), or None when it can. Bound as the
+    coordinator's gRPC server binds it (SO_REUSEADDR): a port an earlier connection left in TIME_WAIT is
+    free to it, a port another program listens on is not."""
     bare = host[1:-1] if host.startswith("[") else host
     family = socket.AF_INET6 if host.startswith("[") else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((bare, port))
     except OSError as exc:
         return exc.strerror or str(exc)

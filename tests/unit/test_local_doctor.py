@@ -82,6 +82,26 @@ def test_a_port_picked_free_but_taken_before_it_is_tried_is_picked_again(
         "tried. Fix: close programs that take ports, or pass --port with a port kept free for the launcher"), lines
 
 
+def test_a_port_an_earlier_connection_left_in_time_wait_is_free_as_the_coordinator_binds_it() -> None:
+    # an earlier run's coordinator, a gRPC server (SO_REUSEADDR), closed its side first: its port stays in
+    # TIME_WAIT for a minute; portpicker, which binds the same way, calls it free
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = server.accept()
+            accepted.close()
+            client.recv(1)
+    assert local_doctor.port_problem("127.0.0.1", port) is None
+    with socket.socket() as holder:  # one that listens on it is still found
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        assert local_doctor.port_problem("127.0.0.1", port) == os.strerror(errno.EADDRINUSE)
+
+
 def test_a_host_that_is_not_this_machine_is_one_line(cpu_only: None, capsys: pytest.CaptureFixture[str]) -> None:
     # TEST-NET-1: never an address of this machine
     code, lines = run_local_doctor(["-n", "2", "--host", "192.0.2.1"], capsys)
