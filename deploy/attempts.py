@@ -10,6 +10,8 @@ By exit code (job/core/exits.py):
   75  saved after a preemption signal: requeued (Slurm) or rerun (TPU), never spending a retry.
   2   a configuration error: the same flags fail again, so it is never retried.
   130 saved and stopped after Ctrl-C: a person asked to stop; never retried (the same command resumes).
+  whatever the code (but 0), an attempt of a job the scheduler cancelled (scancel) is "cancelled": nothing runs
+  after it (the same command resumes).
   any other code is a failure. While the retry budget (RETRIES) lasts:
       - with a spare node left in the allocation: restart there at once, without the failed node (Slurm);
       - with no spare left, where the job can be requeued: requeue it with the failed node excluded;
@@ -36,6 +38,7 @@ class Outcome(str, enum.Enum):
     PREEMPTED = "preempted"
     CONFIGURATION_ERROR = "configuration error"
     STOPPED = "stopped"
+    CANCELLED = "cancelled"  # not by its code: the job was cancelled (Ended.cancelled)
     FAILED = "failed"
 
     @classmethod
@@ -72,6 +75,7 @@ class Ended:
     node: str | None = None  # the failed process's node, when known
     node_answers: bool = False  # the failed node still runs a probe step (asked only when it matters)
     same_allocation: bool = False  # a rerun keeps the allocation by nature (a TPU slice): RESTART, never REQUEUE
+    cancelled: bool = False  # the scheduler cancelled the job (scancel): nothing can run after this attempt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +116,9 @@ def decide(ended: Ended) -> Decision:
     plain = functools.partial(Decision, outcome=outcome, spends_retry=False, retry=0, retries=ended.retries)
     if outcome is Outcome.COMPLETED:
         return plain(action=Action.NONE)
+    if ended.cancelled:
+        return plain(outcome=Outcome.CANCELLED, action=Action.STOP,
+                     why="the job was cancelled (scancel); the same command resumes")
     if outcome is Outcome.PREEMPTED:
         return plain(action=Action.RESTART if ended.same_allocation else Action.REQUEUE)
     if outcome is Outcome.CONFIGURATION_ERROR:

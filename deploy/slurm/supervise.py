@@ -11,7 +11,9 @@ Variables it reads (the batch script's environment; make submit-slurm sets the J
 
 After a failure (an exit code other than 0, 2 and 75) with a spare left, the next step starts at once in the
 same allocation, on the spare instead of the node whose process failed first, and resumes from the newest
-checkpoint: no queue, the same job id. The rest of the policy (requeue, stop) is deploy/attempts.py's. Each
+checkpoint: no queue, the same job id. The rest of the policy (requeue, stop) is deploy/attempts.py's. Ctrl-C
+(SIGINT) is passed on to the step, whose processes save and exit 130; on SIGTERM (Slurm ending the job) the
+supervisor waits for the step, and a job that was cancelled is recorded so and never requeued. Each
 attempt's record is one `ended` line in JOB_LOG_DIR/JOBID-attempts.jsonl (JOB_ATTEMPTS, which also counts the
 job's retries across requeues) and in RUN_DIR/attempts.jsonl (the run dir process 0 notes at its start).
 """
@@ -184,6 +186,7 @@ class Supervisor:
         self.records = Records(log_dir / f"{self.alloc.job_id}-attempts.jsonl")
         self.lost: set[str] = set()
         self.interrupted = False  # a SIGINT came (Ctrl-C, scancel --signal=INT): nothing restarts after this step
+        self.terminated = False  # a SIGTERM came (scancel, the time limit, a preemption): the step ends too
 
     def _on_sigint(self, signum: int, frame: object) -> None:
         """Ctrl-C to the batch script (a terminal's, `scancel --signal=INT --full`): passed on to the step's tasks,
@@ -198,6 +201,14 @@ class Supervisor:
         # every step of the job, not the batch step this supervisor runs in
         self.runner.run(["scancel", "--signal=INT", self.alloc.job_id], check=False, capture=True)
 
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        """SIGTERM to the batch script: Slurm sends it to every step of a job it cancels or stops (scancel, the
+        time limit, a preemption), the tasks' included, which save and exit 75. The supervisor waits for them
+        instead of dying with the attempt unrecorded, then asks Slurm whether the job was cancelled."""
+        if not self.terminated:
+            self.terminated = True
+            self.say(f"job {self.alloc.job_id}: SIGTERM: waiting for the step's processes to save and end", error=True)
+
     def say(self, text: str, *, error: bool = False) -> None:
         print(text, file=sys.stderr if error else sys.stdout, flush=True)
 
@@ -205,6 +216,7 @@ class Supervisor:
         srun = self.runner.which("srun") or "srun"
         step_env = {**self.env, ATTEMPTS_ENV: str(self.records.path)}
         signal.signal(signal.SIGINT, self._on_sigint)
+        signal.signal(signal.SIGTERM, self._on_sigterm)
         while True:
             # requeues are counted by Slurm, restarts in an allocation by the record: whichever knows more
             attempt = max(len(self.records.ended()), self.alloc.restart_count) + 1
@@ -220,6 +232,8 @@ class Supervisor:
             decision = self.decide(code, failure)
             if self.interrupted and decision.action is not Action.STOP:  # stopped on purpose, whatever the code
                 decision = decide(Ended(exits.STOPPED, 0, self.retries))
+            elif self.terminated and decision.outcome is not Outcome.COMPLETED and self.cancelled():
+                decision = decide(Ended(code, 0, self.retries, cancelled=True))  # a requeue would undo the scancel
             self.records.add({
                 "event": "ended", "job": self.alloc.job_id, "attempt": attempt, "began": round(began, 3),
                 "ended": round(time.time(), 3), "code": code, "outcome": decision.outcome.value,
@@ -266,9 +280,24 @@ class Supervisor:
 
     def can_requeue(self) -> bool:
         """Slurm would requeue this job: its Requeue flag (JobRequeue=0 and --no-requeue leave it 0)."""
+        return re.search(r"\bRequeue=1\b", self.shown()) is not None
+
+    def cancelled(self) -> bool:
+        """Slurm is ending this job because it was cancelled (scancel): its JobState is no longer RUNNING
+        (COMPLETING while its processes end) for no reason of Slurm's own. Ended by the time limit
+        (Reason=TimeLimit) or a preemption (Reason=Preempted), it is not: those are requeued as the policy says
+        (`scontrol requeue` takes a completing job, so a cancelled one must not be handed to it)."""
+        shown = self.shown()
+        state, reason = (re.search(rf"\b{field}=(\w+)", shown) for field in ("JobState", "Reason"))
+        if state is None or state.group(1) in ("RUNNING", "PENDING", "REQUEUED", "SUSPENDED"):
+            return False
+        return reason is None or not reason.group(1).startswith(("TimeLimit", "Preempt"))
+
+    def shown(self) -> str:
+        """`scontrol show job` of this job; '' where scontrol fails."""
         proc = self.runner.run(["scontrol", "show", "job", self.alloc.job_id], check=False, capture=True,
                                mutating=False)
-        return proc.returncode == 0 and re.search(r"\bRequeue=1\b", proc.stdout or "") is not None
+        return (proc.stdout or "") if proc.returncode == 0 else ""
 
     def answers(self, node: str) -> bool:
         """A one-task probe step on `node` ends well within PROBE_TIMEOUT_S."""
@@ -288,6 +317,9 @@ class Supervisor:
         elif decision.outcome is Outcome.STOPPED:
             self.say(f"job {job} attempt {attempt} ended with exit code {code} after Ctrl-C: {decision.describe()}")
             return exits.STOPPED if code != 0 else code
+        elif decision.outcome is Outcome.CANCELLED:
+            self.say(f"job {job} attempt {attempt} ended with exit code {code}, the job cancelled: "
+                     f"{decision.describe()}")
         elif decision.outcome is Outcome.CONFIGURATION_ERROR:
             self.say(f"job {job} attempt {attempt} ended with exit code {code} (a configuration error"
                      f"{f', process {failure.process} on {failure.node}' if failure and failure.process else ''}): "
@@ -323,9 +355,7 @@ class Supervisor:
     def excluded_with(self, node: str) -> str | None:
         """The job's ExcNodeList with `node` added; None (and why) when too few nodes of its partition would be
         left for it: it would wait in the queue for ever."""
-        shown = self.runner.run(["scontrol", "show", "job", self.alloc.job_id], check=False, capture=True,
-                                mutating=False).stdout or ""
-        now = re.search(r"ExcNodeList=(\S+)", shown)
+        now = re.search(r"ExcNodeList=(\S+)", self.shown())
         excluded = set(expand_nodelist(now.group(1))) if now and now.group(1) != "(null)" else set()
         excluded.add(node)
         partition = self.env.get("SLURM_JOB_PARTITION", "")

@@ -22,6 +22,9 @@ record of each split). The states:
   the same command resumes)"); or an attempt started, did not end, and wrote nothing for `stale_s` (1 hour): it was
   killed, crashed, hung, or refused its input at start. Without the batch script's record its
   files cannot tell a failure from a kill: it reads "stopped at step N";
+- cancelled: the Slurm supervisor recorded the newest attempt's end in a job that was cancelled (scancel:
+  its tasks saved on SIGTERM, as on a preemption notice, and nothing requeues it): "cancelled at step N
+  (scancel; the same command resumes)";
 - not started: none of these files.
 """
 
@@ -54,6 +57,7 @@ class State(enum.StrEnum):
     FAILED = "failed"
     RETRYING = "retrying"
     STOPPED = "stopped"
+    CANCELLED = "cancelled"
     NOT_STARTED = "not started"
 
 
@@ -66,7 +70,7 @@ class RunStatus:
     quiet_s: float | None = None  # seconds since its newest record
     latest: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)  # split -> newest record
     goodput: float | None = None  # steps' share of the time: the last ended attempt's, or the running one's so far
-    ended: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # FAILED, RETRYING: the batch script's record
+    ended: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # FAILED, RETRYING, CANCELLED: the batch record
     interrupted: bool = False  # STOPPED: with Ctrl-C, after a save (exit 130)
 
     def describe(self) -> str:
@@ -77,6 +81,8 @@ class RunStatus:
             return f"failed ({_failure(self.ended)}) at step {self.step}"
         if self.state is State.RETRYING:
             return f"retrying at step {self.step} ({self.ended.get('action')} after {_failure(self.ended)})"
+        if self.state is State.CANCELLED:
+            return f"cancelled at step {self.step} (scancel; the same command resumes)"
         if self.state is State.STOPPED and self.interrupted:
             return f"stopped at step {self.step} (Ctrl-C; the same command resumes)"
         if self.state in (State.PREEMPTED, State.STOPPED):
@@ -152,8 +158,10 @@ def state_of(run_dir: str | epath.Path, *, now: float | None = None, stale_s: fl
     if summary.get("completed") is True and (total is None or int(summary.get("final_step") or 0) >= total):
         return dataclasses.replace(known, state=State.COMPLETED)
     batch = attempt_records.ended(path)
-    if batch and batch[-1].get("outcome") in ("failed", "configuration error") and (
+    if batch and batch[-1].get("outcome") in ("failed", "configuration error", "cancelled") and (
             newest is None or float(batch[-1].get("ended", 0)) >= newest):  # nothing started since
+        if batch[-1].get("outcome") == "cancelled":
+            return dataclasses.replace(known, state=State.CANCELLED, ended=batch[-1])
         retried = str(batch[-1].get("action", "")).startswith(("retry", "restart"))
         return dataclasses.replace(known, state=State.RETRYING if retried else State.FAILED, ended=batch[-1])
     # a start recorded after the newest goodput record (still starting, or ended there) is newer than an end

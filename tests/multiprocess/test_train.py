@@ -192,8 +192,10 @@ def test_a_corrupted_latest_checkpoint_falls_back_to_the_previous_one(tmp_path: 
 def test_a_hung_rank_trips_the_watchdog_on_the_others(tmp_path: Path) -> None:
     argv = launcher_argv(2, [*JOB, "--run-dir", str(tmp_path), "--log-every", "1", "--steps", "100000",
                              "--watchdog-s", "3", *SMALL], devices=1)
-    proc = subprocess.Popen(argv, env=child_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    # the frozen rank stops sending heartbeats too: after 10 s (the default) the coordination service would abort
+    # rank 0 (134), racing the watchdog's 3 s, its roll call's 3 s and its stack dump on a loaded machine
+    proc = subprocess.Popen(argv, env=child_env(JOB_HEARTBEAT_TIMEOUT="60"), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     lines = wait_for_line(proc, "step 3/", timeout=180)
     pids = rank_pids(proc.pid)
     stopped = time.monotonic()

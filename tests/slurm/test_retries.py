@@ -196,14 +196,12 @@ def test_a_killed_process_restarts_on_a_spare_inside_the_allocation_while_a_requ
           f"{ours['goodput']['lost_to_failures_s']:.1f} s lost to the failure")
 
 
-def test_ctrl_c_to_the_job_saves_stops_every_step_with_130_and_nothing_restarts(
-        slurm_env: dict[str, str], tmp_path: Path) -> None:
-    """`scancel --signal=INT --full`, Slurm's Ctrl-C to a batch job: the supervisor passes it on to the job's
-    processes, which save the step in progress and exit 130; the attempt is recorded as stopped, nothing is retried
-    or requeued, and `python -m job runs` says where it stopped."""
+def _stopped_midway(slurm_env: dict[str, str], tmp_path: Path, via: str, *scancel: str) -> tuple[str, str, Path]:
+    """A 2-node job of 2000 steps (--retries 2) through `via`'s batch script, sent `scancel SCANCEL JOBID` once its
+    tasks logged step 4: (the job id, every log of the job, the run dir) once `make submit-slurm`'s wait ended."""
     run_dir = tmp_path / "run"
     flags = ["--steps", "2000", "--ckpt.every", "1000", "--log-every", "2", *SMALL]
-    argv = deploy_argv(tmp_path, "--wait", "--retries", "2",
+    argv = deploy_argv(tmp_path, "--via", via, "--wait", "--retries", "2",
                        job=["train", "--run-dir", str(run_dir), *flags], nodes=2)
     proc = subprocess.Popen(argv, env=task_env(slurm_env), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -212,14 +210,25 @@ def test_ctrl_c_to_the_job_saves_stops_every_step_with_130_and_nothing_restarts(
     deadline = time.monotonic() + 240
     logs = tmp_path / "logs"
     while time.monotonic() < deadline and not any(
-            "step 4/2000" in p.read_text(errors="replace") for p in logs.glob(f"{jid}_*")):
+            "step 4/2000" in p.read_text(errors="replace") for p in logs.glob(f"{jid}[-_]*")):
         assert proc.poll() is None, "".join(seen) + (proc.stdout.read() if proc.stdout else "")
         time.sleep(0.5)
-    subprocess.run(["scancel", "--signal=INT", "--full", jid], env=slurm_env, check=True)
-    out, _ = proc.communicate(timeout=180)
-    output = "".join(seen) + out
-    assert proc.returncode != 0, output
-    everything = "\n".join(p.read_text(errors="replace") for p in sorted(logs.glob(f"{jid}_*")))
+    subprocess.run(["scancel", *scancel, jid], env=slurm_env, check=True)
+    proc.communicate(timeout=180)
+    deadline = time.monotonic() + 60  # the job's record goes when its last process has gone
+    while _queue_state(slurm_env, jid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    everything = "\n".join(p.read_text(errors="replace") for p in sorted(logs.glob(f"{jid}[-_]*")))
+    return jid, everything, run_dir
+
+
+@pytest.mark.parametrize("via", ["submitit", "sbatch"])
+def test_ctrl_c_to_the_job_saves_stops_every_step_with_130_and_nothing_restarts(
+        slurm_env: dict[str, str], tmp_path: Path, via: str) -> None:
+    """`scancel --signal=INT --full`, Slurm's Ctrl-C to a batch job: the supervisor passes it on to the job's
+    processes, which save the step in progress and exit 130; the attempt is recorded as stopped, nothing is retried
+    or requeued, and `python -m job runs` says where it stopped. Both routes' batch scripts."""
+    jid, everything, run_dir = _stopped_midway(slurm_env, tmp_path, via, "--signal=INT", "--full")
     saved = {int(n) for n in re.findall(r"stopped \(Ctrl-C\): saved step (\d+); exiting with 130", everything)}
     assert len(saved) == 1, everything  # every process saved the same step
     (stopped,) = saved
@@ -232,3 +241,25 @@ def test_ctrl_c_to_the_job_saves_stops_every_step_with_130_and_nothing_restarts(
                            check=True).stdout
     assert "Restarts=0" in shown, shown
     assert state_of(run_dir).describe() == f"stopped at step {stopped} (Ctrl-C; the same command resumes)"
+
+
+def test_a_cancelled_job_saves_its_step_records_it_as_cancelled_and_is_not_requeued(
+        slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """A plain `scancel JOBID`: Slurm sends every step SIGTERM, which the tasks take as a preemption notice (save,
+    exit 75). The supervisor, sent SIGTERM too, waits for them, finds the job cancelled (not ended by its time
+    limit or a preemption) and requeues nothing: `scontrol requeue` would take the completing job and run it again,
+    undoing the scancel. The attempt is recorded as cancelled and `python -m job runs` says so."""
+    jid, everything, run_dir = _stopped_midway(slurm_env, tmp_path, "submitit")
+    saved = {int(n) for n in re.findall(r"preempted: saved step (\d+); exiting with 75", everything)}
+    assert len(saved) == 1, everything
+    (step,) = saved
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [str(step)]
+    (record,) = _ended(run_dir)
+    assert record == {**record, "job": jid, "attempt": 1, "code": 75, "outcome": "cancelled",
+                      "action": "not retried: the job was cancelled (scancel); the same command resumes"}, record
+    assert f"job {jid} attempt 1 ended with exit code 75, the job cancelled" in everything, everything
+    assert "Traceback" not in everything, everything
+    shown = subprocess.run(["scontrol", "show", "job", jid], env=slurm_env, capture_output=True, text=True,
+                           check=True).stdout
+    assert "JobState=CANCELLED" in shown and "Restarts=0" in shown, shown  # never requeued
+    assert state_of(run_dir).describe() == f"cancelled at step {step} (scancel; the same command resumes)"

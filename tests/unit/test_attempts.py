@@ -14,6 +14,7 @@ from deploy.slurm.supervise import Allocation, Supervisor, first_failure, step_a
 from job.core import exits
 from job.runtime import rollcall
 from job.runtime.rollcall import Answer
+from tests.doubles import RecordingRunner
 
 # code, retries spent before, spares left, can requeue, node, node answers, same allocation (TPU)
 # -> action, spends a retry, excluded node, the words recorded
@@ -185,3 +186,26 @@ def test_a_hang_the_roll_call_named_is_the_attempts_failure_not_the_first_proces
     # a record torn or written by something else (a time that is not a number) is skipped, not fatal
     records.write_text(json.dumps({"event": "hang", "time": "x", "process": "1", "node": "n9", "where": ""}) + "\n")
     assert supervisor.stuck(99.0, ["n1", "n2"]) is None
+
+
+@pytest.mark.parametrize("code", [75, 1, 137, 143, 130])
+def test_an_attempt_of_a_cancelled_job_is_never_retried_or_requeued_whatever_its_code(code: int) -> None:
+    decision = decide(Ended(code, 0, 3, spares_left=1, can_requeue=True, node="n2", node_answers=True, cancelled=True))
+    assert (decision.outcome, decision.action, decision.spends_retry) == (Outcome.CANCELLED, Action.STOP, False)
+    assert decision.describe() == "not retried: the job was cancelled (scancel); the same command resumes"
+    assert decide(Ended(0, 0, 3, cancelled=True)).outcome is Outcome.COMPLETED  # it had ended well: completed
+
+
+@pytest.mark.parametrize(("shown", "cancelled"), [
+    ("JobId=7 JobName=x\n   JobState=COMPLETING Reason=None Dependency=(null)\n   Requeue=1 Restarts=0", True),
+    ("JobId=7\n   JobState=CANCELLED Reason=None Dependency=(null)", True),
+    ("JobId=7\n   JobState=COMPLETING Reason=TimeLimit Dependency=(null)", False),  # the time limit: requeued
+    ("JobId=7\n   JobState=COMPLETING Reason=Preempted Dependency=(null)", False),  # a preemption: requeued
+    ("JobId=7\n   JobState=RUNNING Reason=None Dependency=(null)", False),  # a SIGTERM of someone else's
+    ("", False),  # scontrol does not answer: the policy as without the SIGTERM
+])
+def test_a_job_slurm_ends_for_no_reason_of_its_own_was_cancelled(tmp_path: Path, shown: str, cancelled: bool) -> None:
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "JOB_LOG_DIR": str(tmp_path)}
+    runner = RecordingRunner(responses={("scontrol", "show", "job", "7"): (0 if shown else 1, shown)})
+    assert Supervisor(["true"], runner, env).cancelled() is cancelled
+    assert runner.calls == [["scontrol", "show", "job", "7"]]

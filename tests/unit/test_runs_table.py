@@ -176,6 +176,23 @@ def test_a_preempted_attempt_recorded_by_the_batch_script_is_not_a_failure(tmp_p
     assert state_of(tmp_path, now=clock.t + 86400).state is State.PREEMPTED
 
 
+def test_a_cancelled_job_reads_cancelled_at_its_saved_step_until_the_same_command_runs_again(
+        tmp_path: Path, clock: Clock) -> None:
+    # scancel: the tasks saved on SIGTERM as on a preemption notice, and the supervisor recorded the job cancelled
+    cfg = cfg_of(tmp_path)
+    attempt(tmp_path, cfg, clock, start=0, reach=20, ends="preempted")
+    _batch_record(tmp_path, clock, 1, 75, "not retried: the job was cancelled (scancel); the same command resumes",
+                  outcome="cancelled")
+    status = state_of(tmp_path, now=clock.t + 86400)
+    assert (status.state, status.describe()) == (State.CANCELLED,
+                                                 "cancelled at step 20 (scancel; the same command resumes)")
+    table = runs_table.render(str(tmp_path), runs_table.rows(str(tmp_path), now=clock.t + 86400))
+    assert "1 cancelled" in table and "cancelled at step 20 (scancel; the same command resumes)" in table, table
+    clock.t += 60
+    attempt(tmp_path, cfg, clock, start=20, reach=25, ends=None)  # submitted again: running
+    assert state_of(tmp_path, now=clock.t + 5).state is State.RUNNING
+
+
 def test_an_attempt_ended_without_its_own_summary_has_stopped_whatever_the_one_before_said(tmp_path: Path,
                                                                                           clock: Clock) -> None:
     cfg = cfg_of(tmp_path)
