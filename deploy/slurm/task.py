@@ -37,7 +37,8 @@ class JobTask:
         code = main(list(args))
         if code in (REQUEUE_EXIT_CODE, BAD_INPUT_EXIT_CODE, STOPPED_EXIT_CODE):  # the supervisor acts on each
             if code == REQUEUE_EXIT_CODE:
-                log.warning("saved after a preemption signal: leaving with %d for the batch script to requeue", code)
+                log.warning("saved after a preemption signal: leaving with %d for the job's supervisor to requeue "
+                            "(after a scancel: nothing)", code)
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
