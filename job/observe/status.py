@@ -158,12 +158,12 @@ def state_of(run_dir: str | epath.Path, *, now: float | None = None, stale_s: fl
     if summary.get("completed") is True and (total is None or int(summary.get("final_step") or 0) >= total):
         return dataclasses.replace(known, state=State.COMPLETED)
     batch = attempt_records.ended(path)
-    if batch and batch[-1].get("outcome") in ("failed", "configuration error", "cancelled") and (
-            newest is None or float(batch[-1].get("ended", 0)) >= newest):  # nothing started since
-        if batch[-1].get("outcome") == "cancelled":
-            return dataclasses.replace(known, state=State.CANCELLED, ended=batch[-1])
-        retried = str(batch[-1].get("action", "")).startswith(("retry", "restart"))
-        return dataclasses.replace(known, state=State.RETRYING if retried else State.FAILED, ended=batch[-1])
+    ended = batch[-1] if batch and (newest is None or float(batch[-1].get("ended", 0)) >= newest) else {}
+    if ended.get("outcome") == "cancelled":  # the backend's record of the newest attempt: nothing started since
+        return dataclasses.replace(known, state=State.CANCELLED, ended=ended)
+    if ended.get("outcome") in ("failed", "configuration error"):
+        retried = str(ended.get("action", "")).startswith(("retry", "restart"))
+        return dataclasses.replace(known, state=State.RETRYING if retried else State.FAILED, ended=ended)
     # a start recorded after the newest goodput record (still starting, or ended there) is newer than an end
     last = records[-1] if records else None
     start_after = bool(started) and (last is None or started[-1] > float(last["time"]))

@@ -25,7 +25,7 @@ import platform
 import socket
 import sys
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -352,3 +352,13 @@ def raise_together(error: JobError, name: str) -> NoReturn:
         with contextlib.suppress(JobError):  # a barrier timeout: our error, not the wait, is what to say
             barrier(f"{name}: reported", RAISE_TOGETHER_TIMEOUT_S)
     raise error
+
+
+@contextlib.contextmanager
+def raised_together(name: str) -> Iterator[None]:
+    """The body's JobError, which every process finds (it reads what they share: the run dir's checkpoints,
+    the config), raised as `raise_together` raises it. Collective only when the body raises."""
+    try:
+        yield
+    except JobError as exc:
+        raise_together(exc, name)

@@ -176,10 +176,8 @@ class Training:
         start, self.changed = 0, []
         newest = checkpoints.newest_specs() if cfg.resume else None
         if newest is not None:
-            try:
+            with preflight.raised_together("state_mismatch"):  # each process prints it before any exits
                 self.changed = resume.check(run_dir, to_dict(cfg), *newest, built.planned.abstract)
-            except resume.StateMismatch as exc:  # every process finds it: each prints it before any exits
-                preflight.raise_together(exc, "state_mismatch")
         on_process_zero(_save_config, run_dir, cfg)
         on_process_zero(provenance.record, run_dir, self.argv, _topology(self.info, built.mesh), task=self.cfg.task)
         if cfg.ckpt.local_every:
@@ -192,10 +190,8 @@ class Training:
             start, state = checkpoints.restore_newest(built.planned.abstract)
         else:
             if cfg.resume:  # never from step 0 over checkpoints that were set aside as unreadable
-                try:
+                with preflight.raised_together("set_aside"):
                     resume.refuse_fresh_start_over_set_aside(checkpoints.directory)
-                except ConfigError as exc:
-                    preflight.raise_together(exc, "set_aside")
             state = built.planned.init()
             if self.local is not None:
                 self.local.clear()  # an earlier run's local steps are never restored into this one
