@@ -19,4 +19,4 @@ class CheckpointConfig:
     async_save: bool = True  # write in the background while training continues
     background: bool = True  # copy the state on its devices (2x device memory) when that fits; save from a thread
     local_every: int = 0  # also save every N steps to a node-local folder, held by a peer too (0: off; local_tier.py)
-    local_dir: str = "/dev/shm/jax-job"  # the node-local folder (memory by default; or the node's scratch disk)
+    local_dir: str = "/dev/shm"  # where node-local folders go: LOCAL_DIR/jax-job-UID/RUN (memory; or node scratch)

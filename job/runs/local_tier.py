@@ -1,20 +1,25 @@
 """The node-local checkpoint tier: a restart restores a step seconds old instead of one `--ckpt.every` old.
 
-    python -m job train --ckpt.every 500 --ckpt.local-every 10 [--ckpt.local-dir /dev/shm/jax-job]
+    python -m job train --ckpt.every 500 --ckpt.local-every 10 [--ckpt.local-dir /dev/shm]
 
-Every `--ckpt.local-every` steps each process writes the shards it holds to a folder on its own node
-(`--ckpt.local-dir`, /dev/shm by default: memory), and sends the same bytes over the network to a peer: the next
-process, in process order, that runs on another node, which keeps them in its own node's folder. Losing one node
-then loses no local step: its processes' shards are held by their peers. A node's folder holds files by step and
-by the process whose shards they are (`STEP/process-P.jlt`: a JSON header, then each shard's raw bytes),
-whoever wrote them. A save writes the shards straight from their buffers (the one copy the loop waits for), and
-sends the file on a thread (sendfile); a restore maps the file and copies each shard once, onto its device.
+Every `--ckpt.local-every` steps each process writes the shards it holds to its run's folder on its own node, and
+sends the same file to a peer: the next process, in process order, that runs on another node, which keeps it in
+its own node's folder. Losing one node then loses no local step: its processes' shards are held by their peers.
+This module is the policy (which folder, when to save, which step to restore and from where); the file is
+job/runs/local_format.py (checked by its SHA-256 before any restore), the peer copies job/runs/local_transport.py
+(a server for the run's own processes only, every request signed with a per-run secret).
 
-At a restart (a spare in place of a lost node, or the same nodes) every process lists what its node's folder
-holds and where it listens; the newest step that every process's shards are somewhere for, saved on the same
-layout (process count and every array's shape, dtype and sharding), is restored when it is newer than the
-newest persistent checkpoint: each process reads its own file, or asks the process that holds it for the bytes
-(a process on a spare node has none of its own). If any process cannot, all restore from the persistent tier.
+The run's folder is `LOCAL_DIR/jax-job-UID/DIGEST`: one folder of the user's own (0700) under `--ckpt.local-dir`,
+and in it one folder per run, named from the user and the run dir resolved to an absolute path (a bucket's URL as
+it is), so two runs, two checkouts or two users never share one. A folder of the user's name made by someone else
+is one clear error on every process, before anything is saved or read.
+
+At a restart every process lists what its node's folder holds and the newest persistent step it sees; process 0
+chooses, through the coordination service's key-value store, the newest step that every process's file is held
+for, saved on the same layout, when it is newer than every process's newest persistent step, and where each
+process reads its file from (its own node, or the process that holds it). Every process restores that step or,
+when any one cannot (a file that fails its checksum, a peer gone), every process restores the persistent tier:
+each says the step it restored, and the step is part of what they agree on.
 
 Written here rather than with orbax's emergency checkpointer: that one needs a data-parallel replica axis to
 restore from (a pure fsdp mesh gets no local tier), keeps no non-array state, and needs stable process ids.
@@ -26,125 +31,83 @@ the run completes; a persistent save (every `--ckpt.every`, at the end, at a pre
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
-import io
 import json
 import logging
-import mmap
 import os
 import shutil
-import socket
-import socketserver
+import stat
 import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 
+from job.core.errors import ConfigError
 from job.parallel.multihost import coordination_client
+from job.runs import local_transport as transport
+from job.runs.local_format import Unreadable, layout, read_shards, seal, size_bound, write_shards, write_unsealed
 from job.runtime.host import host_available
+from job.runtime.preflight import raise_together
 
 log = logging.getLogger(__name__)
 
 KEY = "job/local-tier/"
 KEEP = 2  # local steps kept in a node's folder (the newest, and the one before while the newest is sent)
-HEADROOM = 2.0  # a save needs this many times its bytes free in the folder's file system (its own, a peer's)
-TIMEOUT_S = 120  # a peer that does not answer within this is taken as gone
-CHUNK = 8 << 20  # bytes read from a connection at a time
+HEADROOM = transport.HEADROOM  # a save needs this many times its bytes free in the folder's file system
+TIMEOUT_S = transport.TIMEOUT_S  # a process that does not say its part within this is taken as gone
 
 
-def run_folder(local_dir: str, run_dir: str) -> Path:
-    """This run's folder under the node-local dir: one per run dir, on every node the same name."""
-    return Path(local_dir) / hashlib.sha256(str(run_dir).encode()).hexdigest()[:16]
+# ---------------------------------------------------------------- the run's folder
 
 
-def layout(tree: Any) -> str:
-    """A fingerprint of every array leaf's shape, dtype and sharding, and the process count: a local step is
-    restored only onto the same layout (its files hold each process's own shards)."""
-    parts = [str(jax.process_count())]
-    for leaf in jax.tree.leaves(tree):
-        sharding = getattr(leaf, "sharding", None)
-        spec = getattr(sharding, "spec", None)
-        mesh = getattr(sharding, "mesh", None)
-        parts.append(f"{getattr(leaf, 'shape', None)}|{getattr(leaf, 'dtype', None)}|{spec}|"
-                     f"{getattr(mesh, 'shape_tuple', None)}")
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+def identity(run_dir: str) -> str:
+    """What names a run: its folder resolved to an absolute path, or a bucket's URL as it is."""
+    return run_dir if "://" in run_dir else str(Path(run_dir).expanduser().resolve())
 
 
-def _index(index: tuple[slice, ...]) -> list[list[int | None]]:
-    return [[s.start, s.stop] for s in index]
+def user_folder(local_dir: str, uid: int | None = None) -> Path:
+    """The user's own folder under the node-local dir (every run of theirs has one inside)."""
+    return Path(local_dir) / f"jax-job-{os.getuid() if uid is None else uid}"
 
 
-MAGIC = b"JLT1"  # a file: MAGIC, the header's length (8 bytes), the header (JSON), then each shard's bytes
-ALIGN = 64  # every shard starts at a multiple of this in the file (aligned views on a memory map)
+def run_folder(local_dir: str, run_dir: str, uid: int | None = None) -> Path:
+    """This run's folder on every node: one per user and run dir (`identity`), the same name on every node."""
+    uid = os.getuid() if uid is None else uid
+    return user_folder(local_dir, uid) / hashlib.sha256(f"{uid}\n{identity(run_dir)}".encode()).hexdigest()[:32]
 
 
-def _aligned(offset: int) -> int:
-    return -(-offset // ALIGN) * ALIGN
+def _private(path: Path, uid: int) -> None:
+    """`path` made if missing, then checked: a folder (not a link) of user `uid` that no one else may enter."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    found = path.lstat()
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != uid:
+        kind = "a folder" if stat.S_ISDIR(found.st_mode) else "a link" if stat.S_ISLNK(found.st_mode) else "a file"
+        raise ConfigError("--ckpt.local-dir", expected=f"{path} to be a folder of user {uid} (yours, mode 0700)",
+                          found=f"{kind} of user {found.st_uid}",
+                          fix=f"ask its owner to remove {path}, or pass --ckpt.local-dir on a folder of yours")
+    if stat.S_IMODE(found.st_mode) & 0o077:
+        path.chmod(0o700)
 
 
-def write_shards(path: Path, state: Any, step: int, fingerprint: str) -> int:
-    """This process's shards of every array leaf, written straight from their buffers (one copy: into the file's
-    pages), atomically; the bytes written. Called between steps: the next step may reuse the buffers. Arrays of
-    plain dtypes only (`LocalTier.save` keeps a state with typed PRNG keys out)."""
-    entries: list[dict[str, Any]] = []
-    arrays: list[np.ndarray] = []
-    offset = 0
-    for i, leaf in enumerate(jax.tree.leaves(state)):
-        if not isinstance(leaf, jax.Array):
-            continue
-        for shard in leaf.addressable_shards:
-            data = np.asarray(shard.data, order="C")  # (ascontiguousarray would make a scalar 1-d)
-            entries.append({"leaf": i, "index": _index(shard.index), "dtype": data.dtype.str, "shape": data.shape,
-                            "offset": offset, "nbytes": data.nbytes})
-            arrays.append(data)
-            offset = _aligned(offset + data.nbytes)
-    header = json.dumps({"step": step, "process": jax.process_index(), "layout": fingerprint,
-                         "arrays": entries}).encode()
-    start = _aligned(len(MAGIC) + 8 + len(header))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(MAGIC + len(header).to_bytes(8, "little") + header)
-        for entry, data in zip(entries, arrays):
-            f.seek(start + entry["offset"])
-            if data.nbytes:  # the array's own buffer, as bytes (a memoryview of no elements cannot be cast)
-                f.write(data.data.cast("B"))
-        f.truncate(start + offset)
-    os.replace(tmp, path)
-    return start + offset
-
-
-def read_shards(path: Path, like: Any, fingerprint: str) -> Any:
-    """The state from this process's file, its arrays placed as `like`'s shardings say (the file is mapped, not
-    read: a shard is copied once, onto its device)."""
-    with open(path, "rb") as f:
-        # private copy-on-write pages: jax may keep a shard in them (no copy on the CPU), and a donated buffer is
-        # then written in place without touching the file; closed by the last array viewing it
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-    if mapped[:len(MAGIC)] != MAGIC:
-        raise ValueError(f"{path}: not a node-local checkpoint file")
-    size = int.from_bytes(mapped[len(MAGIC):len(MAGIC) + 8], "little")
-    header = json.loads(mapped[len(MAGIC) + 8:len(MAGIC) + 8 + size])
-    if header["layout"] != fingerprint:
-        raise ValueError("saved on another layout")
-    start = _aligned(len(MAGIC) + 8 + size)
-    saved = {(e["leaf"], json.dumps(e["index"])): e for e in header["arrays"]}
-    leaves, treedef = jax.tree.flatten(like)
-    out = []
-    for i, target in enumerate(leaves):
-        if getattr(target, "sharding", None) is None:
-            out.append(target)
-            continue
-        placed = []
-        for device, index in target.sharding.addressable_devices_indices_map(target.shape).items():
-            e = saved[(i, json.dumps(_index(index)))]
-            view = np.frombuffer(mapped, dtype=np.dtype(e["dtype"]), count=int(np.prod(e["shape"], dtype=np.int64)),
-                                 offset=start + e["offset"]).reshape(e["shape"])
-            placed.append(jax.device_put(view, device))
-        out.append(jax.make_array_from_single_device_arrays(target.shape, target.sharding, placed))
-    return jax.tree.unflatten(treedef, out)
+def open_run_folder(local_dir: str, run_dir: str, uid: int | None = None) -> Path:
+    """This run's folder, made private (0700, the user's folder above it too); ConfigError when the user's
+    folder belongs to someone else or the node-local dir does not let this user make it."""
+    uid = os.getuid() if uid is None else uid
+    folder = run_folder(local_dir, run_dir, uid)
+    try:
+        Path(local_dir).mkdir(parents=True, exist_ok=True)
+        _private(folder.parent, uid)
+        _private(folder, uid)
+    except OSError as exc:
+        raise ConfigError("--ckpt.local-dir", expected=f"a folder where user {uid} can make {folder.parent.name}/",
+                          found=f"{local_dir} ({type(exc).__name__}: {exc.strerror or exc})",
+                          fix="pass --ckpt.local-dir on a folder of yours (a node's scratch disk), or /dev/shm",
+                          ) from None
+    return folder
 
 
 def _file(folder: Path, step: int, process: int) -> Path:
@@ -152,55 +115,12 @@ def _file(folder: Path, step: int, process: int) -> Path:
 
 
 def held(folder: Path) -> list[tuple[int, int]]:
-    """(step, process) of every complete file in this node's folder."""
+    """(step, process) of every sealed file in this node's folder."""
     out = []
     for path in folder.glob("*/process-*.jlt") if folder.exists() else []:
         with contextlib.suppress(ValueError):
             out.append((int(path.parent.name), int(path.stem.split("-", 1)[1])))
     return sorted(out)
-
-
-def _receive(reader: io.BufferedIOBase, size: int, path: Path) -> None:
-    """`size` bytes from a connection into `path`, atomically, in chunks (never the whole file in memory)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "wb") as f:
-        left = size
-        while left:
-            chunk = reader.read(min(left, CHUNK))
-            if not chunk:
-                raise ConnectionError(f"the connection closed with {left} of {size} bytes still to come")
-            f.write(chunk)
-            left -= len(chunk)
-    os.replace(tmp, path)
-
-
-class _Handler(socketserver.StreamRequestHandler):
-    """`GET STEP PROCESS` -> `SIZE` and the file's bytes (-1: none); `PUT STEP PROCESS SIZE` and the bytes -> `ok`."""
-
-    server: _Server
-
-    def handle(self) -> None:
-        folder = self.server.folder
-        words = self.rfile.readline().decode().split()
-        if len(words) == 3 and words[0] == "GET":
-            path = _file(folder, int(words[1]), int(words[2]))
-            if not path.exists():
-                self.wfile.write(b"-1\n")
-                return
-            with open(path, "rb") as f:
-                self.wfile.write(f"{os.fstat(f.fileno()).st_size}\n".encode())
-                self.connection.sendfile(f)
-        elif len(words) == 4 and words[0] == "PUT":
-            _receive(self.rfile, int(words[3]), _file(folder, int(words[1]), int(words[2])))
-            _prune(folder)
-            self.wfile.write(b"ok\n")
-
-
-class _Server(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    folder: Path  # this node's folder (LocalTier's), which the handler serves
 
 
 def _prune(folder: Path) -> None:
@@ -210,66 +130,174 @@ def _prune(folder: Path) -> None:
         shutil.rmtree(folder / str(step), ignore_errors=True)
 
 
-def _send(address: str, step: int, process: int, path: Path) -> None:
-    """PUT this process's file of `step` to the peer at `address` (the kernel copies it: sendfile)."""
-    host, port = address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as conn, open(path, "rb") as f:
-        conn.sendall(f"PUT {step} {process} {os.fstat(f.fileno()).st_size}\n".encode())
-        conn.sendfile(f)
-        if conn.makefile("rb").readline().strip() != b"ok":
-            raise ConnectionError(f"{address} did not take step {step}'s file")
+# ---------------------------------------------------------------- what the processes agree on
 
 
-def _fetch(address: str, step: int, process: int, path: Path) -> None:
-    """GET `process`'s file of `step` from the process at `address` into `path`."""
-    host, port = address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as conn:
-        conn.sendall(f"GET {step} {process}\n".encode())
-        reader = conn.makefile("rb")
-        size = int(reader.readline())
-        if size < 0:
-            raise FileNotFoundError(f"{address} holds no file of process {process} at step {step}")
-        _receive(reader, size, path)
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """The run's processes as the tier sees them: this one, how many, and the coordination service's key-value
+    store they share (None for one process)."""
+
+    me: int
+    count: int
+    client: transport.KeyValue | None
+
+    @classmethod
+    def of_this_run(cls) -> Group:
+        return cls(jax.process_index(), jax.process_count(), coordination_client())
+
+    def everyones(self, key: str, mine: str) -> list[str]:
+        """Every process's value of `key`, in process order, this one's being `mine`. Collective."""
+        if self.client is None:
+            return [mine]
+        self.client.key_value_set(f"{key}/{self.me}", mine, allow_overwrite=True)
+        return [self.client.blocking_key_value_get(f"{key}/{p}", TIMEOUT_S * 1000) for p in range(self.count)]
+
+    def decided(self, key: str, mine: str, decide: Callable[[list[str]], str]) -> str:
+        """What process 0 decides from every process's value of `key` (this one's: `mine`). Collective."""
+        if self.client is None:
+            return decide([mine])
+        self.client.key_value_set(f"{key}/{self.me}", mine, allow_overwrite=True)
+        if self.me == 0:
+            said = [self.client.blocking_key_value_get(f"{key}/{p}", TIMEOUT_S * 1000) for p in range(self.count)]
+            self.client.key_value_set(f"{key}/decided", decide(said), allow_overwrite=True)
+        return self.client.blocking_key_value_get(f"{key}/decided", TIMEOUT_S * 1000)
+
+
+@dataclasses.dataclass(frozen=True)
+class Listing:
+    """What one process says at a restore: its node, the files its node's folder holds, its newest persistent step."""
+
+    node: str
+    held: tuple[tuple[int, int], ...]  # (step, process) of every sealed file
+    persistent: int | None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Listing:
+        said = json.loads(text)
+        return cls(said["node"], tuple((int(s), int(p)) for s, p in said["held"]), said["persistent"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The restore every process carries out: the local step (None: the persistent tier) and, by process, the
+    process whose node holds its file (itself when its own node does)."""
+
+    step: int | None
+    sources: tuple[int, ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        said = json.loads(text)
+        return cls(said["step"], tuple(said["sources"]))
+
+
+def choose(listings: Sequence[Listing]) -> Plan:
+    """The newest step whose every process's file some process holds, when it is newer than every process's
+    newest persistent step; each process's file from its own node when that holds it, else from the first
+    process (in process order) that does."""
+    count = len(listings)
+    holders: dict[tuple[int, int], list[int]] = {}
+    for p, listing in enumerate(listings):
+        for entry in listing.held:
+            holders.setdefault(entry, []).append(p)
+    persistent = max((x.persistent for x in listings if x.persistent is not None), default=None)
+    complete = [step for step in {s for s, _ in holders} if all((step, p) in holders for p in range(count))]
+    newer = [step for step in complete if persistent is None or step > persistent]
+    if not newer:
+        return Plan(None)
+    step = max(newer)
+    return Plan(step, tuple(p if p in holders[(step, p)] else holders[(step, p)][0] for p in range(count)))
+
+
+# ---------------------------------------------------------------- the tier
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    """Another process as this one knows it: its node, its server's address (None: it runs none), and the most
+    bytes its file can have."""
+
+    node: str
+    address: str | None
+    bound: int
 
 
 class LocalTier:
-    """One process's part of the tier: its node's folder, its server, its peer. Collective to make and restore."""
+    """One process's part of the tier: its node's folder, its server, its peer. Collective to make and restore.
+    `node`: this process's node name, as the other nodes resolve it; `group` and `uid` stand in for the run's
+    processes and the user in tests."""
 
-    def __init__(self, local_dir: str, run_dir: str, every: int, node: str, like: Any) -> None:
-        self.every = every
-        self.fingerprint = layout(like)
-        self.folder = run_folder(local_dir, run_dir)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.me, self.count = jax.process_index(), jax.process_count()
-        self.server = _Server(("0.0.0.0", 0), _Handler)
-        self.server.folder = self.folder
-        threading.Thread(target=self.server.serve_forever, name="job-local-tier", daemon=True).start()
-        address = f"{node}:{self.server.server_address[1]}"
-        self.client = coordination_client()
-        self.peers: dict[int, dict[str, Any]] = {self.me: {"node": node, "address": address,
-                                                           "held": held(self.folder)}}
-        if self.client is not None:  # everyone's node, address and files; started afresh at every attempt
-            self.client.key_value_set(f"{KEY}{self.me}", json.dumps(self.peers[self.me]), allow_overwrite=True)
-            for p in range(self.count):
-                self.peers[p] = json.loads(self.client.blocking_key_value_get(f"{KEY}{p}", TIMEOUT_S * 1000))
-        self.peer = self._peer()
-        self._writer: threading.Thread | None = None
+    def __init__(self, local_dir: str, run_dir: str, every: int, node: str, like: Any, *,
+                 group: Group | None = None, uid: int | None = None) -> None:
+        self.every, self.node = every, node
         self.warned: set[str] = set()
+        self.group = group = Group.of_this_run() if group is None else group
+        self.me, self.count = group.me, group.count
+        self.fingerprint = layout(like)
+        problem: dict[str, Any] | None = None
+        self.folder = run_folder(local_dir, run_dir, uid)
+        try:
+            self.folder = open_run_folder(local_dir, run_dir, uid)
+        except ConfigError as exc:
+            problem = {"expected": exc.expected, "found": str(exc.found), "fix": exc.fix}
+        said = [json.loads(x) for x in group.everyones(f"{KEY}peer", json.dumps(
+            {"node": node, "bound": size_bound(like, self.fingerprint), "problem": problem}))]
+        for p, x in enumerate(said):  # one error on every process, before any process saves or reads
+            if x["problem"]:
+                raise_together(ConfigError(f"--ckpt.local-dir (process {p} on {x['node']})", **x["problem"]),
+                               "local_folder")
+        self.secret = b""  # the run's, when there is a server
+        self.server: transport.Server | None = None
+        self.peers = [Peer(x["node"], None, x["bound"]) for x in said]
+        self.peer = self._peer()
+        if len({x["node"] for x in said}) > 1:  # processes on other nodes: a server each, and the run's secret
+            self.secret = transport.shared_secret(group.client, self.me, f"{KEY}secret")
+            self.server = self._serve(said)
+            mine = self.server.address if self.server is not None else ""  # "": this process serves no copies
+            addresses = [a or None for a in group.everyones(f"{KEY}address", mine)]
+            self.peers = [dataclasses.replace(peer, address=a) for peer, a in zip(self.peers, addresses)]
+        self.plan = Plan(None)
+        self._restores = 0
+        self._writer: threading.Thread | None = None
+
+    def _serve(self, said: list[dict[str, Any]]) -> transport.Server | None:
+        """This process's server, listening on its interface toward another node (its peer's); None, with a
+        warning, when that cannot be found (this process's shards are then held on its own node only)."""
+        assert self.peer is not None  # a run on several nodes: every process has a peer on another
+        toward = self.peers[self.peer].node
+        try:
+            host = transport.bind_host(toward)
+            return transport.Server(host, self.folder, self.secret,
+                                    bounds=lambda p: said[p]["bound"] if 0 <= p < self.count else None,
+                                    received=lambda _step: _prune(self.folder))
+        except OSError as exc:
+            self._once("serve", f"the node-local tier keeps no copy of another node's shards here: no interface "
+                       f"toward {toward} to listen on ({type(exc).__name__}: {exc}); the persistent tier is "
+                       "unaffected")
+            return None
 
     def _peer(self) -> int | None:
-        """The next process (in process order) on another node; the next process when every one shares a node."""
+        """The next process (in process order) on another node; None when every process shares this node (its
+        folder already holds their files)."""
         for offset in range(1, self.count):
             p = (self.me + offset) % self.count
-            if self.peers[p]["node"] != self.peers[self.me]["node"]:
+            if self.peers[p].node != self.node:
                 return p
-        return (self.me + 1) % self.count if self.count > 1 else None
+        return None
 
     def due(self, done: int) -> bool:
         return self.every > 0 and done % self.every == 0
 
     def save(self, done: int, state: Any) -> None:
         """Step `done`'s shards of this process, written to its node's folder now (straight from their buffers: the
-        one copy the step must wait for, as the next step may reuse them), then sent to the peer on a thread."""
+        one copy the step must wait for, as the next step may reuse them), then sealed and sent on a thread."""
         self.wait()
         leaves = [leaf for leaf in jax.tree.leaves(state) if isinstance(leaf, jax.Array)]
         if any(jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key) for leaf in leaves):
@@ -288,18 +316,29 @@ class LocalTier:
             return
         path = _file(self.folder, done, self.me)
         try:
-            write_shards(path, state, done, self.fingerprint)
+            tmp = write_unsealed(path, state, done, self.fingerprint)
         except OSError as exc:
             self._once("write", f"node-local save of step {done} failed ({exc}); the persistent tier is unaffected")
             return
-        self._writer = threading.Thread(target=self._send, args=(done, path), daemon=True, name="job-local-save")
+        self._writer = threading.Thread(target=self._finish, args=(done, tmp, path), daemon=True,
+                                        name="job-local-save")
         self._writer.start()
 
-    def _send(self, done: int, path: Path) -> None:
+    def _finish(self, done: int, tmp: Path, path: Path) -> None:
+        """Seal step `done`'s file, keep the newest steps, and send it to the peer (on the save's thread)."""
         try:
+            seal(tmp, path)
             _prune(self.folder)
-            if self.peer is not None:
-                _send(self.peers[self.peer]["address"], done, self.me, path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            self._once("write", f"node-local save of step {done} failed ({exc}); the persistent tier is unaffected")
+            return
+        if self.peer is None:
+            return
+        try:
+            address = self.peers[self.peer].address
+            assert address is not None  # a peer on another node runs a server
+            transport.send(address, self.secret, done, self.me, path)
         except Exception as exc:  # noqa: BLE001 - the tier is a shortcut: the persistent saves go on without it
             self._once("send", f"node-local save of step {done}: sending it to process {self.peer} failed "
                        f"({type(exc).__name__}: {exc}); this node holds it, the persistent tier is unaffected")
@@ -315,57 +354,48 @@ class LocalTier:
             log.warning("%s", message)
         self.warned.add(kind)
 
-    def newest(self) -> int | None:
-        """The newest step whose every process's file is held by some process (the same on every process)."""
-        have: dict[int, set[int]] = {}
-        for info in self.peers.values():
-            for step, process in info["held"]:
-                have.setdefault(step, set()).add(process)
-        complete = [step for step, owners in have.items() if owners >= set(range(self.count))]
-        return max(complete) if complete else None
-
-    def source(self, step: int, process: int) -> int:
-        """The process `process` reads its file of `step` from: itself when its node holds it."""
-        holders = [p for p, info in sorted(self.peers.items()) if [step, process] in map(list, info["held"])]
-        return process if process in holders else holders[0]
-
     def sources(self, step: int) -> str:
-        """Where every process's shards of `step` come from, in words: 'process 1's from process 0 on node1 over
-        the network; the others' from their own node'."""
-        remote = [(p, q) for p in range(self.count) if (q := self.source(step, p)) != p]
+        """Where every process's shards of the restored `step` came from, in words: 'process 1's from process 0
+        on node1 over the network; the others' from their own node'."""
+        remote = [(p, q) for p, q in enumerate(self.plan.sources) if q != p] if self.plan.step == step else []
         if not remote:
             return "every process's from its own node"
-        said = "; ".join(f"process {p}'s from process {q} on {self.peers[q]['node']} over the network"
+        said = "; ".join(f"process {p}'s from process {q} on {self.peers[q].node} over the network"
                          for p, q in remote)
         return f"{said}; the others' from their own node" if len(remote) < self.count else said
 
-    def load(self, step: int, like: Any) -> Any:
-        """This process's state of `step`, from its node's folder or from the process that holds it."""
-        source, path = self.source(step, self.me), _file(self.folder, step, self.me)
+    def _load(self, step: int, like: Any) -> Any:
+        """This process's state of `step`, from its node's folder or from the process the plan names."""
+        source, path = self.plan.sources[self.me], _file(self.folder, step, self.me)
         if source != self.me:  # held here from now on: the next restart needs no peer
-            _fetch(self.peers[source]["address"], step, self.me, path)
+            address = self.peers[source].address
+            if address is None:
+                raise FileNotFoundError(f"process {source} on {self.peers[source].node} holds it but runs no server")
+            transport.fetch(address, self.secret, step, self.me, path)
         return read_shards(path, like, self.fingerprint)
 
     def restore(self, like: Any, newer_than: int | None) -> tuple[int, Any] | None:
-        """The newest local step complete across the processes, when newer than `newer_than` (the persistent
-        tier's newest) and every process reads its part back; else None, on every process alike. Collective."""
-        self.peers[self.me]["held"] = held(self.folder)  # this node's own listing, as it is now
-        step = self.newest()
-        if step is None or (newer_than is not None and step <= newer_than):
+        """The newest local step complete across the processes, when newer than every process's `newer_than` (its
+        newest persistent step) and every process reads its part back; else None, on every process alike. The step
+        is chosen by process 0 from every process's listing, and each process's outcome names it. Collective."""
+        self._restores += 1
+        key = f"{KEY}restore/{self._restores}"
+        mine = Listing(self.node, tuple(held(self.folder)), newer_than)
+        self.plan = Plan.from_json(self.group.decided(
+            f"{key}/listing", mine.to_json(), lambda said: choose([Listing.from_json(x) for x in said]).to_json()))
+        step = self.plan.step
+        if step is None:
             return None
+        state, problem, path = None, "", _file(self.folder, step, self.me)
         try:
-            state, problem = self.load(step, like), ""
+            state = self._load(step, like)
         except Exception as exc:  # noqa: BLE001 - any failure here means: the persistent tier, on every process
-            state, problem = None, f"{type(exc).__name__}: {exc}"
-        failed = [(self.me, problem)] if problem else []
-        if self.client is not None:
-            self.client.key_value_set(f"{KEY}restored/{self.me}", problem or "ok", allow_overwrite=True)
-            said = [self.client.blocking_key_value_get(f"{KEY}restored/{p}", TIMEOUT_S * 1000)
-                    for p in range(self.count)]
-            failed = [(p, why) for p, why in enumerate(said) if why != "ok"]
-        if failed:
-            log.warning("node-local step %d not restored: process %d: %s; every process restores from the persistent "
-                        "tier", step, *failed[0])
+            problem = str(exc) if isinstance(exc, Unreadable) else f"{path}: {type(exc).__name__}: {exc}"
+            log.warning("node-local step %d not restored: %s; every process restores from the next tier",
+                        step, problem)
+        outcomes = [json.loads(x) for x in self.group.everyones(f"{key}/outcome",
+                                                                 json.dumps({"step": step, "problem": problem}))]
+        if any(o["step"] != step or o["problem"] for o in outcomes):
             return None
         return step, state
 
@@ -377,10 +407,11 @@ class LocalTier:
     def close(self, completed: bool) -> None:
         """Stop serving; a completed run's folder is removed (every step of it, this node's held ones too)."""
         self.wait()
-        self.server.shutdown()
-        self.server.server_close()
+        if self.server is not None:
+            self.server.close()
         if completed:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-__all__ = ["KEEP", "LocalTier", "held", "layout", "read_shards", "run_folder", "write_shards"]
+__all__ = ["KEEP", "Group", "Listing", "LocalTier", "Peer", "Plan", "choose", "held", "identity", "layout",
+           "open_run_folder", "read_shards", "run_folder", "user_folder", "write_shards"]

@@ -181,7 +181,7 @@ def validate(cfg: TrainConfig, task: Task) -> None:
         (cfg.ckpt.local_every >= 0, "--ckpt.local-every", "an integer >= 0 (0: no node-local tier)",
          cfg.ckpt.local_every, "pass --ckpt.local-every 10"),
         (cfg.ckpt.local_dir.startswith("/"), "--ckpt.local-dir", "an absolute path on each node's own disk or memory",
-         cfg.ckpt.local_dir, "pass --ckpt.local-dir /dev/shm/jax-job (or the node's scratch folder)"),
+         cfg.ckpt.local_dir, "pass --ckpt.local-dir /dev/shm (or the node's scratch folder)"),
         (0 <= cfg.seed <= MAX_SEED, "--seed", f"an integer 0..{MAX_SEED}", cfg.seed, "pass --seed 0"),
         (_finite(cfg.watchdog_s) and cfg.watchdog_s >= 0, "--watchdog-s", "a finite number of seconds >= 0",
          cfg.watchdog_s, "pass --watchdog-s 600, or 0 to turn the watchdog off"),

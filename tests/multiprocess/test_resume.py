@@ -177,45 +177,6 @@ def test_a_users_task_package_is_recorded_and_a_change_to_it_is_said_before_the_
     assert summary(tmp_path / "again")["params_sha256"] == summary(tmp_path / "original")["params_sha256"]
 
 
-@pytest.mark.parametrize("rule", ["replicated", "fsdp"])
-def test_a_killed_process_resumes_from_the_node_local_tier_bitwise_under_the_data_parallel_rules(
-        tmp_path: Path, rule: str) -> None:
-    """--ckpt.local-every 3 with persistent saves only every 100 steps: rank 1 is SIGKILLed when step 8 starts; the
-    next start restores step 6 from the node-local folder (each process its own shards) and ends bitwise equal to an
-    uninterrupted run. A completed run leaves no local folder; a fresh start over an earlier run's local steps never
-    restores them."""
-    local = tmp_path / "local"
-    flags = ("--steps", "12", "--ckpt.every", "100", "--ckpt.local-every", "3", "--ckpt.local-dir", str(local),
-             "--rule", rule, *FLAGS)
-    reference = tmp_path / "reference"
-    train(2, 2, reference, *flags)
-    run_dir = tmp_path / "run"
-    killed = run(launcher_argv(2, scenario("faulty.py", "1", "kill@8", "--", "train", "--run-dir", str(run_dir),
-                                           *flags), devices=2), timeout=300)
-    assert killed.returncode == 137, explain(killed)
-    assert not (run_dir / "checkpoints").exists() or not any((run_dir / "checkpoints").iterdir())
-    (folder,) = local.iterdir()
-    assert sorted(p.name for p in folder.iterdir()) == ["3", "6"]  # the newest two local steps
-    assert sorted(p.name for p in (folder / "6").iterdir()) == ["process-0.jlt", "process-1.jlt"]
-    resumed = train(2, 2, run_dir, *flags)
-    assert "resumed from step 6 (the node-local tier: every process's from its own node)" in resumed.stderr, \
-        explain(resumed)
-    assert summary(run_dir)["params_sha256"] == summary(reference)["params_sha256"]
-    assert not folder.exists()  # completed: the run's local folder is gone
-
-    # a fresh start (--no-resume) over local steps an earlier attempt left clears them: killed at step 5 this time,
-    # the folder holds its step 3, not the earlier 6 (which a later restart would have restored)
-    second = tmp_path / "second"
-    killed = run(launcher_argv(2, scenario("faulty.py", "1", "kill@8", "--", "train", "--run-dir", str(second),
-                                           *flags), devices=2), timeout=300)
-    (folder,) = local.iterdir()
-    assert killed.returncode == 137 and sorted(p.name for p in folder.iterdir()) == ["3", "6"], explain(killed)
-    again = run(launcher_argv(2, scenario("faulty.py", "1", "kill@5", "--", "train", "--run-dir", str(second),
-                                          *flags, "--no-resume"), devices=2), timeout=300)
-    assert again.returncode == 137, explain(again)
-    assert sorted(p.name for p in folder.iterdir()) == ["3"]
-
-
 @pytest.mark.parametrize("processes", [1, 2])
 def test_ctrl_c_saves_at_the_next_step_stops_with_130_and_the_same_command_resumes_bitwise(
         tmp_path: Path, processes: int) -> None:
