@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -46,7 +46,7 @@ from job.runtime.distributed import initialize
 from job.runtime.preemption import NOTICES, REQUEUE_EXIT_CODE, PreemptionGuard
 from job.runtime.rollcall import Answer, Progress, leave, roll_call
 from job.runtime.watchdog import Watchdog
-from job.train import optimizers
+from job.train import memory, optimizers
 from job.train import state as state_plan
 from job.train.batches import Prefetch, global_batch, impurity, to_global
 from job.train.config import TrainConfig, to_dict, to_json
@@ -159,10 +159,7 @@ class Training:
         # shapes and placement first, no array made; the state is then created as its shards, or restored into them
         run_plan = plan_run(cfg, task, mesh)
         batch_sharding = sharding.batch_sharding(mesh)
-        micro = sharding.batch_sharding(mesh, whole=1)  # K micro-batches stacked on a leading axis
-        train_step = jit_train_step(task.loss, run_plan.planned.graphdef, run_plan.planned.shardings,
-                                    accum_steps=cfg.accum_steps, weight=task.weight, custom=task.train_step,
-                                    micro_sharding=micro)
+        train_step = train_step_of(cfg, task, run_plan.planned, mesh)
         return Built(run_dir=run_dir, mesh=mesh, source=run_plan.source, planned=run_plan.planned,
                      schedule=run_plan.schedule, train_step=train_step, evaluator=run_plan.evaluator,
                      batch_sharding=batch_sharding, checked=checked, cache_dir=cache_dir)
@@ -247,7 +244,8 @@ class Training:
               leaked_tracer_note()):  # as steps are called
             began = time.perf_counter()
             batch = first_batch(built.source, built.batch_sharding, step=start, size=cfg.data.global_batch)
-            built.train_step.lower(state, batch).compile()
+            with memory.one_error(cfg, self.task, built.mesh, "compiling the train step"):  # the bytes, the flags
+                built.train_step.lower(state, batch).compile()
             built.evaluator.compile(state)
             self.compile_s = time.perf_counter() - began
             barrier("compiled", cfg.compile_timeout_s, fix=(
@@ -314,7 +312,9 @@ class Training:
         with timer.part("input_wait"):
             next_batch = upcoming.get(step)
         at(done, "step")
-        with self.profiler.step(done) as outputs, timer.step():  # starting and ending a trace is not a step
+        # the first step allocates what compiling it planned: an out-of-memory there is one error too
+        fits = memory.one_error(cfg, self.task, built.mesh, "its first step") if first else contextlib.nullcontext()
+        with fits, self.profiler.step(done) as outputs, timer.step():  # starting and ending a trace is not a step
             state, self.metrics = built.train_step(state, next_batch)
             at(done, "wait")
             host_s = time.perf_counter() - step_began  # this host's own part: its batch and the dispatch
@@ -425,17 +425,25 @@ def run_rules(cfg: TrainConfig, task: Task) -> dict[str, sharding.MeshAxes]:
     return sharding.rule_table(cfg.rule, getattr(task, "logical_axes", None))
 
 
-def run_mesh(model_axis: int, mesh: str = "") -> jax.sharding.Mesh:
-    """The run's mesh over every device of the job: --mesh's axes (`mesh`), else ("data", "model") of
-    `model_axis`; a model axis that does not fit the devices is one error naming the user's flag,
-    --model-axis, not the function that builds the mesh."""
+def run_mesh(model_axis: int, mesh: str = "", devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
+    """The run's mesh over every device of the job (or `devices`: a TPU slice's compiled for ahead of time,
+    job/train/fit.py): --mesh's axes (`mesh`), else ("data", "model") of `model_axis`; a model axis that does
+    not fit the devices is one error naming the user's flag, --model-axis, not the function that builds it."""
     if mesh:
-        return sharding.make_mesh(axes=sharding.parse_mesh(mesh))
+        return sharding.make_mesh(devices, axes=sharding.parse_mesh(mesh))
     try:
-        return sharding.make_mesh(model_axis=model_axis)
+        return sharding.make_mesh(devices, model_axis=model_axis)
     except ConfigError as exc:
         raise ConfigError("--model-axis", expected=exc.expected, found=exc.found,
                           fix=exc.fix.replace("use one of", "pass --model-axis one of", 1)) from None
+
+
+def train_step_of(cfg: TrainConfig, task: Task, planned: state_plan.Plan, mesh: jax.sharding.Mesh) -> jax.stages.Wrapped:
+    """The run's jitted train step on `mesh`: the loop's, and what the fit check compiles for a TPU slice
+    ahead of time (job/train/fit.py). Compile it inside `sharding.mesh_context(mesh, run_rules(cfg, task))`."""
+    micro = sharding.batch_sharding(mesh, whole=1)  # K micro-batches stacked on a leading axis
+    return jit_train_step(task.loss, planned.graphdef, planned.shardings, accum_steps=cfg.accum_steps,
+                          weight=task.weight, custom=task.train_step, micro_sharding=micro)
 
 
 def first_batch(source: Rows, batch_sharding: jax.sharding.Sharding, *, step: int, size: int) -> dict[str, jax.Array]:
