@@ -143,7 +143,7 @@ doctor: $(BIN)/.installed ## what would fail, before anything starts: a line per
 	esac; \
 	case $$where in \
 		slurm) $(BIN)/python -m deploy.slurm.doctor $(SLURM_FLAGS) --quick=$(call quote,QUICK) \
-			--probe-wait=$(call quote,PROBE_WAIT) $(DOCTOR_RUN) ;; \
+			--probe-wait=$(call quote,PROBE_WAIT) --wheelhouse=$(call quote,WHEELHOUSE) $(DOCTOR_RUN) ;; \
 		tpu) $(TPU_CLI) doctor $(TPU_FLAGS) $(DOCTOR_RUN) ;; \
 		local) JAX_PLATFORMS=cpu $(BIN)/python -m deploy.local.doctor -n $(call quote,NPROC) \
 			--devices-per-process $(call quote,DEVICES) --python $(BIN)/python --args=$(call quote,ARGS) \
@@ -220,6 +220,19 @@ tpu-delete: $(BIN)/.installed ## Cloud TPU: delete the slice (and its queued res
 
 tpu-status: $(BIN)/.installed ## Cloud TPU: print the slice's state (READY, PREEMPTED, NOT_FOUND, ...)
 	$(TPU_CLI) status $(TPU_FLAGS)
+
+# ---- wheels for machines without a package index (deploy/wheelhouse.py, docs/dependencies.md)
+# WHEELHOUSE given to tpu-pod, tpu-run or doctor: the workers (compute nodes) install from it. The lock: FLAVOR's.
+WHEELHOUSE ?=
+WHEEL_PYTHON ?=
+WHEEL_PLATFORM ?=
+WHEEL_LOCK ?= $(if $(filter tpu,$(FLAVOR)),docker/requirements-tpu.lock,$(if $(filter cuda,$(FLAVOR)),$(CUDA_LOCK),requirements.lock))
+.PHONY: wheelhouse
+
+wheelhouse: $(BIN)/.installed ## the lock's wheels for WHEEL_PYTHON, WHEEL_PLATFORM in WHEELHOUSE; FLAVOR=tpu: libtpu's
+	$(BIN)/python -m deploy.wheelhouse --dest=$(if $(value WHEELHOUSE),$(call quote,WHEELHOUSE),wheelhouse) \
+		--lock='$(WHEEL_LOCK)' --python=$(call quote,WHEEL_PYTHON) --platform=$(call quote,WHEEL_PLATFORM) \
+		--dry-run=$(call quote,DRY_RUN)
 
 # ---- containers (docker/) ----
 # not `IMAGE ?=`: IMAGE given to submit-slurm / tpu-* must stay empty by default

@@ -22,7 +22,10 @@ slurm/doctor-probe.sh:
 - that PYTHON (or the default tasks' interpreter) runs `import job, jax`, with jax's CUDA plugin
   when GPUS_PER_NODE is set;
 - with IMAGE, that the container runtime slurm/train.sbatch would pick is there (pyxis: srun
-  --container-image on this node; apptainer or podman on the compute node).
+  --container-image on this node; apptainer or podman on the compute node);
+- with WHEELHOUSE (a folder of `make wheelhouse` on a shared file system, for nodes without a package
+  index), that PYTHON's pip there installs every pin from it with no index (`pip install --dry-run`):
+  its wheels fit the node's Python and platform. Here, the quick part checks that the folder is whole.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from pathlib import Path
 
 from deploy.checks import Check, Devices, failed, report, run_check, run_skipped
 from deploy.runner import Runner
-from deploy.slurm import array, partitions
+from deploy.slurm import array, partitions, wheels
 from deploy.slurm.options import ROOT, SlurmConfig, check, resource_options, switch, time_minutes
 from deploy.slurm.submit import LOCAL_CLUSTER_ENV, check_gpu_python, parse
 from job.core import values
@@ -61,6 +64,7 @@ class DoctorOptions:
     quick: bool = False  # --quick: no probe job (what make submit-slurm runs)
     probe_wait_s: int = PROBE_WAIT_S  # --probe-wait: seconds the probe may wait for a node
     check_run: bool = True  # --check-run 0: the run's line says it was not checked (make doctor without ARGS, SWEEP)
+    wheelhouse: str = ""  # WHEELHOUSE: a `make wheelhouse` folder the compute nodes install from ('' without)
 
 
 def run_dir_of(args: Sequence[str]) -> str:
@@ -142,15 +146,18 @@ def container_runtime(cfg: SlurmConfig, runner: Runner) -> str:
     return "pyxis" if pyxis else "apptainer"
 
 
-def probe_argv(cfg: SlurmConfig, run_dir: Path | None, token: str, runtime: str, wait_s: int) -> list[str]:
-    """srun of one task running slurm/doctor-probe.sh's text, with the job's partition, account, QOS, constraint.
-    No run dir (None: gs://): the probe checks none."""
+def probe_argv(cfg: SlurmConfig, run_dir: Path | None, token: str, runtime: str, wait_s: int,
+               wheelhouse: str = "") -> list[str]:
+    """srun of one task running slurm/doctor-probe.sh's text (and with `wheelhouse`, wheels.PROBE), with the
+    job's partition, account, QOS, constraint. No run dir (None: gs://): the probe checks none."""
     options = [f"--{name}={value}" for name, value in resource_options(cfg) if name in PROBE_OPTIONS]
     python = "" if cfg.image else cfg.task_python
+    script, more = (PROBE_SCRIPT.read_text() + wheels.PROBE, [str(Path(wheelhouse).absolute())]) if wheelhouse \
+        else (PROBE_SCRIPT.read_text(), [])
     return ["srun", f"--job-name={cfg.job_name}-doctor", "--nodes=1", "--ntasks=1",
             f"--time={min(PROBE_MINUTES, time_minutes(cfg.time))}", f"--immediate={wait_s}", "--quiet", *options,
-            "bash", "-c", PROBE_SCRIPT.read_text(), "doctor-probe", str(run_dir or ""), token, python, cfg.image or "",
-            "" if runtime == "pyxis" else runtime]
+            "bash", "-c", script, "doctor-probe", str(run_dir or ""), token, python, cfg.image or "",
+            "" if runtime == "pyxis" else runtime, *more]
 
 
 def findings(stdout: str) -> dict[str, str]:
@@ -178,8 +185,10 @@ def remove_made(made: Sequence[Path]) -> None:
             return
 
 
-def probe_checks(cfg: SlurmConfig, runner: Runner, environ: Mapping[str, str], wait_s: int) -> Iterator[Check]:
-    """One task through srun: the submit folder, run dir, interpreter and container runtime on a compute node."""
+def probe_checks(cfg: SlurmConfig, runner: Runner, environ: Mapping[str, str], wait_s: int,
+                 wheelhouse: str = "") -> Iterator[Check]:
+    """One task through srun: the submit folder, run dir, interpreter, container runtime and wheelhouse on a compute
+    node."""
     runtime = ""
     if cfg.image:
         try:
@@ -201,7 +210,7 @@ def probe_checks(cfg: SlurmConfig, runner: Runner, environ: Mapping[str, str], w
     token = secrets.token_hex(8)
     started = time.monotonic()
     try:
-        proc = runner.run(probe_argv(cfg, path, token, runtime, wait_s), capture=True, check=False,
+        proc = runner.run(probe_argv(cfg, path, token, runtime, wait_s, wheelhouse), capture=True, check=False,
                           timeout=wait_s + 60 * PROBE_MINUTES + 60)
         out, err, code = proc.stdout or "", proc.stderr or "", proc.returncode
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -222,6 +231,8 @@ def probe_checks(cfg: SlurmConfig, runner: Runner, environ: Mapping[str, str], w
     node = found["node"]
     yield Check("probe job", True, f"1 task on {node} in {elapsed:.1f} s (srun, start to end)")
     yield from _read_findings(cfg, found, node, path, seen, runtime, environ)
+    if wheelhouse and not cfg.image:
+        yield wheels.on_node(cfg, wheelhouse, found, node)
 
 
 def _take_token(token_file: Path, token: str) -> bool:
@@ -310,9 +321,11 @@ def checks(cfg: SlurmConfig, runner: Runner, environ: Mapping[str, str], options
     for found in quick_checks(cfg, runner, environ):
         reachable = reachable and (found.ok or found.name not in ("sbatch", "partition", "access"))
         yield found
+    if options.wheelhouse:
+        yield wheels.here(options.wheelhouse)
     yield run(cfg, environ, options)
     if not options.quick and reachable:
-        yield from probe_checks(cfg, runner, environ, options.probe_wait_s)
+        yield from probe_checks(cfg, runner, environ, options.probe_wait_s, options.wheelhouse)
 
 
 def parse_options(argv: Sequence[str]) -> tuple[DoctorOptions, list[str]]:
@@ -322,13 +335,14 @@ def parse_options(argv: Sequence[str]) -> tuple[DoctorOptions, list[str]]:
     parser.add_argument("--quick", nargs="?", const="1", default="")
     parser.add_argument("--probe-wait", default="")
     parser.add_argument("--check-run", default="1")
+    parser.add_argument("--wheelhouse", default="")
     ours, rest = parser.parse_known_args(list(argv[:cut]))
     quick = switch("QUICK", ours.quick.strip())
     with as_config_error("PROBE_WAIT", expected="whole seconds 1..86400", found=ours.probe_wait,
                          fix="PROBE_WAIT=60, or leave it unset"):
         wait = values.whole(ours.probe_wait.strip() or str(PROBE_WAIT_S), minimum=1, maximum=86400)
-    return DoctorOptions(quick=quick, probe_wait_s=wait, check_run=switch("--check-run", ours.check_run.strip())), \
-        [*rest, *argv[cut:]]
+    return DoctorOptions(quick=quick, probe_wait_s=wait, check_run=switch("--check-run", ours.check_run.strip()),
+                         wheelhouse=ours.wheelhouse.strip()), [*rest, *argv[cut:]]
 
 
 def main(argv: Sequence[str] | None = None, runner: Runner | None = None,
