@@ -193,6 +193,9 @@ TPU_FLAGS += --reserved=$(call quote,RESERVED) --internal-ip=$(call quote,INTERN
 	--network=$(call quote,NETWORK) --subnetwork=$(call quote,SUBNETWORK) \
 	--service-account=$(call quote,SERVICE_ACCOUNT) --tags=$(call quote,TAGS) --slices=$(call quote,SLICES) \
 	--create-deadline=$(call quote,CREATE_DEADLINE)
+# SHIP: more paths of the checkout to ship (each task's package ships by itself); WHEELHOUSE: install from it, no index
+SHIP ?=
+TPU_FLAGS += --also-ship=$(call quote,SHIP) --wheelhouse=$(call quote,WHEELHOUSE)
 TPU_CLI = $(BIN)/python -m deploy.tpu
 
 .PHONY: tpu-pod tpu-create tpu-run tpu-logs tpu-stop tpu-delete tpu-status tpu-doctor

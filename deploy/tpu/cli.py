@@ -5,8 +5,9 @@
 
 Commands (`make tpu-<command>` runs each):
 
-    pod     create or reuse the slice, wait until READY, ship the code (or pull --image), set up
-            every worker, free the TPU, run `python -m job ARGS` on all workers, stream worker 0,
+    pod     create or reuse the slice, wait until READY, ship the code (the template, every task's
+            package, --also-ship: deploy/tpu/ship.py) or pull --image, set up every worker (from
+            --wheelhouse without an index: deploy/tpu/wheels.py), free the TPU, run `python -m job ARGS` on all workers, stream worker 0,
             keep every worker's log, and exit with the job's status. A preempted slice (or a job
             that exits 75) is recreated and the job resumed, always; a job that fails (any other
             exit but 2) is rerun from its newest checkpoint up to --retries times (the policy is
@@ -24,7 +25,8 @@ Commands (`make tpu-<command>` runs each):
 Before `pod` and `create` create anything they ask gcloud the doctor's quick questions (account,
 project, accelerator type and runtime version in the zone): the first problem is one error, exit 2.
 Every gcloud call goes through `deploy.runner.Runner` as an argv list;
-`--dry-run 1` prints the ones that change something instead of running them.
+`--dry-run 1` prints the ones that change something instead of running them (without gcloud, an
+account or a project: every one, asking gcloud nothing; deploy/tpu/preview.py).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from collections.abc import Sequence
 from deploy import sweeps
 from deploy.attempts import Action, Ended, Outcome, decide
 from deploy.runner import Runner, shell_words
-from deploy.tpu import capacity, doctor
+from deploy.tpu import capacity, doctor, preview, ship, wheels
 from deploy.tpu import job as tpu_job
 from deploy.tpu.attempts import Failure, RetryBudget, find_failure
 from deploy.tpu.config import DEFAULT_SHIP, TpuConfig, run_dir_of, validate_job, with_bucket
@@ -74,6 +76,11 @@ def duration_seconds(text: str) -> float:
 def tag_list(text: str) -> tuple[str, ...]:
     """TAGS (--tags): a comma-separated list (empty: none)."""
     return tuple(word.strip() for word in text.split(",")) if text.strip() else ()
+
+
+def path_list(text: str) -> tuple[str, ...]:
+    """SHIP (--also-ship): paths separated by spaces or commas (empty: none)."""
+    return tuple(word for word in re.split(r"[\s,]+", text) if word)
 
 
 def pod(cfg: TpuConfig, runner: Runner) -> int:
@@ -161,16 +168,18 @@ def _record_attempt(cfg: TpuConfig, span: tuple[float, float], code: int, outcom
     })
 
 
-def sweep_pod(cfg: TpuConfig, runner: Runner) -> int:
+def sweep_pod(cfg: TpuConfig, runner: Runner, known: list[str] | None = None) -> int:
     """SWEEP: every run checked here first, then each run not yet completed as `pod` runs one job, in turn, on
-    the same slice, each in its own run dir (resumed from its checkpoints); the first failure stops the sweep."""
+    the same slice, each in its own run dir (resumed from its checkpoints), each shipping what cfg ships (every run's
+    task package); the first failure stops the sweep. `known`: as `dispatch` has it (None: gcloud not asked)."""
     assert cfg.sweep is not None
     try:
         todo = sweeps.runs_to_start(cfg.sweep, cfg.job_args, save=False)
     except ConfigError as exc:
         raise ConfigError(exc.what, expected=exc.expected, found=exc.found, fix=f"{exc.fix}; nothing was run"
                           ) from None
-    doctor.preflight(cfg, runner)
+    if known is not None:
+        doctor.preflight(cfg, runner, known)
     if not cfg.dry_run:
         save_plan(todo.sweep)
     log.info("sweep %s: %s", todo.sweep.folder, todo.summary())
@@ -258,19 +267,24 @@ CREATING = ("pod", "create")  # the commands that may create a slice: the doctor
 
 def dispatch(command: str, cfg: TpuConfig, runner: Runner, *, check_run: bool = True) -> int:
     """Check everything that needs no network (and, before creating anything, the doctor's quick part), then
-    run one command; its exit status. `doctor` makes all its checks itself (the run's with `check_run`)."""
+    run one command; its exit status. `doctor` makes all its checks itself (the run's with `check_run`). A dry run
+    that gcloud cannot answer (no gcloud, account or project) previews the commands without asking it anything."""
     if command == "doctor":
         return doctor.doctor(cfg, runner, check_run)
     if command in ("pod", "run"):
         validate_job(cfg)
+        cfg = ship.resolved(cfg)  # every task's package with the template, or one error naming the task
+        wheels.require(cfg)
     if cfg.sweep is not None and command != "pod":
         raise ConfigError("SWEEP", expected="make tpu-pod with it (a sweep's runs one after another on the slice)",
                           found=f"make tpu-{command} SWEEP={cfg.sweep}", fix="make tpu-pod SWEEP=..., or leave SWEEP unset")
-    doctor.require_gcloud(cfg, runner)
+    runner, known = preview.runner_for(cfg, runner)
+    if known == []:
+        doctor.require_gcloud(cfg, runner)
     if cfg.sweep is not None:
-        return sweep_pod(cfg, runner)  # checks every run first, then the quick part
-    if command in CREATING:
-        doctor.preflight(cfg, runner)
+        return sweep_pod(cfg, runner, known)  # checks every run first, then the quick part
+    if command in CREATING and known is not None:
+        doctor.preflight(cfg, runner, known)
     return HANDLERS[command](cfg, runner)
 
 
@@ -305,7 +319,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--remote-dir", default="jax-cluster-job", help="folder under each worker's home")
     p.add_argument("--local-dir", default="runs/tpu", help="local folder for logs (LOCAL_DIR/NAME)")
     p.add_argument("--source-dir", default=".", help="the checkout to ship (default: .)")
-    p.add_argument("--ship", nargs="+", default=list(DEFAULT_SHIP), help="paths to ship")
+    p.add_argument("--ship", nargs="+", default=list(DEFAULT_SHIP), help="the template's paths to ship")
+    p.add_argument("--also-ship", type=path_list, default=(),
+                   help="SHIP: more paths under --source-dir to ship (space- or comma-separated); each task's "
+                        "package is shipped without it")
+    p.add_argument("--wheelhouse", default="",
+                   help="WHEELHOUSE: a folder of `make wheelhouse`; the workers install from it, without an index")
     p.add_argument("--setup", default=None, help="shell lines run on every worker before the job")
     p.add_argument("--poll-seconds", type=_positive_seconds, default=10.0, help="between state queries")
     p.add_argument("--ready-timeout", type=_positive_seconds, default=3600.0, help="seconds to wait for READY")
@@ -351,6 +370,7 @@ def parse_command_line(argv: Sequence[str]) -> tuple[str, TpuConfig, bool]:
         job_args=with_bucket(args.args if args.args is not None else tail, args.bucket or None),
         retries=args.retries, dry_run=args.dry_run, sweep=args.sweep.strip() or None,
         remote_dir=args.remote_dir, local_dir=args.local_dir, source_dir=args.source_dir, ship=tuple(args.ship),
+        also_ship=args.also_ship, wheelhouse=args.wheelhouse or None,
         setup=args.setup, poll_s=args.poll_seconds, ready_timeout_s=args.ready_timeout,
         stop_grace_s=args.stop_grace, reserved=args.reserved, internal_ip=args.internal_ip,
         network=args.network or None, subnetwork=args.subnetwork or None,

@@ -22,7 +22,8 @@ from job.errors import ConfigError, require
 
 log = logging.getLogger("deploy.tpu")
 
-# What is copied to every worker (paths under source_dir). Put your own packages here.
+# The template's paths copied to every worker (under source_dir); SHIP adds more, and each task's package is added
+# by itself (deploy/tpu/ship.py).
 DEFAULT_SHIP = ("job", "deploy", "pyproject.toml", "requirements.lock", "README.md")
 
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")  # GCE resource names
@@ -61,6 +62,8 @@ class TpuConfig:
     local_dir: str = "runs/tpu"  # worker logs and the code archive land in LOCAL_DIR/NAME
     source_dir: str = "."  # the checkout whose `ship` paths are copied to the workers
     ship: tuple[str, ...] = DEFAULT_SHIP  # paths under source_dir copied to every worker
+    also_ship: tuple[str, ...] = ()  # SHIP (--also-ship): more paths under source_dir (a data folder, a config)
+    wheelhouse: str | None = None  # WHEELHOUSE: `make wheelhouse`'s folder; the workers install from it, no index
     setup: str | None = None  # shell lines run on every worker before the job; None = install deps
     poll_s: float = 10.0  # seconds between state queries while waiting for the slice
     ready_timeout_s: float = 3600.0  # how long to wait for READY (queued capacity can take long)
@@ -142,12 +145,13 @@ def validate_job(cfg: TpuConfig) -> None:
     """The extra checks of the commands that run the job (pod, run)."""
     if cfg.image is None:
         # Each path is also removed on the workers before unpacking (`rm -rf -- PATH` in REMOTE_DIR).
-        outside = [p for p in cfg.ship if not Path(p).parts or Path(p).is_absolute() or ".." in Path(p).parts]
-        require(not outside, "--ship", f"paths inside {cfg.source_dir} (relative, without '..')", outside,
-                "list the checkout's own files and folders, such as job deploy pyproject.toml")
-        missing = [p for p in cfg.ship if not (Path(cfg.source_dir) / p).exists()]
-        require(bool(cfg.ship) and not missing, "--ship", f"paths that exist under {cfg.source_dir}",
-                missing or "nothing", "run from the checkout's root, or pass existing paths to --ship")
+        for what, paths in (("--ship", cfg.ship), ("SHIP (--also-ship)", cfg.also_ship)):
+            outside = [p for p in paths if not Path(p).parts or Path(p).is_absolute() or ".." in Path(p).parts]
+            require(not outside, what, f"paths inside {cfg.source_dir} (relative, without '..')", outside,
+                    "list the checkout's own files and folders, such as job deploy pyproject.toml")
+            missing = [p for p in paths if not (Path(cfg.source_dir) / p).exists()]
+            require((bool(paths) or what != "--ship") and not missing, what, f"paths that exist under {cfg.source_dir}",
+                    missing or "nothing", f"run from the checkout's root, or pass existing paths to {what}")
     flags.require_command(cfg.job_args)
     trains = not cfg.job_args or cfg.job_args[0] == "train"
     if trains:  # `python -m job demo`, `tokenize`, ...: no run dir

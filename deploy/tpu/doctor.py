@@ -7,6 +7,7 @@ takes the flags of `tpu-pod`, prints one line per check (deploy.checks) and exit
 
     ok    request: v4-32: 4 workers; run dir gs://my-bucket/run1
     ok    run: task lm: global batch 32 splits over 16 devices (v4-32: 16 chips)
+    ok    code: ships job, deploy, pyproject.toml, requirements.lock, README.md to every worker
     ok    gcloud: /usr/bin/gcloud
     ok    account: me@example.com
     ok    project: my-project (gcloud's configured project)
@@ -37,7 +38,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from deploy.checks import Check, Devices, failed, report, run_check, run_skipped
 from deploy.runner import Runner
-from deploy.tpu import gcloud
+from deploy.tpu import gcloud, ship, wheels
 from deploy.tpu.config import TpuConfig, run_dir_of, validate_job
 from deploy.tpu.slice import Slice, TpuError
 from job.core import storage
@@ -171,9 +172,10 @@ QUICK = (Probe("gcloud", require_gcloud), Probe("account", active_account), Prob
          Probe("accelerator type", accelerator_type), Probe("runtime version", runtime_version))
 
 
-def preflight(cfg: TpuConfig, runner: Runner) -> None:
-    """The quick part, before anything is created: the first problem is raised (ConfigError, exit 2)."""
-    found = [probe.ask(cfg, runner) for probe in QUICK]
+def preflight(cfg: TpuConfig, runner: Runner, known: Sequence[str] = ()) -> None:
+    """The quick part, before anything is created: the first problem is raised (ConfigError, exit 2). `known`: the
+    answers of its first probes, asked already (a dry run asks gcloud, account and project first: deploy/tpu/preview.py)."""
+    found = [*known, *(probe.ask(cfg, runner) for probe in QUICK[len(known):])]
     log.info("checked before creating anything: %s", "; ".join(
         f"{probe.name} {text}" for probe, text in zip(QUICK[1:], found[1:], strict=True)))  # not gcloud's path
 
@@ -241,6 +243,9 @@ def checks(cfg: TpuConfig, runner: Runner, check_run: bool = True) -> Iterator[C
     slice only with an account and a project."""
     yield Probe("request", request).check(cfg, runner)
     yield run(cfg, check_run)
+    yield Probe("code", ship.describe).check(cfg, runner)  # what reaches the workers: every task's package too
+    if cfg.wheelhouse is not None:
+        yield Probe("wheelhouse", lambda c, _: wheels.describe(c)).check(cfg, runner)
     tool = QUICK[0].check(cfg, runner)
     yield tool
     if tool.ok:

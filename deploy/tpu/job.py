@@ -14,7 +14,6 @@ worker-{S*W+I}.log (its JAX process index).
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import json
 import logging
 import shlex
@@ -24,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from deploy.runner import Runner
-from deploy.tpu import gcloud, remote
+from deploy.tpu import gcloud, remote, ship, wheels
 from deploy.tpu.config import TpuConfig, run_dir_of
 from deploy.tpu.slice import Slice, TpuError
 
@@ -40,19 +39,13 @@ PROBE_TRIES = 5  # asking worker 0 whether a job runs: ssh failures before it is
 REATTACH_LINES = 20  # a re-attached follow starts this many lines back
 BUCKET_ROLE = "roles/storage.objectAdmin"  # what the job needs on a gs:// run dir's bucket
 MEGASCALE_PORT = "8080"  # multislice: the port of the coordinator on worker 0 of slice 0, as the runtime uses
-_SKIP_DIRS = frozenset({"__pycache__", ".git", ".venv", ".pytest_cache"})
-# Never shipped, not even from inside a shipped folder: names that usually hold a secret (as .dockerignore).
-SECRET_NAMES = (".env", ".env.*", ".envrc", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.kdbx", "id_rsa*",
-                "id_dsa*", "id_ecdsa*", "id_ed25519*", ".ssh", ".gnupg", ".aws", ".azure", ".docker", ".kube",
-                ".netrc", ".git-credentials", ".pypirc", ".npmrc", "*credentials*.json", "*service-account*.json")
 
 
 def _keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     parts = Path(info.name).parts
-    if any(p in _SKIP_DIRS or p.endswith(".egg-info") for p in parts) or info.name.endswith(".pyc"):
-        return None
-    if any(fnmatch.fnmatchcase(part, pattern) for part in parts for pattern in SECRET_NAMES):
-        log.warning("not shipping %s: its name says it may hold a secret (keys, tokens, credentials)", info.name)
+    if ship.skipped(parts) is not None:
+        if ship.secret_like(parts):
+            log.warning("not shipping %s: its name says it may hold a secret (keys, tokens, credentials)", info.name)
         return None
     info.uid = info.gid = 0
     info.uname = info.gname = ""
@@ -77,7 +70,7 @@ def multislice_env(cfg: TpuConfig, runner: Runner) -> list[dict[str, str]]:
         if not cfg.dry_run:
             raise TpuError(f"could not read worker 0's address of {names[0]} (`{shlex.join(argv[:6])} ...` "
                            f"exit code {proc.returncode}: {(proc.stderr or '').strip()})") from e
-        address = "WORKER-0-OF-SLICE-0"
+        address = f"<address of worker 0 of {names[0]}>"  # what gcloud would say: a dry run's placeholder
     return [{"MEGASCALE_COORDINATOR_ADDRESS": f"{address}:{MEGASCALE_PORT}", "MEGASCALE_NUM_SLICES": str(len(names)),
              "MEGASCALE_SLICE_ID": str(slice_id), "MEGASCALE_PORT": MEGASCALE_PORT} for slice_id in range(len(names))]
 
@@ -103,9 +96,13 @@ def prepare_workers(cfg: TpuConfig, runner: Runner) -> None:
         archive = build_archive(cfg)
         log.info("shipping %s (%s) to %d workers", ", ".join(cfg.ship), archive,
                  cfg.workers * len(cfg.slice_names))
+        wheelhouse = wheels.build_archive(cfg) if cfg.wheelhouse is not None else None
         for name in cfg.slice_names:
             runner.run(gcloud.upload(cfg, str(archive), f"{cfg.remote_dir}.tar.gz", name))
-        log.info("setting up the environment on every worker")
+            if wheelhouse is not None:
+                wheels.upload(cfg, runner, name, wheelhouse)
+        log.info("setting up the environment on every worker%s",
+                 f" from the wheelhouse {cfg.wheelhouse} (no package index)" if wheelhouse is not None else "")
     for name in cfg.slice_names:
         proc = runner.run(gcloud.ssh_all(cfg, remote.setup_script(cfg), name), check=False)
         if proc.returncode != 0:

@@ -26,6 +26,8 @@ import re
 import shlex
 from collections.abc import Mapping
 
+from deploy import wheelhouse
+from deploy.tpu import ship, wheels
 from deploy.tpu.config import TpuConfig, run_dir_of
 
 LOG = "logs/job.log"
@@ -48,13 +50,15 @@ _GOOGLE_REGISTRY = re.compile(r"^(?:[a-z0-9-]+-docker\.pkg\.dev|(?:[a-z]+\.)?gcr
 # Install the locked dependencies unless the VM's python3 already has them (3.11 or newer + jax + ...; found,
 # not imported, which would cost seconds per worker): a venv made by uv (which brings its own Python 3.12,
 # whose lock gets JAX 0.12; TPU VM images ship 3.10), with libtpu.
-DEFAULT_SETUP = """\
+_HAS_DEPS = """\
 if python3 -c 'import sys, importlib.util as u; sys.exit(sys.version_info[:2] < (3, 11) or not all(
     u.find_spec(m) for m in ("jax", "flax", "optax", "orbax.checkpoint", "tyro", "portpicker")))' >/dev/null 2>&1
 then
   :  # python3 already has the job's dependencies
-else
-  [ -x .venv/bin/python ] || { python3 -m pip install --quiet --user uv && python3 -m uv venv --python 3.12 .venv; }
+else"""
+DEFAULT_SETUP = f"""\
+{_HAS_DEPS}
+  [ -x .venv/bin/python ] || {{ python3 -m pip install --quiet --user uv && python3 -m uv venv --python 3.12 .venv; }}
   python3 -m uv pip install --quiet --python .venv/bin/python -r requirements.lock -e '.[tpu]'
 fi"""
 
@@ -62,6 +66,31 @@ _WORKER_ID = (  # TPU_WORKER_ID where the runtime sets it (GKE, the simulator), 
     'worker="${TPU_WORKER_ID:-$(curl -sf -H "Metadata-Flavor: Google" '
     'http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number || echo 0)}"'
 )
+# WHEELHOUSE (deploy/tpu/wheels.py): the same from its folder, unpacked in .wheelhouse, with no index; the venv is
+# made by the VM's python3 without pip (no python3-venv needed), then gets pip from the folder.
+_WH = wheels.REMOTE
+_OTHER_PYTHON = ("worker $worker: expected python3 to be Python $want (the wheelhouse's), found Python $have. Fix: "
+                 "make wheelhouse FLAVOR=tpu WHEEL_PYTHON=$have (3.11 or newer), or a RUNTIME whose python3 is $want")
+_VERSION = """-c 'import sys; print("%d.%d" % sys.version_info[:2])'"""
+WHEELHOUSE_SETUP = f"""\
+{_HAS_DEPS}
+  want=$(python3 -c 'import json; print(json.load(open("{_WH}/{wheelhouse.MANIFEST}"))["python"])')
+  have=$(python3 {_VERSION})
+  if [ "$have" != "$want" ]; then
+    {_WORKER_ID}
+    echo "{_OTHER_PYTHON}" >&2
+    exit 1
+  fi
+  # a venv of another Python (an earlier set-up's, made by uv) cannot take these wheels: made again
+  if [ -x .venv/bin/python ] && [ "$(.venv/bin/python {_VERSION})" != "$want" ]; then rm -rf .venv; fi
+  [ -x .venv/bin/python ] || python3 -m venv --without-pip .venv
+  if ! .venv/bin/python -c 'import pip' >/dev/null 2>&1; then
+    pip_wheel=$(ls {_WH}/pip-*.whl)
+    .venv/bin/python "$pip_wheel/pip" install --isolated --quiet --no-index "$pip_wheel"
+  fi
+  .venv/bin/python -m pip install --isolated --quiet --no-index --find-links {_WH} -r {_WH}/{wheelhouse.PINS}
+fi"""
+
 _SUDO = "sudo=; if command -v sudo >/dev/null 2>&1; then sudo='sudo -n'; fi"
 _IS_JOB = "{ tr '\\0' ' ' </proc/\"$1\"/cmdline; } 2>/dev/null | grep -q -- ' -m job'"
 _RUNNING = f'[ -f {PID} ] && is_job "$(cat {PID})"'
@@ -93,19 +122,37 @@ def registry_host(image: str) -> str | None:
 
 
 def setup_script(cfg: TpuConfig) -> str:
-    """Unpack the shipped code (or log in to the registry and pull the image) and prepare the environment;
-    stops at the first error."""
+    """Unpack the shipped code (or log in to the registry, pull the image and look for the tasks' packages in it)
+    and prepare the environment (from WHEELHOUSE without an index when given); stops at the first error."""
     lines = ["set -e", *_enter(cfg)]
     if cfg.image:
         host = registry_host(cfg.image)
         if host:  # docker runs as root: root's docker config gets the credential helper
             lines.append(f"$sudo gcloud auth configure-docker {shlex.quote(host)} --quiet")
-        lines += [f"mkdir -p {WORKSPACE}", f"$sudo docker pull {shlex.quote(cfg.image)}"]
-    else:
-        stale = " ".join(shlex.quote(p) for p in cfg.ship)
-        lines += [f"rm -rf -- {stale}", f"tar -xzf ../{shlex.quote(cfg.remote_dir)}.tar.gz"]
-        lines.append(cfg.setup if cfg.setup is not None else DEFAULT_SETUP)
+        lines += [f"mkdir -p {WORKSPACE}", f"$sudo docker pull {shlex.quote(cfg.image)}", *_image_holds_tasks(cfg)]
+        return "\n".join(lines)
+    stale = " ".join(shlex.quote(p) for p in cfg.ship)
+    lines += [f"rm -rf -- {stale}", f"tar -xzf ../{shlex.quote(cfg.remote_dir)}.tar.gz"]
+    if cfg.wheelhouse is not None:
+        lines.append(f"rm -rf {_WH} && mkdir {_WH} && tar -xf ../{shlex.quote(wheels.remote_archive(cfg))} -C {_WH}")
+    default = WHEELHOUSE_SETUP if cfg.wheelhouse is not None else DEFAULT_SETUP
+    lines.append(cfg.setup if cfg.setup is not None else default)
     return "\n".join(lines)
+
+
+def _image_holds_tasks(cfg: TpuConfig) -> list[str]:
+    """With IMAGE and tasks outside job/: stop the set-up when the image lacks their packages (nothing is shipped)."""
+    modules = ship.image_modules(cfg)
+    if not modules:
+        return []
+    find = " ".join(shlex.quote(w) for w in ("--entrypoint", "python", cfg.image or "", "-c", ship.FIND_IN_IMAGE,
+                                              *modules))
+    # IMAGE is one plain word (config.py) and the words around it hold no `"`, `$` or backquote: double quotes do
+    message = (f"worker $worker: expected the image {cfg.image} to hold the tasks' packages {' '.join(modules)} "
+               "(nothing is shipped with IMAGE), found it without ${missing:-them (docker run exit $code)}. Fix: "
+               f"{ship.IMAGE_FIX}")
+    return [_WORKER_ID, f"missing=$($sudo docker run --rm --network=none {find}) || {{",
+            "  code=$?", f'  echo "{message}" >&2', "  exit 1", "}"]
 
 
 def _docker_run(cfg: TpuConfig, name: str | None, env: Mapping[str, str]) -> str:

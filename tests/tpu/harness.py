@@ -17,7 +17,8 @@ ZONE = "us-central2-b"
 # Make variables of the TPU targets: never inherited from the caller's environment.
 MAKE_VARS = ("TPU_NAME", "ZONE", "ACCELERATOR", "RUNTIME", "PROJECT", "SPOT", "QUEUED", "IMAGE", "ARGS",
              "RETRIES", "DRY_RUN", "TPU_LOCAL_DIR", "BUCKET", "RESERVED", "INTERNAL_IP", "NETWORK", "SUBNETWORK",
-             "SERVICE_ACCOUNT", "TAGS", "SLICES", "CREATE_DEADLINE", "SWEEP")
+             "SERVICE_ACCOUNT", "TAGS", "SLICES", "CREATE_DEADLINE", "SWEEP", "SHIP", "WHEELHOUSE", "WHEEL_PYTHON",
+             "WHEEL_PLATFORM", "WHEEL_LOCK")
 # A tiny model and short runs: what matters here is the path through gcloud, not the training.
 SMALL = "--model.layers 1 --model.dim 32 --model.mlp-dim 64 --data.eval-batches 1"
 

@@ -19,7 +19,7 @@ from tests.tpu.harness import ZONE, Cloud
 
 RUN_DIR = "train --run-dir /mnt/bucket/run1"
 SLICE = ("--name=pod-x", f"--zone={ZONE}", "--accelerator=v4-16", f"--args={RUN_DIR}")
-CHECKS = ("request", "run", "gcloud", "account", "project", "accelerator type", "runtime version", "slice")
+CHECKS = ("request", "run", "code", "gcloud", "account", "project", "accelerator type", "runtime version", "slice")
 
 
 def changes(cloud: Cloud) -> list[list[str]]:
@@ -154,7 +154,7 @@ def test_without_gcloud_only_the_request_is_checked(cloud: Cloud) -> None:
     proc = cloud.make("tpu-doctor", TPU_NAME="pod-x", ZONE=ZONE, ARGS=RUN_DIR, env=cloud.env(with_gcloud=False))
     assert proc.returncode != 0
     found = check_lines(proc.stdout)
-    assert list(found) == ["request", "run", "gcloud"] and found["request"].startswith("ok "), proc.stdout
+    assert list(found) == ["request", "run", "code", "gcloud"] and found["request"].startswith("ok "), proc.stdout
     assert found["gcloud"].startswith("FAIL  gcloud: gcloud: expected the Google Cloud CLI on PATH")
     assert "https://cloud.google.com/sdk/docs/install" in found["gcloud"]
 
