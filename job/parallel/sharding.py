@@ -498,6 +498,18 @@ def mesh_context(mesh: Mesh | None, rules: Mapping[str, MeshAxes] | None = None)
             _RULES.reset(token)
 
 
+def activation_spec(names: Sequence[str | None], shape: tuple[int, ...]) -> PartitionSpec | None:
+    """How `constrain` would lay out an activation of `shape` with logical `names` under the run's rule
+    table: its PartitionSpec over the mesh in context, or None outside a mesh_context with rules, or for
+    a shape the mesh does not divide. A kernel that XLA cannot split (a Pallas call) runs under
+    `jax.shard_map` with these specs, on each device's own block."""
+    table = _RULES.get()
+    mesh = jax.sharding.get_abstract_mesh()
+    if table is None or mesh.empty:
+        return None
+    return _spec_for(tuple(names), tuple(shape), table, mesh)[0]
+
+
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     """`x` (an activation inside a model) laid out by the logical axis `names`, one per dimension, under the
     run's rule table: `jax.lax.with_sharding_constraint` by logical name, as flax's
@@ -506,18 +518,14 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     (a model called on its own), and for a shape the mesh does not divide (a last partial batch), `x`
     as it is. The rules are read while a function is traced and are not part of jit's cache key: jit the
     function again (as the loop does for each run) to trace it under other rules."""
-    table = _RULES.get()
-    mesh = jax.sharding.get_abstract_mesh()
-    if table is None or mesh.empty:
-        return x
-    spec, _ = _spec_for(tuple(names), tuple(x.shape), table, mesh)
+    spec = activation_spec(names, tuple(x.shape))
     return x if spec is None else jax.lax.with_sharding_constraint(x, spec)
 
 
 __all__ = [
     "DATA_AXIS", "EXPERT_AXIS", "KNOWN_AXES", "LAYERS_AXIS", "LOGICAL_AXES", "MODEL_AXIS", "RULES", "SEQUENCE_AXIS",
     "TRAIN_RULES", "AxisRules", "MeshAxes", "axes", "batch_axes", "batch_size_divisor", "check_batch_divisible",
-    "check_global_batch", "constrain", "fallback_warning", "make_mesh", "mesh_context", "mesh_shape", "pad_for_mesh",
+    "activation_spec", "check_global_batch", "constrain", "fallback_warning", "make_mesh", "mesh_context", "mesh_shape", "pad_for_mesh",
     "parse_mesh",
     "partitioned", "placement", "replicate", "resolve_mesh", "rule_table", "shard_batch", "shard_model",
     "shard_sample_init", "sharding_of",

@@ -19,8 +19,8 @@ from tests.records import summary, train_losses
 pytestmark = pytest.mark.multiprocess
 
 STEPS = 6
-# --model.seq-len 33: the LM predicts 32 tokens of each row, a length the sequence axis divides
-FLAGS = ("--steps", str(STEPS), "--log-every", "1", "--eval-every", str(STEPS), "--model.seq-len", "33", *SMALL)
+# --model.seq-len 32: the LM sees 32 positions of each row (of 33 tokens), a length the sequence axis divides
+FLAGS = ("--steps", str(STEPS), "--log-every", "1", "--eval-every", str(STEPS), "--model.seq-len", "32", *SMALL)
 SPLIT = {  # name -> the flags of a run split along the sequence
     "data2_sequence2": ("--mesh", "data=2,sequence=2"),
     "fsdp": ("--mesh", "data=2,sequence=2", "--rule", "fsdp"),

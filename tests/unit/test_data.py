@@ -22,7 +22,7 @@ def global_batch(source, *, split="train", step=0, process_count=1, batch=8) -> 
     n = batch // process_count
     parts = [source.rows(split, step, p * n, (p + 1) * n) for p in range(process_count)]
     for part in parts:
-        assert part["tokens"].shape == (batch // process_count, source.seq_len)
+        assert part["tokens"].shape == (batch // process_count, source.seq_len + 1)  # seq_len positions train
     return {k: np.concatenate([part[k] for part in parts]) for k in ("tokens", "mask")}
 
 
@@ -67,9 +67,9 @@ def test_reverse_rows_structure(vocab: int, seq_len: int) -> None:
     task = data.ReverseTask(vocab, seq_len, seed=1)
     batch = global_batch(task, batch=32, step=2)
     tokens, mask = batch["tokens"], batch["mask"]
-    k = (seq_len - 2) // 2
+    k = (seq_len - 1) // 2  # a row of seq_len + 1 tokens: BOS, k symbols, SEP, their reverse
     assert tokens.dtype == np.int32 and mask.dtype == np.float32
-    assert tokens.shape == mask.shape == (32, seq_len)
+    assert tokens.shape == mask.shape == (32, seq_len + 1)
     assert task.vocab_size == vocab
     np.testing.assert_array_equal(tokens[:, 0], data.BOS)
     np.testing.assert_array_equal(tokens[:, 1 + k], data.SEP)
@@ -77,8 +77,8 @@ def test_reverse_rows_structure(vocab: int, seq_len: int) -> None:
     np.testing.assert_array_equal(reversed_part, first[:, ::-1])
     assert first.min() >= 3 and first.max() <= vocab - 1
     np.testing.assert_array_equal(tokens[:, 2 + 2 * k:], data.PAD)
-    assert tokens.shape[1] - (2 + 2 * k) == seq_len % 2  # one PAD exactly when seq_len is odd
-    expected_mask = np.zeros(seq_len, np.float32)
+    assert tokens.shape[1] - (2 + 2 * k) == (seq_len + 1) % 2  # one PAD exactly when seq_len is even
+    expected_mask = np.zeros(seq_len + 1, np.float32)
     expected_mask[2 + k:2 + 2 * k] = 1
     np.testing.assert_array_equal(mask, np.broadcast_to(expected_mask, mask.shape))
     if vocab == 4:
@@ -86,6 +86,22 @@ def test_reverse_rows_structure(vocab: int, seq_len: int) -> None:
     else:  # symbols are spread over the range and rows differ
         assert first.min() == 3 and first.max() == vocab - 1
         assert len({row.tobytes() for row in tokens}) > 24
+
+
+def test_the_reverse_task_scales_its_length_and_alphabet_to_a_large_vocabulary() -> None:
+    task = data.ReverseTask(50304, 1024, seed=0, reverse_len=64, symbols=256)
+    tokens, mask = task.rows("train", 0, 0, 8)["tokens"], task.rows("train", 0, 0, 8)["mask"]
+    assert tokens.shape == (8, 1025) and mask.sum(1).tolist() == [64.0] * 8
+    np.testing.assert_array_equal(tokens[:, 66:130], tokens[:, 1:65][:, ::-1])
+    assert tokens[:, 1:65].min() >= 3 and tokens[:, 1:65].max() <= 258
+    np.testing.assert_array_equal(tokens[:, 130:], data.PAD)
+
+
+@pytest.mark.parametrize(("kwargs", "says"), [({"reverse_len": 16}, "--data.reverse-len: expected 0..15"),
+                                              ({"symbols": 30}, "--data.symbols: expected 0..29")])
+def test_a_reverse_task_that_cannot_fit_names_the_limit(kwargs: dict, says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        data.ReverseTask(32, 32, seed=0, **kwargs)
 
 
 @pytest.mark.parametrize(("vocab", "seq_len", "bad"), [(3, 8, 3), (16, 3, 3), (0, 8, 0)])
@@ -158,8 +174,8 @@ def test_token_file_windows_lie_in_their_split(tmp_path: Path, suffix: str, dtyp
             np.testing.assert_array_equal(batch["mask"], 1.0)
             for window in batch["tokens"]:
                 offset = int(window[0]) - base
-                np.testing.assert_array_equal(window, content[offset:offset + 16].astype(np.int32))
-                assert lo <= offset and offset + 16 <= hi, (split, offset)
+                np.testing.assert_array_equal(window, content[offset:offset + 17].astype(np.int32))
+                assert lo <= offset and offset + 17 <= hi, (split, offset)
                 offsets.append(offset)
         assert len(set(offsets)) > 32  # offsets are drawn, not fixed
         assert max(offsets) - min(offsets) > (hi - lo) // 2  # and spread over the split

@@ -322,7 +322,7 @@ def test_a_length_the_sequence_axis_does_not_divide_is_one_error_naming_the_seq_
     with sh.mesh_context(mesh22, sh.rule_table("replicated")), pytest.raises(ConfigError) as e:
         nnx.jit(lambda m, x, mask: loss_fn(m, x, mask))(m, tokens((4, 32)), jnp.ones((4, 32)))  # 31 predicted
     assert str(e.value).startswith("sequence length: expected a multiple of the mesh's 'sequence' axis of size 2")
-    assert "found 31. Fix: pass --model.seq-len 33" in str(e.value)
+    assert "found 31. Fix: pass --model.seq-len 32" in str(e.value)
 
 
 def test_a_gradient_split_four_ways_along_the_sequence_keeps_under_0_4_of_one_devices_temporaries() -> None:

@@ -20,8 +20,17 @@ TEXT = np.random.default_rng(0).integers(0, 256, 3800, dtype=np.uint8).tobytes()
 @pytest.fixture
 def record_file(tmp_path: Path) -> Path:
     (tmp_path / "text.txt").write_bytes(TEXT)
-    data.tokenize_text(tmp_path / "text.txt", tmp_path / "tok.arrayrecord", record_tokens=256)
+    data.tokenize_text(tmp_path / "text.txt", tmp_path / "tok.arrayrecord", record_tokens=RECORD)
     return tmp_path / "tok.arrayrecord"
+
+
+RECORD = 257  # tokens a record: 8 rows of 33 (32 positions and the last target), neighbours sharing one
+
+
+def window(record: int, i: int) -> np.ndarray:
+    """Row i of a record, as the text holds it: 33 tokens from 32 * i."""
+    start = record * RECORD + 32 * i
+    return np.frombuffer(TEXT[start:start + 33], np.uint8).astype(np.int32)
 
 
 def record_source(path: Path, **kw: object) -> data.RecordFile:
@@ -30,13 +39,14 @@ def record_source(path: Path, **kw: object) -> data.RecordFile:
 
 def test_tokenize_writes_whole_records_and_their_description(record_file: Path) -> None:
     described = json.loads(data.sidecar(record_file).read_text())
-    assert described == {"tokens": 14 * 256, "record_tokens": 256, "records": 14, "left_out_tokens": 3800 - 14 * 256,
+    assert described == {"tokens": 14 * RECORD, "record_tokens": RECORD, "records": 14,
+                         "left_out_tokens": 3800 - 14 * RECORD,
                          "vocab_size": 256, "dtype": "uint16", "tokenizer": "bytes"}
     import grain
 
     read = grain.sources.ArrayRecordDataSource([str(record_file)])
     assert len(read) == 14
-    assert np.array_equal(np.frombuffer(read[3], np.uint16), np.frombuffer(TEXT[3 * 256:4 * 256], np.uint8))
+    assert np.array_equal(np.frombuffer(read[3], np.uint16), np.frombuffer(TEXT[3 * RECORD:4 * RECORD], np.uint8))
 
 
 def test_train_rows_are_a_pure_function_of_step_and_row_range(record_file: Path) -> None:
@@ -44,15 +54,15 @@ def test_train_rows_are_a_pure_function_of_step_and_row_range(record_file: Path)
     whole = one.rows("train", 5, 0, 16)["tokens"]
     parts = np.concatenate([other.rows("train", 5, a, b)["tokens"] for a, b in ((0, 4), (4, 11), (11, 16))])
     assert np.array_equal(whole, parts)  # any split of the batch over processes sees the same rows
-    assert whole.shape == (16, 32) and whole.dtype == np.int32
-    assert np.array_equal(one.rows("train", 5, 0, 16)["mask"], np.ones((16, 32), np.float32))
+    assert whole.shape == (16, 33) and whole.dtype == np.int32  # seq_len + 1 tokens: 32 positions train
+    assert np.array_equal(one.rows("train", 5, 0, 16)["mask"], np.ones((16, 33), np.float32))
 
 
 def test_each_epoch_covers_every_train_window_once_in_its_own_order(record_file: Path) -> None:
     s = record_source(record_file)
-    windows = s.train_windows  # 13 train records x 8 windows of 32 tokens
+    windows = s.train_windows  # 13 train records x 8 windows of 33 tokens
     assert windows == 13 * 8
-    text = np.frombuffer(TEXT[:14 * 256], np.uint8).reshape(-1, 32).astype(np.int32)  # window w of the file
+    text = np.stack([window(w // 8, w % 8) for w in range(14 * 8)])  # window w of the file
     stream = np.concatenate([s.rows("train", step, 0, 16)["tokens"] for step in range(2 * windows // 16)])
     first, second = stream[:windows], stream[windows:2 * windows]
 
@@ -75,7 +85,7 @@ def test_the_train_stream_is_grains_shuffled_and_repeated_dataset(record_file: P
 def test_the_eval_split_is_finite_and_read_in_order(record_file: Path) -> None:
     s = record_source(record_file)
     assert s.split_size("eval") == 8 and s.split_size("train") is None  # the last record: 8 windows
-    tail = np.frombuffer(TEXT[13 * 256:14 * 256], np.uint8).reshape(8, 32)
+    tail = np.stack([window(13, i) for i in range(8)])
     assert np.array_equal(np.concatenate([s.rows("eval", 0, 0, 3)["tokens"], s.rows("eval", 0, 3, 8)["tokens"]]),
                           tail)
     with pytest.raises(ConfigError, match="eval rows: expected within its 8 windows"):
@@ -90,7 +100,8 @@ def test_the_lm_reads_an_arrayrecord_source_and_checks_its_vocabulary(record_fil
 
 
 @pytest.mark.parametrize(("change", "needle"), [
-    ({"seq_len": 300}, "--model.seq-len for records file .*: expected at most its 256 tokens a record, found 300"),
+    ({"seq_len": 300}, "--model.seq-len for records file .*: expected at most its 257 tokens a record less one, "
+                       "found 300. Fix: pass --model.seq-len 256 or less, or tokenize again with --record-tokens 301"),
     ({"eval_fraction": 0.01}, "expected at least one record in each split"),
     ({"seed": -1}, "--data.seed: expected an integer 0..2\\*\\*32-1"),
 ])

@@ -50,6 +50,11 @@ class DataConfig:
     eval_batches: int = 2  # held-out batches per evaluation (0: no evaluation)
     eval_fraction: float = 0.1  # share of a token file held out for evaluation (its tail)
     seed: int = 0  # data seed
+    # the reverse task: symbols reversed a row (0: as many as fit, (seq_len - 1) // 2), drawn from how many
+    # distinct symbols (0: the whole vocabulary but PAD, BOS and SEP); a large model learns it in minutes at
+    # 64 of 256 (--preset gpt2-small), not at 511 of 50,301
+    reverse_len: int = 0
+    symbols: int = 0
 
     def __post_init__(self) -> None:
         require(self.global_batch >= 1, "--data.global-batch", "an integer >= 1", self.global_batch,
@@ -59,15 +64,19 @@ class DataConfig:
         require(0.0 < self.eval_fraction < 1.0, "--data.eval-fraction", "a fraction strictly between 0 and 1",
                  self.eval_fraction, "pass e.g. --data.eval-fraction 0.1")
         require(self.seed >= 0, "--data.seed", "an integer >= 0", self.seed, "pass --data.seed 0 or any N >= 0")
+        require(self.reverse_len >= 0 and self.symbols >= 0, "--data.reverse-len / --data.symbols",
+                "integers >= 0 (0: as many as fit)", (self.reverse_len, self.symbols),
+                "pass --data.reverse-len 0 --data.symbols 0")
         require(self.dtype in TOKEN_DTYPES, "--data.dtype", " or ".join(TOKEN_DTYPES), self.dtype,
                  "pass --data.dtype uint16 (or uint32 for vocabularies above 65536)")
 
 
 class Batch(TypedDict):
-    """Rows of a batch: the model predicts tokens[:, 1:] from tokens[:, :-1], weighted by mask[:, 1:]."""
+    """Rows of a batch: the model predicts tokens[:, 1:] from tokens[:, :-1], weighted by mask[:, 1:]. A row
+    holds seq_len + 1 tokens, so the model sees seq_len positions (a length the kernels' tiles divide)."""
 
-    tokens: np.ndarray  # int32 [n, seq_len]
-    mask: np.ndarray  # float32 [n, seq_len], 1 where a token is a prediction target
+    tokens: np.ndarray  # int32 [n, seq_len + 1]
+    mask: np.ndarray  # float32 [n, seq_len + 1], 1 where a token is a prediction target
 
 
 class _Source:
@@ -79,7 +88,7 @@ class _Source:
     _mask: np.ndarray
 
     def _tokens(self, bits: np.ndarray, split: str) -> np.ndarray:
-        """int32 [n, seq_len] from uint64 bits [n, width], row by row (row i only from bits[i])."""
+        """int32 [n, seq_len + 1] from uint64 bits [n, width], row by row (row i only from bits[i])."""
         raise NotImplementedError
 
     def rows(self, split: str, step: int, start: int, stop: int) -> Batch:
@@ -93,26 +102,35 @@ class _Source:
 
 
 class ReverseTask(_Source):
-    """Synthetic, learnable: [BOS, x1..xk, SEP, xk..x1, PAD...], k = (seq_len - 2) // 2.
+    """Synthetic, learnable: rows [BOS, x1..xk, SEP, xk..x1, PAD...] of seq_len + 1 tokens, k = `reverse_len`
+    (0: (seq_len - 1) // 2, as many as fit).
 
-    Symbols are 3..vocab_size-1; the loss falls exactly on the k reversed positions.
+    Symbols are 3..2 + `symbols` (0: every token but PAD, BOS and SEP); the loss falls exactly on the k
+    reversed positions.
     """
 
-    def __init__(self, vocab_size: int, seq_len: int, seed: int = 0) -> None:
+    def __init__(self, vocab_size: int, seq_len: int, seed: int = 0, *, reverse_len: int = 0,
+                 symbols: int = 0) -> None:
         require(vocab_size >= 4, "--model.vocab-size for the reverse task",
                  ">= 4 (PAD, BOS, SEP and at least one symbol)", vocab_size, "pass --model.vocab-size 4 or more")
         require(seq_len >= 4, "--model.seq-len for the reverse task", ">= 4 (BOS, a symbol, SEP, its reverse)",
                  seq_len, "pass --model.seq-len 4 or more")
         require(seed >= 0, "--data.seed", "an integer >= 0", seed, "pass --data.seed 0 or any N >= 0")
+        most = (seq_len - 1) // 2
+        require(0 <= reverse_len <= most, "--data.reverse-len", f"0..{most} (BOS, k symbols, SEP and their reverse "
+                f"in seq_len + 1 = {seq_len + 1} tokens)", reverse_len, f"pass --data.reverse-len {most} or less")
+        require(0 <= symbols <= vocab_size - 3, "--data.symbols", f"0..{vocab_size - 3} (the vocabulary but PAD, "
+                "BOS and SEP)", symbols, "pass --data.symbols 0 (all of them) or fewer")
         self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
-        self.k = self.width = (seq_len - 2) // 2
-        self._mask = np.zeros(seq_len, np.float32)
+        self.symbols = symbols or vocab_size - 3
+        self.k = self.width = reverse_len or most
+        self._mask = np.zeros(seq_len + 1, np.float32)
         self._mask[2 + self.k:2 + 2 * self.k] = 1.0
 
     def _tokens(self, bits: np.ndarray, split: str) -> np.ndarray:
         k = self.k
-        x_nk = 3 + below(bits, self.vocab_size - 3)
-        tokens = np.full((len(bits), self.seq_len), PAD, np.int32)
+        x_nk = 3 + below(bits, self.symbols)
+        tokens = np.full((len(bits), self.seq_len + 1), PAD, np.int32)
         tokens[:, 0], tokens[:, 1 + k] = BOS, SEP
         tokens[:, 1:1 + k], tokens[:, 2 + k:2 + 2 * k] = x_nk, x_nk[:, ::-1]
         return tokens
@@ -185,7 +203,7 @@ def _check_vocab(tokens: np.ndarray, limit: int | None, where: str, split: str, 
 class TokenFile(_Source):
     """Memory-mapped tokens: train = head (1 - eval_fraction), eval = tail.
 
-    A row is seq_len consecutive tokens at an offset drawn within its split; mask = all ones.
+    A row is seq_len + 1 consecutive tokens at an offset drawn within its split; mask = all ones.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, seq_len: int, seed: int = 0, dtype: str = "uint16",
@@ -207,13 +225,13 @@ class TokenFile(_Source):
         # (`python -m job tokenize` writes one) each batch's tokens are checked as they are read
         self.vocab_size: int | None = _described_vocab(self.path, self.tokens)  # None: no FILE.json
         self.limit = self.vocab_size
-        self._mask = np.ones(seq_len, np.float32)
+        self._mask = np.ones(seq_len + 1, np.float32)
         self.width = 1
 
     def _tokens(self, bits: np.ndarray, split: str) -> np.ndarray:
         lo, hi = self.splits[split]
-        offsets = lo + below(bits[:, 0], hi - lo - self.seq_len + 1)
-        windows = offsets[:, None] + np.arange(self.seq_len)  # fancy indexing reads only these windows' pages
+        offsets = lo + below(bits[:, 0], hi - lo - self.seq_len)
+        windows = offsets[:, None] + np.arange(self.seq_len + 1)  # fancy indexing reads only these windows' pages
         tokens = np.asarray(self.tokens[windows])
         _check_vocab(tokens, self.limit, f"token file {self.path}", split,
                      f" (write the file with {_TOKENIZE} to have its vocabulary checked before the first step)")
@@ -224,9 +242,10 @@ class RecordFile:
     """Token windows of an ArrayRecord file (`python -m job tokenize IN OUT.arrayrecord`), read through
     grain's random-access ArrayRecord data source.
 
-    Each record holds the file description's `record_tokens` tokens; a row is a window of seq_len of
-    them (window w: tokens [i * seq_len, (i + 1) * seq_len) of record w // k, i = w % k, k windows a
-    record). The head (1 - eval_fraction) of the records is the train split: epochs over its windows
+    Each record holds the file description's `record_tokens` tokens; a row is a window of seq_len + 1 of
+    them (window w: tokens [i * seq_len, (i + 1) * seq_len + 1) of record w // k, i = w % k, k =
+    (record_tokens - 1) // seq_len windows a record: neighbours share one token, the last target of one
+    being the first input of the next). The head (1 - eval_fraction) of the records is the train split: epochs over its windows
     one after another, each in its own order, which is grain's `MapDataset.shuffle(seed).repeat()`
     (its index shuffle seeded by data.seed + the epoch) computed for a block of rows at once: global
     row g = step * global_batch + row of the run is window g of that stream, a pure function of (step,
@@ -248,10 +267,11 @@ class RecordFile:
         self.vocab_size = described["vocab_size"]
         self.limit = self.vocab_size
         record_tokens, self.dtype = described["record_tokens"], described["dtype"]
-        self.per_record = record_tokens // seq_len
+        self.per_record = (record_tokens - 1) // seq_len
         require(self.per_record >= 1, f"--model.seq-len for records file {self.path}",
-                f"at most its {record_tokens} tokens a record", seq_len,
-                f"pass --model.seq-len {record_tokens} or less, or tokenize again with --record-tokens {seq_len}")
+                f"at most its {record_tokens} tokens a record less one", seq_len,
+                f"pass --model.seq-len {record_tokens - 1} or less, or tokenize again with --record-tokens "
+                f"{seq_len + 1}")
         self.records = grain.sources.ArrayRecordDataSource([str(self.path)])
         records = len(self.records)
         held_out = int(round(records * eval_fraction))
@@ -291,15 +311,15 @@ class RecordFile:
         return {"tokens": tokens, "mask": np.ones(tokens.shape, np.float32)}
 
     def _windows(self, windows: np.ndarray) -> np.ndarray:
-        """int32 [len(windows), seq_len]: each record they lie in read once."""
+        """int32 [len(windows), seq_len + 1]: each record they lie in read once."""
         if not len(windows):
-            return np.zeros((0, self.seq_len), np.int32)
+            return np.zeros((0, self.seq_len + 1), np.int32)
         record, within = np.divmod(windows, self.per_record)
         needed, where = np.unique(record, return_inverse=True)
         # one read each (`__getitems__` starts a thread pool per call: slower for a process's few rows)
         raw = [self.records[int(r)] for r in needed]
         table = np.stack([np.frombuffer(b, self.dtype) for b in raw]).astype(np.int32)
-        return table[where[:, None], within[:, None] * self.seq_len + np.arange(self.seq_len)]
+        return table[where[:, None], within[:, None] * self.seq_len + np.arange(self.seq_len + 1)]
 
 
 def _record_description(path: Path) -> dict:
@@ -321,7 +341,7 @@ def _record_description(path: Path) -> dict:
 def make_source(cfg: DataConfig, *, vocab_size: int, seq_len: int) -> ReverseTask | TokenFile | RecordFile:
     """The source `cfg` names, checked against the model's vocabulary before training starts."""
     if cfg.source == "reverse":
-        return ReverseTask(vocab_size, seq_len, cfg.seed)
+        return ReverseTask(vocab_size, seq_len, cfg.seed, reverse_len=cfg.reverse_len, symbols=cfg.symbols)
     if Path(cfg.source).suffix.lower() == RECORDS_SUFFIX:
         source: TokenFile | RecordFile = RecordFile(cfg.source, seq_len=seq_len, global_batch=cfg.global_batch,
                                                     seed=cfg.seed, eval_fraction=cfg.eval_fraction)

@@ -25,21 +25,17 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import optax
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from job.core import values
 from job.errors import ConfigError, as_config_error
 from job.sharding import LAYERS_AXIS, SEQUENCE_AXIS, axes, constrain, partitioned, rule_table
+from job.tasks.lm import attention, remat
+from job.tasks.lm.cross_entropy import head_cross_entropy
 
 DTYPES = ("float32", "bfloat16")
-# --model.remat: what a block keeps for the backward pass (jax.checkpoint_policies); the rest is recomputed
-REMAT_POLICIES = {
-    "none": None,  # no remat: every activation is kept
-    "full": jax.checkpoint_policies.nothing_saveable,  # only the block's input: least memory, most recompute
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # the projections' outputs (x @ W)
-    "dots_all": jax.checkpoint_policies.checkpoint_dots,  # every matmul's output, attention's too
-}
+REMAT_POLICIES = remat.POLICIES  # --model.remat: what a block keeps for the backward pass (job/tasks/lm/remat.py)
 MAX_SIZE = 2**31 - 1  # any model size above this is a typo (and overflows int32 shapes)
 # how activations are laid out (job.sharding.constrain): the residual stream, the MLP's hidden layer, the logits,
 # and attention's [B, L, heads, head_dim] queries (split along the sequence) and keys and values (whole along it)
@@ -61,7 +57,11 @@ class ModelConfig:
     layers: int = 2  # transformer blocks
     mlp_dim: int = 256  # MLP hidden width ("mlp")
     dtype: str = "float32"  # activation/compute dtype ("float32" or "bfloat16"); params stay float32
-    remat: str = "none"  # what each block keeps for the backward pass: none (all), full, dots, dots_all
+    # what each block keeps for the backward pass: none (all), full, dots, dots_all, or auto: the most that fits
+    # the device's memory (none on CPU; the choice is logged)
+    remat: str = "auto"
+    # the attention kernel: auto (splash on TPU, cuDNN on GPU, XLA on CPU), xla, splash, flash or cudnn
+    attention: str = "auto"
     scan: bool = True  # stack the blocks on a "layers" axis and run them with nnx.scan (one block compiled)
 
 
@@ -92,6 +92,7 @@ class Attention(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs) -> None:
         self.heads = cfg.heads
+        self.kernel = cfg.attention  # --model.attention: resolved per trace (job/tasks/lm/attention.py)
         self.q = _linear(cfg, cfg.dim, cfg.dim, ("embed", "heads"), rngs)
         self.k = _linear(cfg, cfg.dim, cfg.dim, ("embed", "heads"), rngs)
         self.v = _linear(cfg, cfg.dim, cfg.dim, ("embed", "heads"), rngs)
@@ -102,12 +103,13 @@ class Attention(nnx.Module):
         return y.reshape(*y.shape[:-1], self.heads, -1)
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        """Causal attention by the kernel --model.attention names (splash on TPU: see attention.py)."""
         q = constrain(self._split(self.q(x)), QUERIES)
         k = constrain(self._split(self.k(x)), KEYS_VALUES)  # all-gathered along the sequence
         v = constrain(self._split(self.v(x)), KEYS_VALUES)
         # "xla" (jax's default today), named: its mask is built from the global [L, L] shape, and cuDNN's
         # kernel refuses queries split along the sequence
-        y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+        y = checkpoint_name(attention.attend(q, k, v, self.kernel), attention.RESIDUALS)
         return self.out(constrain(y, QUERIES).reshape(x.shape))
 
 
@@ -161,6 +163,11 @@ class Transformer(nnx.Module):
         self.head = _linear(cfg, cfg.dim, cfg.vocab_size, ("embed", "vocab"), rngs)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
+        return constrain(self.head(self.features(tokens)), LOGITS).astype(jnp.float32)
+
+    def features(self, tokens: jax.Array) -> jax.Array:
+        """The normalized last hidden states [B, T, dim] that the head turns into logits (the loss takes
+        them with the head's kernel, a chunk at a time: cross_entropy.py)."""
         t = tokens.shape[1]
         if t > self.cfg.seq_len:
             raise ConfigError("sequence length", expected=f"at most seq_len={self.cfg.seq_len}",
@@ -168,13 +175,13 @@ class Transformer(nnx.Module):
         _check_sequence_split(t)
         # positions by global index: under the mesh the arrays are global, each device adds its slice's rows
         x = constrain(self.embed(tokens) + self.pos[:t].astype(self.cfg.dtype), RESIDUAL)
-        block_fn = _block_call(self.cfg.remat)
+        block_fn = _block_call(remat.resolve(self.cfg, rows=tokens.shape[0], length=t))
         if isinstance(self.blocks, nnx.List):  # --model.no-scan: unrolled
             for block in self.blocks:
                 x = block_fn(block, x)
         else:
             x = _scan_blocks(block_fn, x, self.blocks)
-        return constrain(self.head(self.norm(x)), LOGITS).astype(jnp.float32)
+        return self.norm(x)
 
 
 def _check_sequence_split(length: int) -> None:
@@ -184,8 +191,8 @@ def _check_sequence_split(length: int) -> None:
     parts = 1 if mesh.empty else dict(mesh.shape).get(SEQUENCE_AXIS, 1)
     if length % parts:
         raise ConfigError("sequence length", expected=f"a multiple of the mesh's {SEQUENCE_AXIS!r} axis of size "
-                          f"{parts} (the loss predicts --model.seq-len - 1 tokens per row)", found=length,
-                          fix=f"pass --model.seq-len {-(-length // parts) * parts + 1}, or a --mesh with a "
+                          f"{parts}", found=length,
+                          fix=f"pass --model.seq-len {-(-length // parts) * parts}, or a --mesh with a "
                               f"{SEQUENCE_AXIS!r} size that divides {length}")
 
 
@@ -214,21 +221,15 @@ def _call(block: Block, x: jax.Array) -> jax.Array:
     return block(x)
 
 
-def _block_call(remat: str | bool) -> Callable[[Block, jax.Array], jax.Array]:
+def _block_call(name: str) -> Callable[[Block, jax.Array], jax.Array]:
     """How one block runs: as it is, or under nnx.remat with the named policy (what it keeps for the
     gradient; the rest is recomputed in the backward pass)."""
-    name = remat_name(remat)
     if name == "none":
         return _call
     return nnx.remat(_call, policy=REMAT_POLICIES[name])
 
 
-def remat_name(remat: str | bool) -> str:
-    """--model.remat as a policy name; True and False (configs saved when it was an on/off flag) read as
-    "full" and "none"."""
-    if isinstance(remat, bool):
-        return "full" if remat else "none"
-    return remat
+remat_name = remat.name  # the name a fork has imported from here
 
 
 def loss_fn(model: Transformer, tokens: jax.Array, mask: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -236,14 +237,13 @@ def loss_fn(model: Transformer, tokens: jax.Array, mask: jax.Array) -> tuple[jax
 
     Returns (loss, {"loss", "accuracy", "tokens"}); an all-zero mask gives loss 0, not NaN.
     """
-    logits = model(tokens[:, :-1])
     targets = tokens[:, 1:]
     weights = mask[:, 1:].astype(jnp.float32)
     count = weights.sum()
     denom = jnp.maximum(count, 1.0)
-    loss = (optax.softmax_cross_entropy_with_integer_labels(logits, targets) * weights).sum() / denom
-    accuracy = ((logits.argmax(-1) == targets) * weights).sum() / denom
-    return loss, {"loss": loss, "accuracy": accuracy, "tokens": count}
+    total, correct = head_cross_entropy(model.features(tokens[:, :-1]), model.head.kernel[...], targets, weights)
+    loss = total / denom
+    return loss, {"loss": loss, "accuracy": correct / denom, "tokens": count}
 
 
 def encode_prompt(text: str, vocab_size: int) -> list[int]:
@@ -326,9 +326,13 @@ def validate(cfg: ModelConfig, *, rule: str, model_axis: int) -> None:
     if not isinstance(cfg.scan, bool):
         raise ConfigError("--model.scan", expected="True or False", found=cfg.scan, fix="pass --model.scan or "
                           "--model.no-scan")
-    if not isinstance(cfg.remat, (str, bool)) or remat_name(cfg.remat) not in REMAT_POLICIES:
-        raise ConfigError("--model.remat", expected=f"one of {', '.join(REMAT_POLICIES)}", found=cfg.remat,
-                          fix="pass --model.remat full (least memory) or dots (keeps the projections' outputs)")
+    if not isinstance(cfg.remat, (str, bool)) or remat_name(cfg.remat) not in (*REMAT_POLICIES, "auto"):
+        raise ConfigError("--model.remat", expected=f"auto or one of {', '.join(REMAT_POLICIES)}", found=cfg.remat,
+                          fix="pass --model.remat auto (the most the memory holds), full (least memory) or dots "
+                              "(keeps the projections' outputs)")
+    if cfg.attention not in attention.KERNELS:
+        raise ConfigError("--model.attention", expected=f"one of {', '.join(attention.KERNELS)}",
+                          found=cfg.attention, fix="pass --model.attention auto (the backend's fastest kernel)")
     if cfg.dtype not in DTYPES:
         raise ConfigError("--model.dtype", expected=f"one of {DTYPES}", found=cfg.dtype,
                           fix="pass --model.dtype float32 (or bfloat16 on GPU/TPU)")

@@ -28,7 +28,7 @@ from job.tasks.lm.tokenizer import load as load_tokenizer
 CHUNK_TOKENS = 1 << 24  # tokens (or bytes) touched at once when writing a file
 BYTE_VOCAB = 256  # byte-level tokens: 0..255
 RECORDS_SUFFIX = ".arrayrecord"  # a token file of ArrayRecord records, read through grain
-RECORD_TOKENS = 1024  # tokens per record that `python -m job tokenize` writes by default
+RECORD_TOKENS = 1025  # tokens per record `python -m job tokenize` writes by default: one row of a 1024-position model
 
 
 def sidecar(path: Path) -> Path:
