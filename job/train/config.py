@@ -300,5 +300,20 @@ def preset(task: Task, name: str) -> TrainConfig:
         known = ", ".join(presets) or "none"
         raise ConfigError("--preset", expected=f"one of the {task.name} task's presets: {known}", found=name,
                           fix=f"pass one of {known}, or no --preset" if presets else "drop --preset")
-    model, data = presets[name]()
-    return dataclasses.replace(defaults(task), model=model, data=data, preset=name)
+    model, data, *train = presets[name]()
+    cfg = dataclasses.replace(defaults(task), model=model, data=data, preset=name)
+    return _with(cfg, train[0] if train else {}, f"preset {name!r}")
+
+
+def _with(obj: Any, changes: Mapping[str, Any], where: str) -> Any:
+    """The dataclass `obj` with `changes` ({field: value, or {field: value} for a nested dataclass}) applied."""
+    fields = {f.name for f in dataclasses.fields(obj)}
+    out: dict[str, Any] = {}
+    for field, value in changes.items():
+        if field not in fields:
+            raise ConfigError(f"{where}'s {field!r}", expected=f"a field of {type(obj).__name__}: "
+                              f"{', '.join(sorted(fields))}", found=field, fix="name a TrainConfig field")
+        current = getattr(obj, field)
+        nested = isinstance(value, Mapping) and dataclasses.is_dataclass(current)
+        out[field] = _with(current, value, f"{where}.{field}") if nested else value
+    return dataclasses.replace(obj, **out)

@@ -81,9 +81,10 @@ class Task:
     # (TrainConfig, model) -> {name: nnx graph node}: more train state (an EMA, a second model, counters),
     # created, placed by its annotations, checkpointed and restored with the model and optimizer
     extra_state: Callable[[Any, Any], Mapping[str, Any]] | None = None
-    # --preset NAME: {name: () -> (model config, data config)}, each a named experiment whose docstring
-    # gives the exact command that runs it (job/tasks/lm/presets.py)
-    presets: Mapping[str, Callable[[], tuple[Any, Any]]] = dataclasses.field(default_factory=dict)
+    # --preset NAME: {name: () -> (model config, data config[, {TrainConfig field: value}])}, each a named
+    # experiment whose docstring gives the exact command that runs it; the optional mapping sets the run's
+    # own fields, nested ones as {"optim": {"lr": 6e-4}} (job/tasks/lm/presets.py)
+    presets: Mapping[str, Callable[[], tuple[Any, ...]]] = dataclasses.field(default_factory=dict)
     # the held-out splits evaluated every --eval-every steps, each under its own name in every record
     eval_splits: Sequence[str] = ("eval",)
     # (nodes, batch, default) -> metrics: the body of the jitted train step, for what one loss cannot say;
