@@ -1,10 +1,12 @@
-"""6. GPU: model FLOPs utilisation of the example LM at GPT-2-small size, on one GPU.
+"""6. GPU and TPU: model FLOPs utilisation of the example LM at GPT-2-small size (or ~400M), on one chip.
 
-    python -m bench.mfu [--quick] [--batch 16] [--peak-tflops 989] [--attention auto|cudnn|xla]
+    python -m bench.mfu [--quick] [--size gpt2-small|400m] [--batch 16] [--peak-tflops 197]
+                        [--attention auto|xla|splash|flash|cudnn] [--remat auto|none|dots|full]
 
-Runs only where a CUDA device is present (`jax.default_backend() == "gpu"`);
-elsewhere it records "skipped: no CUDA device". `--force` runs it on any
-backend (with `--tiny`, a small config: a smoke test of this file on CPU).
+Runs only where a GPU or a TPU is present; elsewhere it records "skipped: no
+accelerator". `--force` runs it on any backend (with `--size tiny`, a small
+config: a smoke test of this file on CPU). On a TPU VM, `python -m bench.tpu`
+runs it at both sizes and writes bench/RESULTS-tpu.md.
 
 Model: the lm task's transformer (job/tasks/lm/model.py) with vocab 50304,
 seq 1024, dim 768, 12 heads, 12 layers, MLP 3072, bfloat16 activations
@@ -21,18 +23,16 @@ token x tokens/s / the chip's dense bf16 peak (the table below, keyed by
 Both the template step (`job.train.steps.jit_train_step` over the split model +
 optimizer state, as `job.train.loop.run` steps) and the hand-written `jax.jit` step
 of bench/step.py, with the same `job.train.steps.make_optimizer` transform, are
-timed, interleaved. Attention: the lm model calls
-`jax.nn.dot_product_attention` without `implementation`, which jax 0.10
-lowers with XLA; `--attention cudnn` (or `auto`, the default: cuDNN if it
-compiles, else XLA) makes the benchmark process call it with
-`implementation="cudnn"` (the fused flash-attention kernel).
+timed, interleaved. Attention and remat are the model's own flags
+(`--model.attention`, `--model.remat`; auto: splash attention on a TPU, cuDNN on
+a GPU, and the remat policy job/tasks/lm/remat.py picks). Rows hold seq_len + 1
+tokens, so seq_len positions train, as the lm task's rows do.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import os
 import sys
 import time
@@ -42,16 +42,23 @@ from bench.report import Section, standalone
 from bench.timing import fmt_pct, fmt_s, fmt_x, interleave, median, ratio
 
 NAME = "mfu"
-TITLE = "6. GPU: model FLOPs utilisation, GPT-2-small-sized example LM"
+TITLE = "6. GPU and TPU: model FLOPs utilisation, GPT-2-small-sized example LM"
 GOAL = ">= 45%"
 
 GPT2_SMALL = {"vocab_size": 50304, "seq_len": 1024, "dim": 768, "heads": 12, "layers": 12, "mlp_dim": 3072,
               "dtype": "bfloat16"}
+M400 = {**GPT2_SMALL, "dim": 1024, "heads": 16, "layers": 24, "mlp_dim": 4096}  # 406M parameters
 TINY = {"vocab_size": 256, "seq_len": 128, "dim": 128, "heads": 4, "layers": 2, "mlp_dim": 512,
         "dtype": "bfloat16"}
+SIZES = {"gpt2-small": GPT2_SMALL, "400m": M400, "tiny": TINY}
 
 # Dense (no sparsity) bf16 peak, TFLOP/s, per device; first substring of device_kind that matches wins.
 PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("TPU v5 lite", 197.0),  # v5e: device_kind "TPU v5 lite"
+    ("TPU v6 lite", 918.0),  # v6e (Trillium)
+    ("TPU v5p", 459.0),
+    ("TPU v5", 459.0),  # v5p reports "TPU v5"
+    ("TPU v4", 275.0),
     ("GH200", 989.0),
     ("H200", 989.0),
     ("H100 PCIe", 756.0),
@@ -86,21 +93,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--batch", type=int, default=16, help="sequences per step (default 16)")
     p.add_argument("--peak-tflops", type=float, default=None, help="the chip's dense bf16 peak, TFLOP/s")
-    p.add_argument("--attention", choices=("auto", "cudnn", "xla"), default="auto",
-                   help="dot_product_attention implementation (auto: cudnn if it compiles, else xla)")
-    p.add_argument("--force", action="store_true", help="run even without a CUDA device")
-    p.add_argument("--tiny", action="store_true", help="a small model (for --force on CPU)")
+    p.add_argument("--attention", choices=("auto", "xla", "splash", "flash", "cudnn"), default="auto",
+                   help="--model.attention (auto: splash on TPU, cuDNN on GPU, XLA elsewhere)")
+    p.add_argument("--remat", default="auto", help="--model.remat (auto: the most the chip's memory holds)")
+    p.add_argument("--size", choices=tuple(SIZES), default="gpt2-small", help="the model (tiny: for --force on CPU)")
+    p.add_argument("--force", action="store_true", help="run even without a GPU or TPU")
+    p.add_argument("--tiny", action="store_true", help="--size tiny")
     return p
-
-
-def _use_attention(impl: str | None) -> None:
-    """Make every later `jax.nn.dot_product_attention(...)` call use `impl` (None: jax's default)."""
-    import jax
-
-    original = getattr(_use_attention, "original", None) or jax.nn.dot_product_attention
-    _use_attention.original = original  # type: ignore[attr-defined]
-    jax.nn.dot_product_attention = (original if impl is None
-                                    else functools.partial(original, implementation=impl))
 
 
 def worker(argv: list[str]) -> None:
@@ -108,8 +107,8 @@ def worker(argv: list[str]) -> None:
     import jax
 
     backend = jax.default_backend()
-    if backend != "gpu" and not args.force:
-        emit(dataclasses.asdict(skipped(f"skipped: no CUDA device (jax backend: {backend})")))
+    if backend not in ("gpu", "tpu") and not args.force:
+        emit(dataclasses.asdict(skipped(f"skipped: no GPU or TPU (jax backend: {backend})")))
         return
     import jax.numpy as jnp
     import numpy as np
@@ -124,14 +123,15 @@ def worker(argv: list[str]) -> None:
     from job.train.steps import jit_train_step, make_optimizer
 
     task = tasks.load("lm")
-    cfg = task.model_config(**(TINY if args.tiny else GPT2_SMALL))
+    cfg = task.model_config(**SIZES["tiny" if args.tiny else args.size], attention=args.attention,
+                            remat=args.remat)
     device = jax.devices()[0]
     mesh = sharding.make_mesh(devices=[device])
     reps, block = (3, 3) if args.quick else (7, 5)
     tx, _ = make_optimizer(OptimConfig(), 1000)
 
     rng = np.random.default_rng(0)
-    tokens = jax.device_put(rng.integers(0, cfg.vocab_size, (args.batch, cfg.seq_len), dtype=np.int32),
+    tokens = jax.device_put(rng.integers(0, cfg.vocab_size, (args.batch, cfg.seq_len + 1), dtype=np.int32),
                             NamedSharding(mesh, PartitionSpec("data")))
     batch = {"tokens": tokens, "mask": jnp.ones(tokens.shape, jnp.float32, device=tokens.sharding)}
     shapes = nnx.eval_shape(lambda: task.build(cfg, nnx.Rngs(0)))
@@ -139,9 +139,8 @@ def worker(argv: list[str]) -> None:
     matmul_params = sum(int(x.get_value().size) for path, x in nnx.to_flat_state(nnx.state(shapes, nnx.Param))
                         if path[-1] == "kernel")
 
-    def build(impl: str | None):  # noqa: ANN202
-        """Both steps, compiled once with attention `impl`; raises if it does not compile."""
-        _use_attention(impl)
+    def build():  # noqa: ANN202
+        """Both steps, compiled once."""
         model = task.build(cfg, nnx.Rngs(0))
         optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
         sharding.shard_model(model, mesh)
@@ -159,20 +158,15 @@ def worker(argv: list[str]) -> None:
         jax.block_until_ready(metrics)
         return jitted, template, step, baseline
 
-    impls = {"auto": ["cudnn", None], "cudnn": ["cudnn"], "xla": [None]}[args.attention]
-    errors = []
-    for impl in impls:
-        try:
-            compile_start = time.perf_counter()
-            jitted, template, step, baseline = build(impl)
-            compile_s = time.perf_counter() - compile_start
-            attention = impl or "xla (jax default)"
-            break
-        except Exception as exc:  # noqa: BLE001 - a kernel that does not compile: try the next one
-            errors.append(f"{impl}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-            print(f"[bench mfu] attention {impl} failed: {errors[-1]}", file=sys.stderr, flush=True)
-    else:
-        raise SystemExit("no attention implementation compiled:\n" + "\n".join(errors))
+    from job.tasks.lm import attention as kernels
+    from job.tasks.lm import remat
+
+    errors: list[str] = []
+    compile_start = time.perf_counter()
+    jitted, template, step, baseline = build()
+    compile_s = time.perf_counter() - compile_start
+    attention = kernels.choose(args.attention, length=cfg.seq_len, dtype=cfg.dtype).describe()
+    policy = remat.resolve(cfg, rows=args.batch, length=cfg.seq_len)
 
     def run_template() -> float:
         state = template["state"]
@@ -193,14 +187,15 @@ def worker(argv: list[str]) -> None:
         baseline["p"], baseline["s"] = p, s
         return (time.perf_counter() - start) / block
 
-    print(f"[bench mfu] {device.device_kind}: attention {attention}, batch {args.batch}, "
+    print(f"[bench mfu] {device.device_kind}: attention {attention}, remat {policy}, batch {args.batch}, "
           f"{reps} x {block} steps", file=sys.stderr, flush=True)
     times = interleave({"template": run_template, "baseline": run_baseline}, reps=reps, warmup=1)
     peak, peak_from = peak_flops(device.device_kind, args.peak_tflops)
     result = {
         "device_kind": device.device_kind, "backend": backend, "attention": attention,
         "attention_errors": errors, "batch": args.batch, "seq_len": cfg.seq_len,
-        "tokens_per_step": args.batch * (cfg.seq_len - 1), "params": params,
+        "tokens_per_step": args.batch * cfg.seq_len, "params": params, "remat": policy, "size": args.size,
+        "peak_bytes": (device.memory_stats() or {}).get("peak_bytes_in_use"),
         "matmul_params": matmul_params, "flops_per_token": flops_per_token(cfg, matmul_params),
         "peak_flops": peak, "peak_from": peak_from, "times": times, "reps": reps, "block": block,
         "compile_s": compile_s, "config": dataclasses.asdict(cfg),
@@ -220,7 +215,7 @@ def section(r: dict) -> Section:
     s.headline += [
         (f"MFU, template step ({r['device_kind']}, bf16, batch {r['batch']} x {r['seq_len']})",
          fmt_pct(mfus["template"]), GOAL),
-        ("GPU step time, template / hand-written jax.jit",
+        ("step time, template / hand-written jax.jit",
          fmt_x(ratio(r["times"]["template"], r["times"]["baseline"])), "<= 1.03"),
     ]
     s.notes += [
@@ -228,8 +223,8 @@ def section(r: dict) -> Section:
         f"{r['flops_per_token'] / 1e9:.3f} GFLOP per token (6N + 12 L d T); peak "
         + (f"{r['peak_flops'] / 1e12:.0f} TFLOP/s dense bf16 ({r['peak_from']})" if r["peak_flops"]
            else r["peak_from"]),
-        f"attention: {r['attention']}" + (f" (failed first: {'; '.join(r['attention_errors'])})"
-                                          if r["attention_errors"] else ""),
+        f"attention: {r['attention']}; remat: {r.get('remat', 'none')}"
+        + (f"; peak memory {r['peak_bytes'] / 2**30:.2f} GiB" if r.get("peak_bytes") else ""),
         f"median of {r['reps']} interleaved blocks of {r['block']} steps; {r['tokens_per_step']:,} predicted "
         f"tokens per step; first step (compilation) {r['compile_s']:.0f} s.",
     ]
@@ -238,7 +233,7 @@ def section(r: dict) -> Section:
 
 def skipped(reason: str) -> Section:
     s = Section(NAME, TITLE, data={"skipped": reason})
-    s.headline.append(("MFU, GPT-2-small-sized example LM, bf16, one GPU", reason, GOAL))
+    s.headline.append(("MFU, GPT-2-small-sized example LM, bf16, one GPU or TPU chip", reason, GOAL))
     s.notes.append(f"{reason}. On a machine with one, `make bench` (or `python -m bench.mfu`) prints "
                    "tokens/s, step time and MFU against the chip's dense bf16 peak.")
     return s

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from tests.container.conftest import Built
 
 REQUIRE_ALL_TIERS = os.environ.get("JOB_REQUIRE_ALL_TIERS") == "1"
+# the TPU tier (tests/chip) needs a real chip: collected only when asked, on a TPU VM (tests/chip/conftest.py)
+collect_ignore = [] if os.environ.get("JOB_TESTS_CHIP") == "1" else ["chip"]
 # Tiers whose tests share one engine on this machine: the local Slurm cluster's 4 nodes, podman's image
 # and store (the Slurm tier runs that image too). Under pytest-xdist workers (make test-local) only one of
 # their tests runs at a time, whichever worker has it: each holds this lock from its setup to its teardown.

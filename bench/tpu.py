@@ -1,0 +1,184 @@
+"""On a TPU VM: the example LM on the chip, measured, written to bench/RESULTS-tpu.md in one command.
+
+    python -m bench.tpu [--out bench/RESULTS-tpu.md] [--corpus DIR] [--budget-s 3600] [--text-steps 1000]
+
+Runs, one after another, each in its own process (a chip is held by one program at a time):
+
+1. `python -m job train --preset gpt2-small`, the preset as a user runs it (no other flag): its own
+   synthetic task, 1,000 steps; the loop's tokens/s as MFU, and the accuracy on the reversed positions;
+2. `python -m bench.mfu worker --size gpt2-small`: the template's train step against a hand-written
+   `jax.jit` step of the same model, interleaved;
+3. the preset on real text, `--data.source CORPUS/stdlib.npy` (`python -m bench.corpus CORPUS` makes it
+   offline: the Python standard library's sources through a byte-level BPE);
+4. a ~400M configuration (dim 1024, 24 layers) through the loop, remat and attention left to auto.
+
+Each step is skipped when less of --budget-s is left than it needs; the file says which. MFU counts 6N +
+12 L d T FLOPs per trained token (bench/mfu.py) against the chip's dense bf16 peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+
+from bench.mfu import GPT2_SMALL, M400, PEAK_BF16_TFLOPS, flops_per_token
+from bench.procs import ROOT, records
+
+M400_FLAGS = ["--model.dim", "1024", "--model.heads", "16", "--model.layers", "24", "--model.mlp-dim", "4096"]
+
+
+def matmul_params(cfg: dict) -> int:
+    """The example LM's parameters in matmuls: four projections and the MLP a layer, and the head."""
+    d, m = cfg["dim"], cfg["mlp_dim"]
+    return cfg["layers"] * (4 * d * d + 2 * d * m) + d * cfg["vocab_size"]
+
+
+def peak(kind: str) -> float:
+    return next((t for key, t in PEAK_BF16_TFLOPS if key.lower() in kind.lower()), float("nan")) * 1e12
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def train(name: str, flags: list[str], run_dir: Path, timeout_s: float, log_dir: Path) -> dict:
+    """`python -m job train FLAGS` into run_dir; its return code, wall time and metrics."""
+    command = [sys.executable, "-m", "job", "train", *flags, "--run-dir", str(run_dir)]
+    began = time.monotonic()
+    with (log_dir / f"{name}.log").open("w") as log:
+        try:
+            code = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            code = 124
+    return {"name": name, "command": "python -m job train " + shlex.join(flags), "code": code,
+            "wall_s": time.monotonic() - began, "metrics": read_metrics(run_dir)}
+
+
+def summarize(run: dict, cfg: dict, kind: str) -> dict:
+    """tokens/s (median over the log intervals after the first) and MFU; the train and eval curves."""
+    rows = run["metrics"]
+    trains = [r for r in rows if r.get("split") == "train"]
+    rates = [r["tok_per_s"] for r in trains[1:] if "tok_per_s" in r]
+    rate = statistics.median(rates) if rates else float("nan")
+    fpt = flops_per_token(argparse.Namespace(**cfg), matmul_params(cfg))
+    return {**run, "tok_per_s": rate, "mfu": rate * fpt / peak(kind),
+            "train": [(r["step"], r["loss"], r.get("accuracy")) for r in trains],
+            "eval": [(r["step"], r["loss"], r.get("accuracy")) for r in rows if r.get("split") == "eval"]}
+
+
+def versions() -> dict:
+    """Versions, and the device as a child process sees it: this process never holds the chip (its steps'
+    processes each need it alone)."""
+    probe = subprocess.run([sys.executable, "-c", "import jax; d = jax.devices(); print(len(d), d[0].device_kind)"],
+                           capture_output=True, text=True, timeout=300, check=False)
+    count, _, kind = (probe.stdout.strip().splitlines() or ["0 unknown"])[-1].partition(" ")
+    out = {"python": platform.python_version(), "device_kind": kind, "devices": count}
+    for package in ("jax", "jaxlib", "libtpu", "libtpu-nightly", "flax", "optax", "orbax-checkpoint"):
+        try:
+            out[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def curve(points: list, every: int) -> str:
+    """'step: loss (accuracy)' at every `every`-th step, and the last."""
+    chosen = [p for p in points if p[0] % every == 0] + ([points[-1]] if points and points[-1][0] % every else [])
+    return ", ".join(f"{s}: {loss:.3f}" + (f" ({acc:.3f})" if acc is not None else "") for s, loss, acc in chosen)
+
+
+def report(env: dict, runs: dict, mfu_record: dict | None, skipped: list[str], argv: list[str]) -> str:
+    kind = env["device_kind"]
+    lines = ["# The example LM on a TPU chip", "",
+             f"Written by `python -m bench.tpu {shlex.join(argv)}` on {kind} ({env['devices']} device(s)); "
+             + ", ".join(f"{k} {v}" for k, v in env.items() if k not in ("device_kind", "devices")) + ".",
+             f"Peak: {peak(kind) / 1e12:.0f} TFLOP/s dense bf16; MFU = (6N + 12 L d T) x tokens/s / peak.", ""]
+    lines += ["## Training through the loop (`python -m job train`)", "",
+              "| run | command | tokens/s | MFU | wall | exit |", "|---|---|---|---|---|---|"]
+    for run in runs.values():
+        lines.append(f"| {run['name']} | `{run['command']}` | {run['tok_per_s']:,.0f} | {run['mfu']:.1%} | "
+                     f"{run['wall_s']:.0f} s | {run['code']} |")
+    lines.append("")
+    for run in runs.values():
+        lines += [f"**{run['name']}**: train loss (accuracy) by step: {curve(run['train'], 100)}", "",
+                  f"eval loss (accuracy): {curve(run['eval'], 100)}", ""]
+    if mfu_record:
+        lines += ["## Template step against a hand-written `jax.jit` step (`python -m bench.mfu`)", "",
+                  "| " + " | ".join(mfu_record["columns"]) + " |", "|" + "---|" * len(mfu_record["columns"])]
+        lines += ["| " + " | ".join(map(str, row)) + " |" for row in mfu_record["rows"]]
+        lines += [""] + [f"- {a}: {b} (goal {c})" for a, b, c in mfu_record["headline"]]
+        lines += [f"- {note}" for note in mfu_record["notes"]] + [""]
+    if skipped:
+        lines += ["## Not measured in this run", ""] + [f"- {s}" for s in skipped] + [""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.tpu")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "RESULTS-tpu.md")
+    p.add_argument("--corpus", type=Path, default=None, help="a folder with stdlib.npy (python -m bench.corpus)")
+    p.add_argument("--budget-s", type=float, default=3600.0, help="stop starting steps after this long")
+    p.add_argument("--text-steps", type=int, default=1000)
+    p.add_argument("--steps", type=int, default=0, help="the synthetic run's steps (0: the preset's 1,000)")
+    p.add_argument("--only", default="synthetic,mfu,text,400m", help="the steps to run, comma-separated")
+    p.add_argument("--logs", type=Path, default=None, help="where each step's output goes (default: a temp folder)")
+    args = p.parse_args(argv)
+    began = time.monotonic()
+    left = lambda: args.budget_s - (time.monotonic() - began)  # noqa: E731
+    env = versions()
+    work = Path(tempfile.mkdtemp(prefix="bench-tpu-"))
+    logs = args.logs or work
+    logs.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, dict] = {}
+    skipped: list[str] = []
+    mfu_record = None
+    plan = [("synthetic", 100 + 0.2 * (args.steps or 1000)), ("mfu", 100), ("text", 60 + 0.2 * args.text_steps), ("400m", 150)]
+    for step, needs in plan:
+        if step not in args.only.split(","):
+            continue
+        if left() < needs:
+            skipped.append(f"{step}: {left():.0f} s of the budget left, it needs about {needs:.0f} s")
+            continue
+        if step == "synthetic":
+            flags = ["--preset", "gpt2-small", *(["--steps", str(args.steps)] if args.steps else [])]
+            runs[step] = summarize(train(step, flags, work / step, left(), logs), GPT2_SMALL,
+                                   env["device_kind"])
+        elif step == "mfu":
+            out = subprocess.run([sys.executable, "-m", "bench.mfu", "worker", "--quick"], cwd=ROOT, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=left(), check=False)
+            (logs / "mfu.log").write_text(out.stdout)
+            found = records(out.stdout)
+            mfu_record = found[-1] if found else None
+            if not found:
+                skipped.append(f"mfu: exited {out.returncode} without a record (see mfu.log)")
+        elif step == "text":
+            if not args.corpus:
+                skipped.append("text: no --corpus (python -m bench.corpus DIR makes one)")
+                continue
+            flags = ["--preset", "gpt2-small", "--data.source", str(args.corpus / "stdlib.npy"),
+                     "--steps", str(args.text_steps)]
+            runs[step] = summarize(train(step, flags, work / step, left(), logs), GPT2_SMALL, env["device_kind"])
+        else:
+            flags = ["--preset", "gpt2-small", *M400_FLAGS, "--steps", "60", "--eval-every", "1000"]
+            runs[step] = summarize(train(step, flags, work / step, left(), logs), M400, env["device_kind"])
+        print(f"[bench tpu] {step} done, {left():.0f} s left", file=sys.stderr, flush=True)
+    args.out.write_text(report(env, runs, mfu_record, skipped, argv))
+    (logs / "runs.json").write_text(json.dumps({"env": env, "runs": runs, "mfu": mfu_record}, default=str))
+    print(f"wrote {args.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,74 @@
+"""On a real TPU chip: the Pallas kernel against XLA's attention, the GPT-2-small preset's step fitting with
+its own batch, a SIGTERM saving and the same command resuming, a profile's trace."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from tests.unit.test_attention import loss_and_grads
+
+ROOT = Path(__file__).resolve().parents[2]
+# float32 model on the chip: splash against XLA's attention (bf16 matmul passes inside both kernels)
+LOSS_TOL, GRAD_TOL = 2e-3, 2e-3
+SIZES = dict(vocab_size=256, seq_len=512, dim=128, heads=2, mlp_dim=256)
+
+
+def _train(tmp: Path, *flags: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    # the chip is held by this pytest process's jax: each command needs it alone
+    return subprocess.run([sys.executable, "-m", "job", "train", "--run-dir", str(tmp / "run"), *flags], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_splash_on_the_chip_gives_xlas_loss_and_gradients() -> None:
+    loss_x, grads_x = loss_and_grads("xla", **SIZES)
+    loss_s, grads_s = loss_and_grads("splash", **SIZES)
+    assert abs(float(loss_s - loss_x)) < LOSS_TOL
+    worst = max(jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), grads_x, grads_s)))
+    assert worst < GRAD_TOL
+
+
+def test_the_gpt2_small_preset_trains_at_its_own_batch_with_splash_and_the_remat_that_fits(tmp_path: Path) -> None:
+    jax.clear_caches()
+    done = _train(tmp_path, "--preset", "gpt2-small", "--steps", "3")
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert "attention: splash, blocks of 512 for queries (16, 1024, 12, 64)" in out
+    assert "remat auto: dots" in out
+
+
+def test_sigterm_saves_exits_75_and_the_same_command_resumes_with_a_profile(tmp_path: Path) -> None:
+    flags = ("--preset", "gpt2-small", "--steps", "60", "--eval-every", "1000", "--profile.steps", "30:31")
+    proc = subprocess.Popen([sys.executable, "-m", "job", "train", "--run-dir", str(tmp_path / "run"), *flags],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = []
+    for line in proc.stdout:  # type: ignore[union-attr]
+        log.append(line)
+        if "step 40/60" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 75, "".join(log) + rest
+    resumed = _train(tmp_path, *flags)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert "resum" in resumed.stdout + resumed.stderr
+    traces = list((tmp_path / "run").rglob("*.xplane.pb"))
+    assert traces and all(t.stat().st_size > 0 for t in traces)
+
+
+def test_an_out_of_memory_is_one_error_with_the_bytes_and_a_fix_that_trains(tmp_path: Path) -> None:
+    """XLA's attention and no remat need ~28 GiB a chip at the preset's batch: one error, then its fix trains."""
+    flags = ("--preset", "gpt2-small", "--model.attention", "xla", "--steps", "2")
+    failed = _train(tmp_path / "over", *flags, "--model.remat", "none")
+    out = failed.stdout + failed.stderr
+    assert failed.returncode == 2, out[-4000:]
+    assert "Traceback" not in out and "GiB per device" in out and "--model.remat" in out
+    fixed = _train(tmp_path / "fits", *flags, "--model.remat", "dots")
+    assert fixed.returncode == 0, (fixed.stdout + fixed.stderr)[-4000:]
