@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from deploy.checks import Check, Devices, failed, report, run_check, run_skipped
 from deploy.runner import Runner
 from deploy.tpu import gcloud, ship, wheels
+from deploy.tpu import fit
 from deploy.tpu.config import TpuConfig, run_dir_of, validate_job
 from deploy.tpu.slice import Slice, TpuError
 from job.core import storage
@@ -257,6 +258,7 @@ def checks(cfg: TpuConfig, runner: Runner, check_run: bool = True) -> Iterator[C
             yield from (probe.check(cfg, runner) for probe in (*QUICK[3:], Probe("slice", slice_state)))
     if _bucket_url(cfg) is not None:
         yield Probe("run dir", bucket_access).check(cfg, runner)
+    yield fit.check(cfg, check_run)  # last: compiling the train step for the slice takes longest (deploy/tpu/fit.py)
 
 
 def doctor(cfg: TpuConfig, runner: Runner, check_run: bool = True) -> int:

@@ -19,7 +19,8 @@ from tests.tpu.harness import ZONE, Cloud
 
 RUN_DIR = "train --run-dir /mnt/bucket/run1"
 SLICE = ("--name=pod-x", f"--zone={ZONE}", "--accelerator=v4-16", f"--args={RUN_DIR}")
-CHECKS = ("request", "run", "code", "gcloud", "account", "project", "accelerator type", "runtime version", "slice")
+CHECKS = ("request", "run", "code", "gcloud", "account", "project", "accelerator type", "runtime version", "slice",
+          "fit")
 
 
 def changes(cloud: Cloud) -> list[list[str]]:
@@ -39,6 +40,7 @@ def test_all_checks_pass_for_a_request_the_zone_can_serve(cloud: Cloud) -> None:
     assert found["runtime version"] == ("ok    runtime version: tpu-ubuntu2204-base (the v4 default) is offered in "
                                         f"{ZONE}")
     assert "pod-x does not exist yet" in found["slice"]
+    assert found["fit"].startswith(("ok    fit: the train step needs ", "ok    fit: skipped: libtpu is not installed"))
     assert changes(cloud) == []
 
 
@@ -154,7 +156,7 @@ def test_without_gcloud_only_the_request_is_checked(cloud: Cloud) -> None:
     proc = cloud.make("tpu-doctor", TPU_NAME="pod-x", ZONE=ZONE, ARGS=RUN_DIR, env=cloud.env(with_gcloud=False))
     assert proc.returncode != 0
     found = check_lines(proc.stdout)
-    assert list(found) == ["request", "run", "code", "gcloud"] and found["request"].startswith("ok "), proc.stdout
+    assert list(found) == ["request", "run", "code", "gcloud", "fit"] and found["request"].startswith("ok "), proc.stdout
     assert found["gcloud"].startswith("FAIL  gcloud: gcloud: expected the Google Cloud CLI on PATH")
     assert "https://cloud.google.com/sdk/docs/install" in found["gcloud"]
 

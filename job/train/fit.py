@@ -1,0 +1,164 @@
+"""Whether a run's train step fits devices this machine does not have: compiled ahead of time for them.
+
+    target = Target("v5litepod-1", "1 chip", devices)      # compile-only devices (deploy/tpu/fit.py makes them)
+    found = fit.check(cfg, task, target, larger=[Target("v5litepod-4", "4 chips", more)])
+    found.fits, found.need.needed, found.need.available    # bytes per device
+    raise found.error()                                      # job/train/memory.py's error, each flag checked
+
+The step is the loop's own (`loop.train_step_of` over `loop.plan_run`'s state, on `loop.run_mesh` of the
+target's devices, compiled inside the run's mesh and rules), for the state's abstract shapes and shardings
+and a batch of the run's shapes: nothing is allocated. Where it does not fit, each kind of flag of
+`memory.Remedy` is compiled too (the first that fits of each kind is kept): --model.remat, --accum-steps,
+--data.global-batch, and --rule fsdp on the larger targets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from job.core.errors import ConfigError
+from job.parallel import sharding
+from job.train import loop, memory
+from job.train.config import TrainConfig
+from job.train.memory import Need, Remedy
+from job.train.task import Task
+
+log = logging.getLogger("job.train")
+
+KINDS = ("remat", "accum_steps", "global_batch", "more_devices")  # the kinds of flag `check` tries, in this order
+# a program no device holds (the outer product of 2**19 float32s, sorted: 1 TiB of temporaries): the compiler's
+# refusal names what one device has
+_TOO_BIG = 1 << 19
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Devices to compile for: a TPU slice's, made by libtpu without a TPU (`deploy/tpu/fit.py`)."""
+
+    name: str  # as a flag names it: 'v5litepod-4' (ACCELERATOR)
+    detail: str  # what it holds: '4 chips (TPU v5 lite)'
+    devices: tuple[Any, ...]  # jax devices, compile-only ones included
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.detail}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    """What compiling the run's train step for a target found."""
+
+    target: Target
+    need: Need  # the run's own step
+    remedies: tuple[Remedy, ...]  # where it does not fit: every flag compiled, each kind's first fit last of its kind
+    seconds: float  # compiling, every try together
+
+    @property
+    def fits(self) -> bool:
+        return self.need.fits
+
+    def error(self) -> ConfigError:
+        """The one error of a step that does not fit (job/train/memory.py's, as the loop raises it)."""
+        return memory.error(self.need, self.remedies, str(self.target), "compiled ahead of time", checked=True)
+
+
+def available(device: Any) -> int | None:
+    """The bytes one device holds, as its compiler says when a program is too big for it; None if it does not
+    say (a CPU device, another message)."""
+    mesh = jax.sharding.Mesh(np.array([device]), ("one",))
+    small = jax.ShapeDtypeStruct((_TOO_BIG,), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec()))
+    try:
+        jax.jit(lambda x: jnp.sort(jnp.outer(x, x), axis=0)[:1]).lower(small).compile()
+    except jax.errors.JaxRuntimeError as exc:
+        return memory.from_message(str(exc)).available if memory.is_out_of_memory(exc) else None
+    return None
+
+
+def first_row(cfg: TrainConfig, task: Task) -> Mapping[str, Any]:
+    """Row 0 of the first train batch, asked of the task's source (it may read a token file: an error where
+    that file is not on this machine)."""
+    return task.source(cfg.data, cfg.model).rows("train", 0, 0, 1)
+
+
+def abstract_batch(row: Mapping[str, Any], size: int, batch_sharding: jax.sharding.Sharding
+                   ) -> dict[str, jax.ShapeDtypeStruct]:
+    """A global batch of `size` rows like `row` (`first_row`), laid out as the loop lays one out: what the step
+    is compiled for, with no batch made."""
+    return {name: jax.ShapeDtypeStruct((size, *np.shape(value)[1:]),
+                                       jax.dtypes.canonicalize_dtype(np.asarray(value).dtype), sharding=batch_sharding)
+            for name, value in row.items()}
+
+
+def measure(cfg: TrainConfig, task: Task, devices: Sequence[Any], hbm: int | None,
+            row: Mapping[str, Any] | None = None) -> Need:
+    """Compile the run's train step for `devices`, as the loop compiles it: bytes per device against `hbm`.
+    A ConfigError where the run cannot be laid out on them (a batch that does not split, a model axis)."""
+    row = first_row(cfg, task) if row is None else row
+    mesh = loop.run_mesh(cfg.model_axis, cfg.mesh, devices=devices)
+    sharding.check_global_batch(cfg.data.global_batch, cfg.accum_steps, mesh)
+    batch = abstract_batch(row, cfg.data.global_batch, sharding.batch_sharding(mesh))
+    planned = loop.plan_run(cfg, task, mesh).planned  # outside the mesh's context, as the loop builds it
+    with sharding.mesh_context(mesh, loop.run_rules(cfg, task)):  # the model picks its kernels by the mesh's platform
+        try:
+            compiled = loop.train_step_of(cfg, task, planned, mesh).lower(planned.abstract, batch).compile()
+        except jax.errors.JaxRuntimeError as exc:
+            if not memory.is_out_of_memory(exc):
+                raise
+            return memory.from_message(str(exc), hbm)
+    return memory.from_compiled(compiled, hbm)
+
+
+def _tries(cfg: TrainConfig, task: Task, target: Target, larger: Sequence[Target],
+           kinds: Iterable[str]) -> Iterator[tuple[str, Remedy, Target]]:
+    """(kind, remedy, where to compile it) for each kind, in order."""
+    mesh = loop.run_mesh(cfg.model_axis, cfg.mesh, devices=target.devices)
+    data_parallel = sharding.batch_size_divisor(mesh)
+    makers: Mapping[str, Callable[[], Iterable[tuple[Remedy, Target]]]] = {
+        "remat": lambda: ((r, target) for r in memory.remat(cfg, task)),
+        "accum_steps": lambda: ((r, target) for r in memory.accum_steps(cfg, data_parallel)),
+        "global_batch": lambda: ((r, target) for r in memory.global_batch(cfg, data_parallel)),
+        "more_devices": lambda: ((memory.more_devices(cfg, len(target.devices), len(t.devices) // len(target.devices),
+                                                      t.name), t) for t in larger),
+    }
+    for kind in kinds:
+        for remedy, where in makers[kind]():
+            yield kind, remedy, where
+
+
+def check(cfg: TrainConfig, task: Task, target: Target, larger: Sequence[Target] = (),
+          kinds: Iterable[str] = KINDS, row: Mapping[str, Any] | None = None) -> Fit:
+    """The run's train step compiled for `target`; where it does not fit, each of `kinds` of flags (KINDS) too,
+    until one of that kind fits (`larger`: targets with more devices, for --rule fsdp over them). `row`: the
+    task's `first_row`, when read already."""
+    began = time.perf_counter()
+    row = first_row(cfg, task) if row is None else row
+    hbm = available(target.devices[0])
+    need = measure(cfg, task, target.devices, hbm, row)
+    remedies: list[Remedy] = []
+    if not need.fits:
+        done: set[str] = set()
+        for kind, remedy, where in _tries(cfg, task, target, larger, kinds):
+            if kind in done:
+                continue
+            try:
+                found = measure(remedy.cfg, task, where.devices, hbm if where is target else available(where.devices[0]),
+                                row)
+            except ConfigError:  # it cannot be laid out there (a batch the devices do not split): not a fit
+                continue
+            remedies.append(remedy.checked(found))
+            log.info("fit: %s on %s: %s", " ".join(remedy.flags) or "as it is", where,
+                     "fits" if found.fits else "does not fit")
+            if found.fits:
+                done.add(kind)
+    return Fit(target, need, tuple(remedies), time.perf_counter() - began)
+
+
+__all__ = ["KINDS", "Fit", "Target", "abstract_batch", "available", "check", "first_row", "measure"]
