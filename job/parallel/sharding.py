@@ -45,27 +45,40 @@ EXPERT_AXIS = "expert"  # a mixture of experts' experts (and, for every other la
 SEQUENCE_AXIS = "sequence"  # activations split along the sequence (a model's constraints name it "length")
 # the mesh axes the presets name; a mesh without one of them keeps what maps to it whole
 KNOWN_AXES: tuple[str, ...] = (DATA_AXIS, MODEL_AXIS, EXPERT_AXIS, SEQUENCE_AXIS)
-LOGICAL_AXES: tuple[str, ...] = ("embed", "mlp", "heads", "vocab", "in", "out", "experts", "batch", "length")
+# GenSBI's vocabulary, exactly (DESIGN.md §3): a program that checks the shared names against this
+# package finds them unchanged
+LOGICAL_AXES: tuple[str, ...] = ("embed", "mlp", "heads", "vocab", "in", "out")
 # the leading dimension of a stack of layers made by nnx.vmap and run by nnx.scan (transform_metadata
 # {nnx.PARTITION_NAME: "layers"}, as flax's and MaxText's scanned models name it): every rule keeps it whole
 LAYERS_AXIS = "layers"
 
 MeshAxes = str | tuple[str, ...] | None  # what a logical axis maps to: a mesh axis, several, or none (whole)
 
-# in every preset: experts over "expert", an activation's batch over the batch axes, its length over "sequence"
-_EVERY: dict[str, MeshAxes] = {"experts": EXPERT_AXIS, "batch": (DATA_AXIS, EXPERT_AXIS), "length": SEQUENCE_AXIS}
 _FSDP: dict[str, MeshAxes] = {"embed": DATA_AXIS}
 _TENSOR: dict[str, MeshAxes] = {"mlp": MODEL_AXIS, "heads": MODEL_AXIS, "vocab": MODEL_AXIS}
-RULES: Mapping[str, tuple[tuple[str, MeshAxes], ...]] = types.MappingProxyType({
-    "replicated": tuple((name, _EVERY.get(name)) for name in LOGICAL_AXES),
-    "fsdp": tuple((name, _FSDP.get(name, _EVERY.get(name))) for name in LOGICAL_AXES),
-    "tensor": tuple((name, _TENSOR.get(name, _EVERY.get(name))) for name in LOGICAL_AXES),
+# GenSBI's rules, exactly: "replicated" keeps every name whole, "fsdp" splits embed over "data", "tensor"
+# mlp, heads and vocab over "model"
+RULES: Mapping[str, tuple[tuple[str, str | None], ...]] = types.MappingProxyType({
+    "replicated": tuple((name, None) for name in LOGICAL_AXES),
+    "fsdp": tuple((name, DATA_AXIS if name in _FSDP else None) for name in LOGICAL_AXES),
+    "tensor": tuple((name, MODEL_AXIS if name in _TENSOR else None) for name in LOGICAL_AXES),
 })
-# what --rule accepts: RULES (the seed-parity table) and both at once on a 2-D mesh, "embed" over
-# "data" and the tensor-parallel axes over "model"
+# the names the training loop knows besides GenSBI's: experts (a mixture's expert dimension), an
+# activation's batch and length (what `constrain` lays out)
+TRAIN_LOGICAL_AXES: tuple[str, ...] = (*LOGICAL_AXES, "experts", "batch", "length")
+# in every training rule: experts over "expert", an activation's batch over the batch axes, its length over
+# "sequence"
+_EVERY: dict[str, MeshAxes] = {"experts": EXPERT_AXIS, "batch": (DATA_AXIS, EXPERT_AXIS), "length": SEQUENCE_AXIS}
+# what --rule accepts (the table `rule_table`, the loop, `constrain` and `shard_model` read): RULES over
+# TRAIN_LOGICAL_AXES, and "fsdp_tensor", both at once on a 2-D mesh ("embed" over "data", the
+# tensor-parallel names over "model")
 TRAIN_RULES: Mapping[str, tuple[tuple[str, MeshAxes], ...]] = types.MappingProxyType({
-    **RULES, "fsdp_tensor": tuple((name, _FSDP.get(name, _TENSOR.get(name, _EVERY.get(name))))
-                                  for name in LOGICAL_AXES)})
+    "replicated": tuple((name, _EVERY.get(name)) for name in TRAIN_LOGICAL_AXES),
+    "fsdp": tuple((name, _FSDP.get(name, _EVERY.get(name))) for name in TRAIN_LOGICAL_AXES),
+    "tensor": tuple((name, _TENSOR.get(name, _EVERY.get(name))) for name in TRAIN_LOGICAL_AXES),
+    "fsdp_tensor": tuple((name, _FSDP.get(name, _TENSOR.get(name, _EVERY.get(name))))
+                         for name in TRAIN_LOGICAL_AXES),
+})
 del _EVERY, _FSDP, _TENSOR
 UNANNOTATED = "an nnx.Param without a sharding annotation"
 
@@ -323,7 +336,8 @@ def fallback_warning(what: str, fallbacks: Sequence[str], mesh: Mesh,
 def shard_model(node: Any, mesh: Mesh, rule: str = "replicated") -> Any:
     """Place every variable of an NNX graph node (model, Optimizer, EMA) on `mesh`, in place.
 
-    Annotated variables follow `RULES[rule]`; unannotated ones replicate, and so
+    Annotated variables follow `TRAIN_RULES[rule]` (GenSBI's `RULES[rule]`, and the training names
+    experts, batch and length); unannotated ones replicate, and so
     does a variable whose annotation cannot be used. One UserWarning lists
     those annotations and, under every rule but "replicated", each `nnx.Param`
     that has no annotation (other variables, such as RNG state and optimizer
@@ -524,7 +538,7 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
 
 __all__ = [
     "DATA_AXIS", "EXPERT_AXIS", "KNOWN_AXES", "LAYERS_AXIS", "LOGICAL_AXES", "MODEL_AXIS", "RULES", "SEQUENCE_AXIS",
-    "TRAIN_RULES", "AxisRules", "MeshAxes", "axes", "batch_axes", "batch_size_divisor", "check_batch_divisible",
+    "TRAIN_LOGICAL_AXES", "TRAIN_RULES", "AxisRules", "MeshAxes", "axes", "batch_axes", "batch_size_divisor", "check_batch_divisible",
     "activation_spec", "check_global_batch", "constrain", "fallback_warning", "make_mesh", "mesh_context", "mesh_shape", "pad_for_mesh",
     "parse_mesh",
     "partitioned", "placement", "replicate", "resolve_mesh", "rule_table", "shard_batch", "shard_model",

@@ -141,7 +141,7 @@ def test_every_param_is_annotated_with_its_rank(model: Transformer) -> None:
         meta = var.get_metadata()
         names = meta.get("out_sharding")
         assert names is not None and len(names) == var.ndim, path
-        assert set(names) <= set(sh.LOGICAL_AXES) | {sh.LAYERS_AXIS, None}, path
+        assert set(names) <= set(sh.TRAIN_LOGICAL_AXES) | {sh.LAYERS_AXIS, None}, path
         assert meta["eager_sharding"] is False, path
         # the stacked blocks lead with the layers axis, the rest never has it
         assert (names[0] == sh.LAYERS_AXIS and var.shape[0] == 2) == (path[0] == "blocks"), path

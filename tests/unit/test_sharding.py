@@ -69,20 +69,31 @@ def shard_quietly(node: object, mesh: Mesh, rule: str) -> list[str]:
 
 # --- constants and annotations -------------------------------------------------------------
 
-def test_constants() -> None:
-    assert sh.LOGICAL_AXES == ("embed", "mlp", "heads", "vocab", "in", "out", "experts", "batch", "length")
+def test_constants_are_gensbis_vocabulary_exactly() -> None:
+    assert sh.LOGICAL_AXES == ("embed", "mlp", "heads", "vocab", "in", "out")
     assert (sh.MODEL_AXIS, sh.DATA_AXIS, sh.EXPERT_AXIS, sh.SEQUENCE_AXIS) == ("model", "data", "expert", "sequence")
-    every = (("experts", "expert"), ("batch", ("data", "expert")), ("length", "sequence"))
     assert dict(sh.RULES) == {
-        "replicated": (*((n, None) for n in sh.LOGICAL_AXES[:6]), *every),
-        "fsdp": (("embed", "data"), ("mlp", None), ("heads", None), ("vocab", None),
-                 ("in", None), ("out", None), *every),
+        "replicated": (("embed", None), ("mlp", None), ("heads", None), ("vocab", None), ("in", None), ("out", None)),
+        "fsdp": (("embed", "data"), ("mlp", None), ("heads", None), ("vocab", None), ("in", None), ("out", None)),
         "tensor": (("embed", None), ("mlp", "model"), ("heads", "model"), ("vocab", "model"),
-                   ("in", None), ("out", None), *every),
+                   ("in", None), ("out", None)),
     }
     assert all(isinstance(v, tuple) for v in sh.RULES.values())
     with pytest.raises(TypeError):
         sh.RULES["mine"] = ()  # type: ignore[index]
+
+
+def test_the_training_table_extends_gensbis_under_its_own_names() -> None:
+    assert sh.TRAIN_LOGICAL_AXES == (*sh.LOGICAL_AXES, "experts", "batch", "length")
+    every = (("experts", "expert"), ("batch", ("data", "expert")), ("length", "sequence"))
+    assert dict(sh.TRAIN_RULES) == {
+        **{rule: (*pairs, *every) for rule, pairs in sh.RULES.items()},
+        "fsdp_tensor": (("embed", "data"), ("mlp", "model"), ("heads", "model"), ("vocab", "model"),
+                        ("in", None), ("out", None), *every),
+    }
+    with pytest.raises(TypeError):
+        sh.TRAIN_RULES["mine"] = ()  # type: ignore[index]
+    assert sh.rule_table("fsdp_tensor")["experts"] == "expert" and sh.rule_table("replicated")["layers"] is None
 
 
 def test_axes_and_partitioned_values() -> None:
