@@ -152,16 +152,40 @@ def parse_mesh(text: str) -> dict[str, int]:
 
 def mesh_shape(axes: Mapping[str, int], devices: int, what: str = "--mesh") -> dict[str, int]:
     """`axes` (from `parse_mesh`) with its -1 filled in for `devices` devices; a ConfigError naming `what`
-    unless the sizes multiply to exactly that count."""
+    unless the sizes multiply to exactly that count (the fix names a size that divides them)."""
     fixed = math.prod(size for size in axes.values() if size != -1)
     rest = devices // fixed if fixed and devices % fixed == 0 else 0
     shape = {name: rest if size == -1 else size for name, size in axes.items()}
     if math.prod(shape.values()) != devices or not all(shape.values()):
         spelled = ",".join(f"{name}={size}" for name, size in axes.items())
         raise ConfigError(what, expected=f"axis sizes whose product is the job's {devices} devices", found=spelled,
-                          fix=f"give one axis -1 (the devices the others leave), e.g. --mesh "
-                              f"{','.join(f'{n}={-1 if i == 0 else s}' for i, (n, s) in enumerate(axes.items()))}")
+                          fix=_mesh_size_fix(axes, devices))
     return shape
+
+
+def _mesh_size_fix(axes: Mapping[str, int], devices: int) -> str:
+    """The fix for sizes that do not multiply to `devices`: the first axis whose size does not divide the devices
+    the axes before it leave, with a divisor near it (`model=3 does not divide 4 devices; e.g. --mesh
+    data=-1,model=2`); else one axis -1."""
+    def spelled(shape: Mapping[str, int]) -> str:
+        return ",".join(f"{name}={size}" for name, size in shape.items())
+
+    first = next(iter(axes))
+    whole = {name: -1 if name == first and -1 not in axes.values() else size for name, size in axes.items()}
+    left = devices
+    for name, size in axes.items():
+        if size == -1 or left % size == 0:
+            left //= max(size, 1)  # -1 takes what is left at the end
+            continue
+        others = math.prod(s for n, s in axes.items() if n != name and s != -1)
+        if -1 not in axes.values() and devices % others == 0:
+            suggestion = {**axes, name: -1}  # the others fit: this axis takes the devices they leave
+        else:
+            near = min((d for d in range(1, left + 1) if left % d == 0), key=lambda d: (abs(d - size), d))
+            suggestion = {**(axes if name == first else whole), name: near}
+        room = f"{left} devices" if left == devices else f"the {left} devices the axes before it leave"
+        return f"{name}={size} does not divide {room}; e.g. --mesh {spelled(suggestion)}"
+    return f"give one axis -1 (the devices the others leave), e.g. --mesh {spelled(whole)}"
 
 
 def _named_mesh(devices: list[jax.Device], axes: Mapping[str, int]) -> Mesh:

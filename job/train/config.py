@@ -141,6 +141,30 @@ def mesh_axes(cfg: TrainConfig) -> dict[str, int]:
     return axes
 
 
+def check_mesh_names(cfg: TrainConfig, task: Task) -> None:
+    """Every --mesh axis is one a rule maps a logical name to: a preset's (data, model, expert, sequence) or one
+    the task declares in Task.logical_axes. Any other name splits nothing (a typo, `modle`, would silently turn
+    tensor parallelism off): a ConfigError naming the nearest known axis."""
+    import difflib
+
+    from job.parallel.sharding import KNOWN_AXES  # jax: as in validate
+
+    declared = [axis for by_rule in (getattr(task, "logical_axes", None) or {}).values()
+                for target in by_rule.values()
+                for axis in ((target,) if isinstance(target, str) else tuple(target or ()))]
+    known = list(dict.fromkeys((*KNOWN_AXES, *declared)))
+    axes = mesh_axes(cfg)
+    for name in axes:
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, known, n=1)
+        fixed = ",".join(f"{close[0] if n == name else n}={size}" for n, size in axes.items()) if close else ""
+        raise ConfigError("--mesh", expected=f"axes that a rule maps a logical axis to: {', '.join(known)} (or one "
+                          "the task declares in Task.logical_axes)", found=f"axis {name!r} in {cfg.mesh!r}",
+                          fix=(f"did you mean {close[0]!r}? --mesh {fixed}; " if close else "")
+                          + f"or declare it in the task, e.g. logical_axes={{'mlp': {{'tensor': {name!r}}}}}")
+
+
 def model_axis(cfg: TrainConfig) -> int:
     """The size of the run's "model" axis, as the task's validate checks its dimensions against it (1 when
     the mesh has none; the devices left when --mesh gives it -1, checked once the devices are known)."""
@@ -163,7 +187,8 @@ def validate(cfg: TrainConfig, task: Task) -> None:
                           f"{' and '.join(DATA_FIELDS)} (the loop reads them)",
                           found=f"{type(cfg.data).__name__} without {', '.join(missing)}",
                           fix="add global_batch: int = 32 and eval_batches: int = 2 to it (docs/your-model.md)")
-    rule_table(cfg.rule)  # an unknown --rule: its ConfigError
+    rule_table(cfg.rule, getattr(task, "logical_axes", None))  # an unknown --rule, a bad declaration: its ConfigError
+    check_mesh_names(cfg, task)
     task.validate(cfg.model, cfg.data, rule=cfg.rule, model_axis=model_axis(cfg))
     optim, run_dir = cfg.optim, cfg.run_dir
     checks = (  # (ok, flag, expected, found, fix); comparisons are written so that NaN fails them

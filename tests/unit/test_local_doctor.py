@@ -210,6 +210,25 @@ def test_args_that_fit_the_devices_pass_with_the_task_and_the_devices(cpu_only: 
     assert lines["run"] == "ok    run: task lm: global batch 32 splits over 8 devices (NPROC=2 x DEVICES=4)"
 
 
+def test_a_mesh_axis_no_rule_maps_to_is_the_runs_fail_line_naming_the_nearest_axis(
+        cpu_only: None, capsys: pytest.CaptureFixture[str]) -> None:
+    code, lines = run_local_doctor(["-n", "2", "--devices-per-process", "2",
+                                    "--args=train --mesh data=2,modle=2 --rule tensor"], capsys)
+    assert code == 1
+    assert lines["run"].startswith("FAIL  run: --mesh: expected axes that a rule maps a logical axis to: data, model, "
+                                   "expert, sequence"), lines["run"]
+    assert "found \"axis 'modle' in 'data=2,modle=2'\"" in lines["run"]
+    assert "Fix: did you mean 'model'? --mesh data=2,model=2; or declare it in the task" in lines["run"]
+
+
+def test_a_mesh_size_that_does_not_divide_the_devices_is_the_runs_fail_line_with_a_divisor(
+        cpu_only: None, capsys: pytest.CaptureFixture[str]) -> None:
+    code, lines = run_local_doctor(["-n", "2", "--devices-per-process", "2", "--args=train --mesh data=-1,model=3"],
+                                   capsys)
+    assert code == 1
+    assert lines["run"].endswith("Fix: model=3 does not divide 4 devices; e.g. --mesh data=-1,model=2"), lines["run"]
+
+
 def test_every_run_of_a_sweep_is_checked_against_the_devices(cpu_only: None, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["-n", "2", "--devices-per-process", "2", f"--args=train --run-dir {tmp_path / 'sweep'}"]

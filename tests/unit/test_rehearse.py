@@ -208,6 +208,18 @@ def test_args_whose_batch_does_not_split_over_4_devices_exit_2_and_run_nothing(
     assert out.splitlines()[-1] == "nothing was run"
 
 
+@pytest.mark.parametrize(("args", "said"), [
+    ("train --mesh data=2,modle=2 --rule tensor", "Fix: did you mean 'model'? --mesh data=2,model=2"),
+    ("train --mesh data=-1,model=3", "Fix: model=3 does not divide 4 devices; e.g. --mesh data=-1,model=2"),
+])
+def test_a_mesh_axis_no_rule_maps_to_or_a_size_that_does_not_divide_exits_2_and_runs_nothing(
+        args: str, said: str, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = JobDouble()
+    code, out = rehearsed(runner, capsys, tmp_path, monkeypatch, "--args", args)
+    assert code == 2 and runner.calls == [] and said in check_lines(out)["args"], out
+
+
 @pytest.mark.parametrize(("argv", "said"), [
     (["--args", "--steps 3"], "found '--steps 3'. Fix: ARGS='train --steps 3'"),
     (["--args", "eval --run-dir runs/x"], "expected `train` first (a rehearsal trains), found 'eval --run-dir runs/x'"),

@@ -9,6 +9,7 @@ guard below does the same when this file is the first to import jax. By hand:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import warnings
@@ -332,6 +333,36 @@ def test_a_mesh_flag_names_axes_and_sizes_with_one_minus_one_for_the_rest(text: 
     assert sh.mesh_shape(sh.parse_mesh(text), devices) == shape
 
 
+@pytest.mark.parametrize(("text", "devices", "fix"), [
+    ("data=-1,model=3", 4, "model=3 does not divide 4 devices; e.g. --mesh data=-1,model=2"),
+    ("data=2,model=3", 8, "model=3 does not divide the 4 devices the axes before it leave; e.g. --mesh data=2,model=-1"),
+    ("data=-1,expert=4,model=4", 8,
+     "model=4 does not divide the 2 devices the axes before it leave; e.g. --mesh data=-1,expert=4,model=2"),
+    ("data=2,model=2", 8, "give one axis -1 (the devices the others leave), e.g. --mesh data=-1,model=2"),
+])
+def test_a_mesh_size_that_does_not_divide_the_devices_is_named_with_a_divisor_in_the_fix(
+        text: str, devices: int, fix: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        sh.mesh_shape(sh.parse_mesh(text), devices)
+    assert raised.value.fix == fix
+    suggested = fix.rpartition("--mesh ")[2]
+    assert sh.mesh_shape(sh.parse_mesh(suggested), devices)  # the fix's mesh fits
+
+
+def test_a_mesh_axis_the_task_declares_is_accepted_and_one_nobody_maps_to_is_refused() -> None:
+    from job.train import config
+    from job.train import task as tasks
+
+    lm = tasks.load("lm")
+    cfg = dataclasses.replace(config.defaults(lm), mesh="data=2,pipe=2")
+    with pytest.raises(ConfigError) as raised:
+        config.validate(cfg, lm)
+    assert raised.value.what == "--mesh" and raised.value.found == "axis 'pipe' in 'data=2,pipe=2'"
+    assert "did you mean" not in raised.value.fix and "logical_axes={'mlp': {'tensor': 'pipe'}}" in raised.value.fix
+    config.validate(cfg, dataclasses.replace(lm, logical_axes={"mlp": {"tensor": "pipe"}}))
+    config.validate(dataclasses.replace(cfg, mesh="data=2,expert=2,sequence=1,model=1"), lm)  # the presets' axes
+
+
 @pytest.mark.parametrize(("text", "said"), [
     ("data=4,data=2", "distinct NAME=SIZE words"), ("data", "distinct NAME=SIZE words"),
     ("data=0", "axis 'data' of a size >= 1, or -1"), ("data=two", "axis 'data' of a size >= 1"),
@@ -347,7 +378,7 @@ def test_a_mesh_whose_sizes_do_not_multiply_to_the_devices_names_the_count_and_a
     with pytest.raises(ConfigError) as raised:
         sh.mesh_shape(sh.parse_mesh("data=3,expert=2"), 8)
     assert str(raised.value) == ("--mesh: expected axis sizes whose product is the job's 8 devices, found "
-                                 "'data=3,expert=2'. Fix: give one axis -1 (the devices the others leave), e.g. "
+                                 "'data=3,expert=2'. Fix: data=3 does not divide 8 devices; e.g. "
                                  "--mesh data=-1,expert=2")
     mesh = sh.make_mesh(axes={"data": -1, "expert": 2, "model": 2})
     assert dict(mesh.shape) == {"data": 2, "expert": 2, "model": 2} and sh.batch_axes(mesh) == ("data", "expert")
