@@ -160,10 +160,11 @@ def test_token_file_trains_from_a_tokenized_text(tmp_path: Path) -> None:
 
 
 def test_an_arrayrecord_file_through_grain_trains_alike_on_two_topologies(tmp_path: Path) -> None:
-    # 12 records of 256 tokens: 11 train records (88 windows of 32), so 6 steps of 32 rows wrap into a third epoch
-    (tmp_path / "text.txt").write_bytes(np.random.default_rng(0).integers(0, 256, 12 * 256, np.uint8).tobytes())
+    # 12 records of 257 tokens: 11 train records (88 windows of 33, neighbours sharing one), so 6 steps of 32 rows
+    # wrap into a third epoch
+    (tmp_path / "text.txt").write_bytes(np.random.default_rng(0).integers(0, 256, 12 * 257, np.uint8).tobytes())
     made = run([sys.executable, "-m", "job", "tokenize", str(tmp_path / "text.txt"), str(tmp_path / "t.arrayrecord"),
-                "--record-tokens", "256"])
+                "--record-tokens", "257"])
     assert made.returncode == 0, made.stderr
     flags = ("--data.source", str(tmp_path / "t.arrayrecord"), "--model.vocab-size", "256", *SMALL)
     runs, said = {}, {}
