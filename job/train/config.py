@@ -12,6 +12,7 @@ learning rate, ...) before anything starts. The resolved config is saved as
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 from collections.abc import Mapping
@@ -145,8 +146,6 @@ def check_mesh_names(cfg: TrainConfig, task: Task) -> None:
     """Every --mesh axis is one a rule maps a logical name to: a preset's (data, model, expert, sequence) or one
     the task declares in Task.logical_axes. Any other name splits nothing (a typo, `modle`, would silently turn
     tensor parallelism off): a ConfigError naming the nearest known axis."""
-    import difflib
-
     from job.parallel.sharding import KNOWN_AXES  # jax: as in validate
 
     declared = [axis for by_rule in (getattr(task, "logical_axes", None) or {}).values()
