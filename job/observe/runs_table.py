@@ -5,7 +5,9 @@
     python -m job runs runs/lm1                          # one run: a one-row table
 
 One line per run: its values, its state (job/observe/status.py), step of total,
-the newest train and eval loss and the metric ranked by, throughput in each
+the train and eval loss and the metric ranked by (a completed, stopped or
+preempted run's from its summary.json, its last saved step's; else the newest
+records'), throughput in each
 task's unit (the `UNIT_per_s` of its train records: tok/s, samples/s), goodput,
 and `*` on the best run by `--by` (SPLIT_METRIC of metrics.jsonl: eval_loss,
 train_loss, eval_accuracy, ...; lower is better unless `--max`). A column no

@@ -72,6 +72,9 @@ class RunStatus:
     goodput: float | None = None  # steps' share of the time: the last ended attempt's, or the running one's so far
     ended: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # FAILED, RETRYING, CANCELLED: the batch record
     interrupted: bool = False  # STOPPED: with Ctrl-C, after a save (exit 130)
+    # COMPLETED, and STOPPED or PREEMPTED by its own summary: summary.json, whose train_loss is the last saved
+    # step's (a metrics record is only every --log-every steps)
+    final: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def describe(self) -> str:
         """'completed', 'running (attempt 2)', 'preempted at step 40', 'stopped at step 30 (quiet 2.1 h)'."""
@@ -91,7 +94,10 @@ class RunStatus:
         return str(self.state)
 
     def metric(self, name: str) -> float | None:
-        """`eval_loss`, `train_loss`, `test_accuracy`, `train_tokens_per_s`: SPLIT_METRIC of the newest records."""
+        """`eval_loss`, `train_loss`, `test_accuracy`, `train_tokens_per_s`: SPLIT_METRIC of the run's summary when
+        it ended with one (the last saved step's), else of the newest records."""
+        if isinstance(self.final.get(name), int | float) and not isinstance(self.final.get(name), bool):
+            return float(self.final[name])
         for split in sorted(self.latest, key=len, reverse=True):
             if name.startswith(split + "_") and isinstance(self.latest[split].get(name[len(split) + 1:]), int | float):
                 return float(self.latest[split][name[len(split) + 1:]])
@@ -156,7 +162,7 @@ def state_of(run_dir: str | epath.Path, *, now: float | None = None, stale_s: fl
                       quiet_s=None if newest is None else max(0.0, now - newest),
                       goodput=summary["goodput"].get("goodput") if isinstance(summary.get("goodput"), dict) else None)
     if summary.get("completed") is True and (total is None or int(summary.get("final_step") or 0) >= total):
-        return dataclasses.replace(known, state=State.COMPLETED)
+        return dataclasses.replace(known, state=State.COMPLETED, final=summary)
     batch = attempt_records.ended(path)
     ended = batch[-1] if batch and (newest is None or float(batch[-1].get("ended", 0)) >= newest) else {}
     if ended.get("outcome") == "cancelled":  # the backend's record of the newest attempt: nothing started since
@@ -171,8 +177,10 @@ def state_of(run_dir: str | epath.Path, *, now: float | None = None, stale_s: fl
         # an attempt ends with an end record and then its summary; without its own summary it stopped there
         own = (summary.get("goodput") or {}).get("attempt", last.get("attempt")) == last.get("attempt")
         if summary.get("completed") is False and own and summary.get("exit_code") == exits.STOPPED:
-            return dataclasses.replace(known, state=State.STOPPED, interrupted=True)
-        return dataclasses.replace(known, state=State.PREEMPTED) if summary.get("completed") is False and own else known
+            return dataclasses.replace(known, state=State.STOPPED, interrupted=True, final=summary)
+        if summary.get("completed") is False and own:
+            return dataclasses.replace(known, state=State.PREEMPTED, final=summary)
+        return known
     if known.quiet_s is not None and known.quiet_s < stale_s:
         return dataclasses.replace(known, state=State.RUNNING,
                                    goodput=None if start_after else _running_goodput(records))

@@ -17,11 +17,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
+import os
 import sys
 from collections.abc import Callable
 
 from job.core.errors import BAD_INPUT_EXIT_CODE, ConfigError
+from job.runtime import cluster
 from job.train import task as tasks
 
 QUIET_LOGGERS = ("absl", "jax", "orbax", "fsspec", "gcsfs")
@@ -73,7 +77,11 @@ def _train(flags: list[str]) -> int:
     from job.train import config, loop
 
     chosen = tasks.load(tasks.task_name(flags))
-    cfg = config.parse(flags, chosen)
+    if _process_zero():
+        cfg = config.parse(flags, chosen)
+    else:  # every process parses the same flags: a usage error (tyro's box, exit 2) is printed by process 0 only
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            cfg = config.parse(flags, chosen)
     config.validate(cfg, chosen)  # bad input: one clear line and exit 2, before anything starts
     try:
         return loop.run(cfg, chosen, ["train", *flags])
@@ -82,6 +90,15 @@ def _train(flags: list[str]) -> int:
             print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
             exc.reported = True
         raise
+
+
+def _process_zero() -> bool:
+    """Whether this is process 0 of its job, told from the environment (before `job.initialize`); a process
+    whose environment does not say is one."""
+    try:
+        return cluster.detect(os.environ).process_id == 0
+    except ConfigError:  # a bad cluster environment: job.initialize says so, after the parse
+        return True
 
 
 def _distributed() -> bool:

@@ -51,3 +51,21 @@ def test_a_warning_raised_through_it_names_the_line_that_called_it(monkeypatch: 
 
 def test_the_public_multihost_hands_on_the_same_function() -> None:
     assert public.on_process_zero is multihost.on_process_zero
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_flag_typo_prints_tyros_box_once_from_process_zero_and_every_process_exits_2(
+        rank: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from job.train import entry
+
+    monkeypatch.setenv("JOB_LAUNCH_COORDINATOR", "127.0.0.1:1")  # as python -m job.launch starts process `rank`
+    monkeypatch.setenv("JOB_LAUNCH_NUM_PROCESSES", "2")
+    monkeypatch.setenv("JOB_LAUNCH_PROCESS_ID", str(rank))
+    with pytest.raises(SystemExit) as exited:
+        entry.train(["--stpes", "3"])
+    said = capsys.readouterr()
+    assert exited.value.code == 2
+    if rank == 0:
+        assert "--stpes" in said.err + said.out
+    else:
+        assert said.err == said.out == ""

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from etils import epath
 
+from job.core import exits
 from job.observe import plot, runs_table
 from job.observe.goodput import Goodput
 from job.observe.report import Reporter
@@ -68,7 +69,7 @@ def restore(run_dir: Path, cfg: config.TrainConfig) -> None:
 
 
 def attempt(run_dir: Path, cfg: config.TrainConfig, clock: Clock, *, start: int, reach: int, ends: str | None,
-            loss: float = 1.0, accuracy: float | None = None) -> None:
+            loss: float = 1.0, accuracy: float | None = None, code: int | None = None) -> None:
     """One attempt of cfg's task as the loop writes it: restore's files, goodput's attempt line, a train record
     (its throughput in the task's unit) and a goodput progress line every log_every steps, an eval (with
     `accuracy` when given) every eval_every, and, when it `ends` ("completed" or "preempted"), goodput's end
@@ -99,7 +100,8 @@ def attempt(run_dir: Path, cfg: config.TrainConfig, clock: Clock, *, start: int,
         report.flush()
         return
     report.close({"final_step": reach, "completed": ends == "completed", "task": cfg.task,
-                  "train_loss": loss + 1.0 / reach, "goodput": timer.finish()})
+                  "train_loss": loss + 1.0 / reach, "goodput": timer.finish(),
+                  **({} if code is None else {"exit_code": code})})
 
 
 def test_a_completed_run_reads_completed_with_its_losses_throughput_and_goodput(tmp_path: Path, clock: Clock) -> None:
@@ -118,6 +120,26 @@ def test_a_preempted_run_reads_preempted_at_its_saved_step(tmp_path: Path, clock
     attempt(tmp_path, cfg_of(tmp_path), clock, start=0, reach=20, ends="preempted")
     status = state_of(tmp_path, now=clock.t + 86400)
     assert (status.state, status.step, status.describe()) == (State.PREEMPTED, 20, "preempted at step 20")
+
+
+def test_a_stopped_or_completed_run_shows_its_last_saved_steps_loss_from_the_summary_not_the_last_logged(
+        tmp_path: Path, clock: Clock) -> None:
+    stopped, completed = tmp_path / "stopped", tmp_path / "completed"
+    attempt(stopped, cfg_of(stopped), clock, start=0, reach=14, ends="preempted", code=exits.STOPPED)  # Ctrl-C
+    attempt(completed, cfg_of(completed, steps=45), clock, start=0, reach=45, ends="completed")
+    statuses = [state_of(stopped, now=clock.t + 60), state_of(completed, now=clock.t + 60)]
+    assert [s.describe() for s in statuses] == ["stopped at step 14 (Ctrl-C; the same command resumes)", "completed"]
+    # logged every 10 steps: step 10's 1.1 and step 40's 1.025 are the newest records, not the saved steps' losses
+    assert [s.latest["train"]["loss"] for s in statuses] == [pytest.approx(1.1), pytest.approx(1.025)]
+    assert [s.metric("train_loss") for s in statuses] == [pytest.approx(1 + 1 / 14), pytest.approx(1 + 1 / 45)]
+    assert statuses[1].metric("eval_loss") == pytest.approx(1.05)  # the summary holds none: the newest record's
+    lines = [line.split() for line in runs_table.render(str(tmp_path), runs_table.rows(str(tmp_path),
+                                                                                       now=clock.t + 60)).splitlines()]
+    assert lines[2][:6] == ["*", "completed", "45", "completed", "45/45", f"{1 + 1 / 45:.4g}"]  # 1.022, not 1.025
+    assert lines[3][0] == "stopped" and lines[3][-5:-3] == ["14/40", f"{1 + 1 / 14:.4g}"]  # 1.071, not 1.1
+    # started again: the running attempt's records, not the summary of the one before
+    attempt(stopped, cfg_of(stopped), clock, start=14, reach=20, ends=None, loss=2.0)
+    assert state_of(stopped, now=clock.t + 60).metric("train_loss") == pytest.approx(2.05)
 
 
 def test_a_run_that_writes_is_running_and_one_quiet_for_an_hour_has_stopped(tmp_path: Path, clock: Clock) -> None:
