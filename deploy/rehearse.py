@@ -35,10 +35,11 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from deploy import row_contract
 from deploy.checks import Check, failed, report
 from deploy.runner import Runner, shell_words
 from job.core import flags, rundir, values
@@ -46,6 +47,7 @@ from job.core.errors import BAD_INPUT_EXIT_CODE, ConfigError
 from job.launch import command as launch_command
 from job.observe.plot import series
 from job.train import sweep_check
+from job.train import task as tasks
 
 DEFAULT_STEPS = 6
 TOPOLOGY_RTOL = 1e-4  # another layout reduces in another order: float noise, not another model
@@ -177,8 +179,11 @@ def _shown(value: float | None) -> str:
     return "nothing" if value is None else repr(value)
 
 
-def topology(wide: Mapping[int, float], tall: Mapping[int, float], steps: int) -> Check:
-    """The train losses of the same S steps on 2 x 2 and 1 x 4: within TOPOLOGY_RTOL, step by step."""
+def topology(wide: Mapping[int, float], tall: Mapping[int, float], steps: int,
+             rows: Callable[[], str | None] | None = None) -> Check:
+    """The train losses of the same S steps on 2 x 2 and 1 x 4: within TOPOLOGY_RTOL, step by step. On a
+    difference, `rows()` (when given) says where the task's rows break the contract they must keep
+    (deploy/row_contract.py): the first differing step, row and field, or None when its rows keep it."""
     diff = first_difference(wide, tall, range(1, steps + 1), TOPOLOGY_RTOL)
     if diff is None:
         worst = max(abs(wide[s] - tall[s]) / max(abs(wide[s]), abs(tall[s]), 1e-30) for s in range(1, steps + 1))
@@ -186,8 +191,7 @@ def topology(wide: Mapping[int, float], tall: Mapping[int, float], steps: int) -
                      f"{_tolerance(TOPOLOGY_RTOL)} relative (largest difference {worst:.1e})")
     step, a, b = diff
     return Check("topology", False, f"the train loss of step {step} differs: {_shown(a)} on {WIDE}, {_shown(b)} on "
-                 f"{TALL} (expected within {_tolerance(TOPOLOGY_RTOL)} relative)",
-                 fix="the rows must be the same on every topology: a pure function of (split, step, start, stop)")
+                 f"{TALL} (expected within {_tolerance(TOPOLOGY_RTOL)} relative)", fix=row_contract.fix(rows, steps))
 
 
 def resume(straight: Mapping[int, float], resumed: Mapping[int, float], shrink: Shrink,
@@ -282,10 +286,16 @@ class Rehearsal:
             yield skipped("eval", wide.what)
             return
         tall = self.train("1x4", f"the {TALL} run", TALL, "1x4")
-        yield topology(train_losses(wide.run_dir), train_losses(tall.run_dir), self.shrink.steps) if tall.ok \
-            else tall.failure("topology")
+        yield topology(train_losses(wide.run_dir), train_losses(tall.run_dir), self.shrink.steps, self.rows) \
+            if tall.ok else tall.failure("topology")
         yield self.resume(wide)
         yield self.evaluation(wide)
+
+    def rows(self) -> str | None:
+        """Where ARGS' task's own rows break the row contract, on this machine (deploy/row_contract.py)."""
+        cfg = sweep_check.check_args(self.args)
+        source = tasks.load(cfg.task).source(cfg.data, cfg.model)
+        return row_contract.first_difference(source, cfg.data.global_batch, self.shrink.steps)
 
     def resume(self, wide: Outcome) -> Check:
         """S/2 steps on 2 x 2, then the same command with --steps S: the rest against the straight run."""

@@ -11,9 +11,10 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from deploy import rehearse
+from deploy import rehearse, row_contract
 from deploy.rehearse import Shrink
 from job.core import flags, rundir
 from tests.doubles import RecordingRunner
@@ -127,10 +128,41 @@ def test_the_first_step_whose_loss_differs_on_1_x_4_is_named_with_both_values(
     assert code == 1
     assert lines["topology"] == (
         "FAIL  topology: the train loss of step 4 differs: 3.5 on 2 x 2, 3.515625 on 1 x 4 (expected within 1e-4 "
-        "relative). Fix: the rows must be the same on every topology: a pure function of (split, step, start, stop)")
+        "relative). Fix: a row's values are a function of split, step and its global row index, never of the range "
+        "[start, stop) a process asks for; the task's rows keep it (steps 0-6 asked whole, in halves and in "
+        "quarters), so look in the model for what depends on the devices or the process (an rng drawn per device, "
+        "a sum in another order beyond float noise)")
     assert lines["resume"].startswith("ok ") and lines["eval"].startswith("ok ")  # they need only the 2 x 2 run
     folder = Path(str(flags.value(runner.calls[0], "--run-dir"))).parent
     assert f"the rehearsal's runs are kept in {folder}" in out and (folder / "1x4.log").is_file()
+
+
+class SeededByRange:
+    """A source seeded by the range a process asks for (`default_rng([step, start])`): a pure function of
+    (split, step, start, stop), yet another row on every topology."""
+
+    def rows(self, split: str, step: int, start: int, stop: int) -> dict[str, np.ndarray]:
+        noise = np.random.default_rng([step, start]).normal(size=(stop - start, 3))
+        return {"index": np.arange(start, stop), "x": noise}
+
+
+class SeededByRow:
+    def rows(self, split: str, step: int, start: int, stop: int) -> dict[str, np.ndarray]:
+        return {"x": np.stack([np.random.default_rng([step, row]).normal(size=3) for row in range(start, stop)])}
+
+
+def test_rows_seeded_by_the_range_asked_break_the_contract_at_a_named_row_and_field() -> None:
+    assert row_contract.first_difference(SeededByRange(), 8, 2) == (
+        "step 0, global row 4, field 'x': asked as rows [0, 8) and as [4, 8) (the 2nd of 2 ranges) it differs")
+    assert row_contract.first_difference(SeededByRow(), 8, 2) is None
+    check = rehearse.topology({1: 4.0}, {1: 4.5}, 1, lambda: row_contract.first_difference(SeededByRange(), 8, 1))
+    assert check.line() == (
+        "FAIL  topology: the train loss of step 1 differs: 4.0 on 2 x 2, 4.5 on 1 x 4 (expected within 1e-4 relative)."
+        " Fix: a row's values are a function of split, step and its global row index, never of the range [start, "
+        "stop) a process asks for; the task's rows break it at step 0, global row 4, field 'x': asked as rows [0, 8) "
+        "and as [4, 8) (the 2nd of 2 ranges) it differs: draw each row's randomness from its global row index "
+        "(job.random.row_bits(seed, split_id, step, start, stop, width) gives row r the same words whatever range "
+        "holds it)")
 
 
 def test_a_loss_within_1e_4_relative_passes_the_topology_check_but_would_fail_a_bitwise_one() -> None:
