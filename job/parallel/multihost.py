@@ -20,6 +20,7 @@ import functools
 import json
 import os
 import re
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, ParamSpec, TypeVar
 
@@ -80,6 +81,13 @@ def on_process_zero(func: Callable[_P, T], /, *args: _P.args, **kwargs: _P.kwarg
         on_process_zero(storage.make_dirs, run_dir)
     """
     return func(*args, **kwargs) if _runs_here(_PROCESS_ZERO) else None
+
+
+def warn_on_process_zero(message: str, category: type[Warning] = UserWarning, *, where: str) -> None:
+    """`message` as one warning from process 0, headed `WHERE:0: Category:` and without Python's source line
+    under it (what `on_process_zero(warnings.warn, ..., stacklevel=2)` would print is the library's own call):
+    the message is the whole of what a user needs. `where` names the library part, e.g. "job.train.state"."""
+    on_process_zero(warnings.warn_explicit, message, category, where, 0, module=where)
 
 
 def only_specific_processes(processes: int | list[int] = 0) -> Callable[[Callable[_P, T]], Callable[_P, T | None]]:

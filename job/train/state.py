@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +24,7 @@ from jax.sharding import Mesh
 
 from job.core.errors import ConfigError
 from job.parallel import sharding
-from job.parallel.multihost import on_process_zero
+from job.parallel.multihost import on_process_zero, warn_on_process_zero
 from job.train.ema import EMA
 
 log = logging.getLogger("job.train")
@@ -105,7 +104,7 @@ def plan(task: Any, cfg: Any, mesh: Mesh, tx: Any) -> Plan:
     if fallbacks:  # one warning for the run, from process 0
         message = sharding.fallback_warning(f"--rule {cfg.rule}", fallbacks, mesh,
                                             sharding.rule_table(cfg.rule, logical_axes))
-        on_process_zero(warnings.warn, message, UserWarning, stacklevel=2)
+        warn_on_process_zero(message, where=__name__)
     abstract = placed(abstract_state, shardings)
 
     def create() -> nnx.State:

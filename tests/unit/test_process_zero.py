@@ -69,3 +69,17 @@ def test_a_flag_typo_prints_tyros_box_once_from_process_zero_and_every_process_e
         assert "--stpes" in said.err + said.out
     else:
         assert said.err == said.out == ""
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_a_warning_from_process_zero_prints_no_python_source_line(index: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jax, "process_index", lambda backend=None: index)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        multihost.warn_on_process_zero("3 variable(s) fell back to replicated", where="job.train.state")
+    if index:
+        assert caught == []
+        return
+    [warning] = caught
+    shown = warnings.formatwarning(warning.message, warning.category, warning.filename, warning.lineno, warning.line)
+    assert shown == "job.train.state:0: UserWarning: 3 variable(s) fell back to replicated\n"
