@@ -19,6 +19,7 @@ from job.parallel.multihost import (
     only_specific_processes,
     single_host_jax_and_orbax,
     sync_string,
+    warn_on_process_zero,
 )
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "create_dp_sharding",
     "only_specific_processes",
     "on_process_zero",
+    "warn_on_process_zero",
     "sync_string",
     "single_host_jax_and_orbax",
     "coordination_client",

@@ -32,6 +32,7 @@ from flax import nnx
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from job.core.errors import ConfigError
+from job.parallel.annotations import hints
 from job.parallel.mesh import check_model_axis, equal_slices, hybrid_mesh, spans_slices
 from job.parallel.trees import is_array, path_str
 
@@ -348,8 +349,13 @@ def placement(state: Any, mesh: Mesh, rule: str = "replicated",
 
 def fallback_warning(what: str, fallbacks: Sequence[str], mesh: Mesh,
                      table: Mapping[str, MeshAxes]) -> str:
-    """The one warning that lists every variable placed replicated against its annotation."""
+    """The one warning that lists every variable placed replicated against its annotation, then, for those without
+    one, where each kind of layer takes it (job/parallel/annotations.py)."""
+    bare = [entry.rpartition(": ")[0] for entry in fallbacks if entry.endswith(f": {UNANNOTATED}")]
+    where = hints(bare)
     return (f"{what}: {len(fallbacks)} variable(s) fell back to replicated:\n  " + "\n  ".join(fallbacks)
+            + ("\nWhere each kind of layer takes its annotation (an argument of the layer where the model builds "
+               "it):\n" + "\n".join(where) if where else "")
             + "\nFix: annotate with job.sharding.axes(...) using one name per dimension from "
             f"{tuple(table)} (None for a dimension kept whole; a task declares more in Task.logical_axes), "
             f"and sizes divisible by the mesh axes {dict(mesh.shape)}. Two dimensions may map to one mesh axis "

@@ -266,6 +266,41 @@ def test_unannotated_params_are_named_in_the_one_fallback_warning(rule: str, mes
     assert got["kernel"] == (P("data") if rule == "fsdp" else P(None, "model"))
 
 
+class Unannotated(nnx.Module):
+    """Layers built without annotations, as a model from a tutorial builds them."""
+
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.ln = nnx.LayerNorm(8, rngs=rngs)
+        self.norm = nnx.RMSNorm(8, rngs=rngs)
+        self.embed = nnx.Embed(16, 8, rngs=rngs)
+        self.up = nnx.Linear(8, 16, rngs=rngs)
+        self.conv = nnx.Conv(3, 8, kernel_size=(3, 3), use_bias=False, rngs=rngs)
+
+
+def test_the_fallback_warning_groups_unannotated_layers_by_kind_with_the_argument_that_annotates_each(
+        mesh42: Mesh) -> None:
+    msgs = shard_quietly(Unannotated(nnx.Rngs(0)), mesh42, "fsdp")
+    [fell] = [m for m in msgs if "fell back" in m]
+    lines = fell.splitlines()
+    assert lines[0] == "shard_model(rule='fsdp'): 7 variable(s) fell back to replicated:"
+    assert "  ln/scale: " + sh.UNANNOTATED in lines  # every path is still listed
+    start = lines.index("Where each kind of layer takes its annotation (an argument of the layer where the model "
+                        "builds it):")
+    assert lines[start + 1:-1] == [
+        '- 2 norm scale(s) (nnx.LayerNorm, nnx.RMSNorm, nnx.BatchNorm): scale_metadata=job.sharding.axes("embed")',
+        '- 1 norm bias(es) (nnx.LayerNorm, nnx.BatchNorm): bias_metadata=job.sharding.axes("embed")',
+        '- 1 embedding table(s) (nnx.Embed): embedding_metadata=job.sharding.axes("vocab", "embed")',
+        '- 2 kernel(s) (nnx.Linear; an nnx.Conv\'s is axes(None, None, "in", "out")): '
+        'kernel_metadata=job.sharding.axes("embed", "mlp")',
+        '- 1 bias(es) (nnx.Linear, nnx.Conv): bias_metadata=job.sharding.axes("mlp") (the name of its kernel\'s '
+        'last dimension)']
+    assert lines[-1].startswith("Fix: annotate with job.sharding.axes(...)")
+    # the arguments shown are the layers' own: annotated so, nothing falls back
+    annotated = nnx.LayerNorm(8, scale_metadata=sh.axes("embed"), bias_metadata=sh.axes("embed"), rngs=nnx.Rngs(0))
+    assert not [m for m in shard_quietly(annotated, mesh42, "fsdp") if "fell back" in m]
+    assert specs(annotated)["scale"] == P("data")
+
+
 def test_the_replicated_rule_says_nothing_about_unannotated_params(mesh42: Mesh) -> None:
     mixed = Mixed(nnx.Rngs(0))
     assert shard_quietly(mixed, mesh42, "replicated") == []
