@@ -160,6 +160,20 @@ def test_the_folders_are_private_and_a_user_folder_of_someone_else_is_one_clear_
     assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
+def test_a_local_dir_the_user_cannot_write_in_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_mkdir = Path.mkdir
+
+    def refused(self: Path, *args: Any, **kwargs: Any) -> None:
+        if self.name.startswith("jax-job-"):  # another user's folder above it: no write permission
+            raise PermissionError(13, "Permission denied", str(self))
+        real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", refused)
+    with pytest.raises(ConfigError, match=r"--ckpt.local-dir: expected a folder where user \d+ can make jax-job-\d+/, "
+                                          r"found '.*Permission denied.*Fix: pass --ckpt.local-dir on a folder of yours"):
+        open_run_folder(str(tmp_path), "/runs/a")
+
+
 # ---------------------------------------------------------------- one step for all
 
 
