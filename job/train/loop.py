@@ -475,11 +475,12 @@ class RunPlan:
     evaluator: Evaluator  # over the task's eval splits
 
 
-def plan_run(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh) -> RunPlan:
-    """The task's rows, the learning rate, the state's plan and the Evaluator of a run of `task` on `mesh`."""
+def plan_run(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh, *, evaluating: bool = False) -> RunPlan:
+    """The task's rows, the learning rate, the state's plan and the Evaluator of a run of `task` on `mesh`
+    (`evaluating`: for `python -m job eval`, which warns only about the model's placement)."""
     source = task.source(cfg.data, cfg.model)
     tx, schedule = optimizers.for_task(task, cfg)
-    planned = state_plan.plan(task, cfg, mesh, tx)
+    planned = state_plan.plan(task, cfg, mesh, tx, evaluating=evaluating)
     evaluator = Evaluator(jit_eval_step(task.loss, planned.eval_graphdef, task.weight), source, mesh,
                           splits=task.eval_splits, global_batch=cfg.data.global_batch,
                           batches=cfg.data.eval_batches, full=cfg.eval_full, weight=task.weight)

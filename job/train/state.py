@@ -84,10 +84,11 @@ def placed(abstract_state: nnx.State, shardings: Any) -> nnx.State:
                         abstract_state, shardings, is_leaf=_is_variable)
 
 
-def plan(task: Any, cfg: Any, mesh: Mesh, tx: Any) -> Plan:
+def plan(task: Any, cfg: Any, mesh: Mesh, tx: Any, *, evaluating: bool = False) -> Plan:
     """The placement of `task`'s train state on `mesh` under cfg.rule, and the init that creates it.
 
-    Variables the rule cannot split as annotated replicate, all named in one UserWarning."""
+    Variables the rule cannot split as annotated replicate, all named in one UserWarning; `evaluating`
+    (`python -m job eval`): only the model's, counted in one line (the run's own warning named them all)."""
     make = functools.partial(nodes, task, cfg, tx)
     abstract_nodes = nnx.eval_shape(make)
     for module in modules(abstract_nodes):
@@ -101,7 +102,9 @@ def plan(task: Any, cfg: Any, mesh: Mesh, tx: Any) -> Plan:
     shardings, fallbacks = sharding.placement(abstract_state, mesh, cfg.rule, logical_axes, notes=notes)
     for note in notes:  # a dimension kept whole because an earlier one of the variable took its mesh axis
         on_process_zero(log.info, "--rule %s: %s", cfg.rule, note)
-    if fallbacks:  # one warning for the run, from process 0
+    if fallbacks and evaluating:
+        _warn_model_fallbacks(cfg.rule, fallbacks)
+    elif fallbacks:  # one warning for the run, from process 0
         message = sharding.fallback_warning(f"--rule {cfg.rule}", fallbacks, mesh,
                                             sharding.rule_table(cfg.rule, logical_axes))
         warn_on_process_zero(message, where=__name__)
@@ -116,6 +119,18 @@ def plan(task: Any, cfg: Any, mesh: Mesh, tx: Any) -> Plan:
     params = count_params(abstract_nodes["model"])
     return Plan(graphdef=graphdef, eval_graphdef=eval_graphdef, abstract=abstract, shardings=shardings,
                 params=params, init=jax.jit(create, out_shardings=shardings))
+
+
+def _warn_model_fallbacks(rule: str, fallbacks: list[str]) -> None:
+    """An evaluation's one line about the model's variables that replicate (its optimizer state is not
+    what it evaluates); the full list at debug level."""
+    model = [f for f in fallbacks if f.startswith("model/")]
+    if not model:
+        return
+    warn_on_process_zero(f"{len(model)} variable(s) of the model fell back to replicated under --rule {rule} on "
+                         f"this mesh (first: {model[0]}); the training run's warning names each with the "
+                         "annotation that fits", where=__name__)
+    on_process_zero(log.debug, "--rule %s: replicated: %s", rule, "; ".join(model))
 
 
 __all__ = ["Plan", "count_params", "modules", "nodes", "placed", "plan"]

@@ -134,7 +134,7 @@ def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None, *
     initialize()
     run_dir = storage.run_path(cfg.run_dir)
     mesh, cfg = eval_mesh(cfg, model_axis)
-    run_plan = loop.plan_run(cfg, task, mesh)
+    run_plan = loop.plan_run(cfg, task, mesh, evaluating=True)
     evaluator = run_plan.evaluator
     checkpoints = Checkpointer(rundir.checkpoints(run_dir), cfg.ckpt)
     try:

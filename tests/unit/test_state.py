@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 import warnings
 from collections.abc import Mapping
@@ -87,6 +88,24 @@ def test_the_init_gives_the_values_of_an_eager_build(mesh42: Mesh) -> None:
         eager = Net(nnx.Rngs(0))
     np.testing.assert_allclose(np.asarray(created.up.kernel.get_value()), np.asarray(eager.up.kernel.get_value()),
                                rtol=1e-6)
+
+
+def test_an_evaluation_warns_in_one_line_about_the_models_fallbacks_only(mesh42: Mesh) -> None:
+    """Without the task's "gates" axis the two kernels (and their Adam moments) replicate: the run's warning
+    names all of them; an evaluation (python -m job eval) counts the model's in one line."""
+    task = FakeTask(logical_axes={})
+    said = {}
+    for evaluating in (False, True):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            state.plan(task, Cfg(), mesh42, optax.adam(1e-3), evaluating=evaluating)
+        said[evaluating] = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert len(said[False]) == 1 and "optimizer/" in said[False][0]
+    [line] = said[True]
+    assert "\n" not in line and "optimizer" not in line
+    named = len(re.findall(r"^\s*model/", said[False][0], re.MULTILINE))  # the run's warning, a line a variable
+    assert named >= 2 and line.startswith(f"{named} variable(s) of the model fell back to replicated under --rule "
+                                          "fsdp_tensor")
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
