@@ -34,6 +34,7 @@ import logging
 import os
 import socket
 import subprocess
+import threading
 from collections.abc import Callable, Iterator, Sequence
 
 from deploy.checks import Check, Devices, failed, report, run_check, run_skipped
@@ -55,20 +56,43 @@ SHOWN = 8  # an error lists at most this many of the runtime versions a zone off
 MEGACORE = ("v4", "v5p")
 
 
+BOUND_S = 10.0  # a check's answer, at most: a service this machine cannot reach is a FAIL line, not a wait
+# the storage clients' loggers, which print a traceback per retry when the network is refused: quiet while checking
+QUIET = ("gcsfs", "fsspec", "aiohttp", "google", "urllib3", "google_auth_httplib2")
+
+
 @dataclasses.dataclass(frozen=True)
 class Probe:
-    """One check: `ask` returns what it found when all is well, raises ConfigError (or TpuError) when not."""
+    """One check: `ask` returns what it found when all is well, raises ConfigError (or TpuError) when not.
+    It has BOUND_S to answer; after that it is a FAIL line naming `service` (and is left running aside)."""
 
     name: str  # on the check's line
     ask: Callable[[TpuConfig, Runner], str]
+    service: str = ""  # what it reaches, named when it does not answer in time (default: gcloud)
 
-    def check(self, cfg: TpuConfig, runner: Runner) -> Check:
+    def check(self, cfg: TpuConfig, runner: Runner, bound_s: float = BOUND_S) -> Check:
+        answer: list[Check] = []
+        worker = threading.Thread(target=lambda: answer.append(self._check(cfg, runner)), daemon=True,
+                                  name=f"doctor-{self.name}")
+        worker.start()
+        worker.join(bound_s)
+        if answer:
+            return answer[0]
+        service = self.service or "gcloud (Google Cloud's API)"
+        return Check(self.name, False, f"expected an answer from {service} within {bound_s:.0f} s, found none",
+                     fix="check this machine's network (proxy, DNS, firewall) reaches it, then run make tpu-doctor "
+                         "again")
+
+    def _check(self, cfg: TpuConfig, runner: Runner) -> Check:
         try:
             return Check(self.name, True, self.ask(cfg, runner))
         except ConfigError as e:
             return failed(self.name, e)
         except TpuError as e:
             return Check(self.name, False, str(e))
+        except Exception as e:  # noqa: BLE001 - a client's own error is still one line, never a traceback
+            return Check(self.name, False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                         fix="run make tpu-doctor again; if it persists, check this machine's network")
 
 
 def _ask(runner: Runner, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
@@ -228,6 +252,8 @@ def bucket_access(cfg: TpuConfig, runner: Runner) -> str:
     """Write and delete one object in the gs:// run dir (storage.probe) with this machine's credentials."""
     url = _bucket_url(cfg) or ""
     problem = storage.url_problem(url)
+    for name in QUIET:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     reason = problem or storage.probe(storage.run_path(url), f".job-doctor-{socket.gethostname()}-{os.getpid()}")
     if reason is None:
         return (f"this machine can write {url} (the workers' service account is checked by make tpu-pod on every "
@@ -257,7 +283,7 @@ def checks(cfg: TpuConfig, runner: Runner, check_run: bool = True) -> Iterator[C
         if account.ok and where.ok:
             yield from (probe.check(cfg, runner) for probe in (*QUICK[3:], Probe("slice", slice_state)))
     if _bucket_url(cfg) is not None:
-        yield Probe("run dir", bucket_access).check(cfg, runner)
+        yield Probe("run dir", bucket_access, "Cloud Storage").check(cfg, runner)
     yield fit.check(cfg, check_run)  # last: compiling the train step for the slice takes longest (deploy/tpu/fit.py)
 
 

@@ -68,6 +68,22 @@ def test_a_bucket_that_cannot_be_written_is_one_line_with_the_fix(cloud: Cloud, 
     assert proc.stdout.rstrip().endswith("1 check(s) failed: fix them before submitting")
 
 
+@pytest.mark.gcs
+def test_a_bucket_this_machine_cannot_reach_is_one_fail_line_in_seconds_and_no_traceback(cloud: Cloud,
+                                                                                          gcs: Emulator) -> None:
+    """The network refused (the storage endpoint a closed port): the clients retry for about a minute, printing a
+    traceback each time; the doctor's check has doctor.BOUND_S, quiets them and says which service."""
+    refused = {k: "http://127.0.0.1:9" if v.startswith("http://") else v for k, v in gcs.env.items()}
+    proc = cloud.cli("doctor", *SLICE[:3], "--args=train", f"--bucket=gs://{gcs.bucket}/run1",
+                     env={**cloud.env(), **refused}, timeout=60)
+    assert proc.returncode == 1, explain(proc)
+    line = check_lines(proc.stdout)["run dir"]
+    assert line.startswith("FAIL  run dir: "), line
+    assert "Cloud Storage within 10 s" in line or "gs://" in line, line
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert all(check_lines(proc.stdout)[name].startswith("ok ") for name in CHECKS)  # the rest is still checked
+
+
 def refuse_state(cloud: Cloud, case: str) -> tuple[str, ...]:
     """Make `case` real in the simulated cloud; the flags that go with it."""
     if case == "not logged in":
