@@ -30,6 +30,7 @@ from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
+import hypothesis  # noqa: E402
 import pytest  # noqa: E402
 
 # submitit's import runs logging.config.dictConfig, which closes every handler made so far: absl's (made when
@@ -44,6 +45,11 @@ if TYPE_CHECKING:
     from tests.container.conftest import Built
 
 REQUIRE_ALL_TIERS = os.environ.get("JOB_REQUIRE_ALL_TIERS") == "1"
+# hypothesis: under CI (every tier required) each property test draws the same examples on every run, so a
+# failure there is the same failure when run again
+hypothesis.settings.register_profile("ci", derandomize=True, database=None)
+if REQUIRE_ALL_TIERS:
+    hypothesis.settings.load_profile("ci")
 # the TPU tier (tests/chip) needs a real chip: collected only when asked, on a TPU VM (tests/chip/conftest.py)
 collect_ignore = [] if os.environ.get("JOB_TESTS_CHIP") == "1" else ["chip"]
 # Tiers whose tests share one engine on this machine: the local Slurm cluster's 4 nodes, podman's image
