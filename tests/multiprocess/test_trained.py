@@ -126,6 +126,20 @@ def test_a_tensor_parallel_run_is_evaluated_and_sampled_on_devices_its_model_axi
     assert sampled.returncode == 0 and len(sampled.stdout.split()) == 5, sampled.stdout + sampled.stderr
 
 
+def test_eval_on_three_processes_of_a_two_by_two_fsdp_tensor_run_says_its_fallbacks_in_one_line(
+        tmp_path: Path) -> None:
+    """Three devices split none of the model's widths: the run's warning listed every variable, optimizer state
+    included; the evaluation, which evaluates the model, counts the model's in one line."""
+    run_dir = tmp_path / "run"
+    train(2, 2, run_dir, "--steps", "2", "--log-every", "1", "--eval-every", "2", "--rule", "fsdp_tensor",
+          "--mesh", "data=2,model=2", *SMALL)
+    proc = run(launcher_argv(3, [sys.executable, "-m", "job", "eval", "--run-dir", str(run_dir)], devices=1),
+               timeout=300)
+    assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if "fell back" in line]
+    assert len(said) == 1 and "variable(s) of the model fell back" in said[0] and "optimizer" not in said[0], said
+
+
 def test_a_model_axis_that_does_not_divide_the_devices_names_the_users_flag_in_train_and_eval(
         tensor_run: Path, tmp_path: Path) -> None:
     proc = run(launcher_argv(1, [sys.executable, "-m", "job", "eval", "--run-dir", str(tensor_run),
