@@ -4,8 +4,8 @@ A file (`STEP/process-P.jlt`) is MAGIC, the header's length (8 bytes, little-end
 the process, the layout's fingerprint and every shard's leaf, index, dtype, shape, offset and size), zero padding,
 each shard's raw bytes (each starting at a multiple of ALIGN: aligned views on a memory map), and last the SHA-256
 of every byte before it. A save writes the shards straight from their buffers into a temporary file (the one copy
-the loop waits for); `seal` then appends the digest, on a thread, and only then gives the file its name. A restore
-checks the digest before a shard is placed: a file changed by one bit is refused, never loaded.
+the step waits for), hashed alongside on a thread, and the file has its name only once its digest is written. A
+restore checks the digest before a shard is placed: a file changed by one bit is refused, never loaded.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import hashlib
 import json
 import mmap
 import os
+import queue
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,6 @@ import numpy as np
 MAGIC = b"JLT2"  # JLT1 files (no digest) are refused as unreadable: a restore then uses the persistent tier
 ALIGN = 64  # every shard starts at a multiple of this in the file
 DIGEST = 32  # bytes of the SHA-256 that ends every file
-CHUNK = 8 << 20  # bytes hashed at a time when sealing a file
 _LENGTH = 8  # bytes of the header's length
 _WIDEST_STEP = 2**63 - 1  # the step with the most digits, for the size bound
 
@@ -86,10 +87,19 @@ def size_bound(like: Any, fingerprint: str) -> int:
     return _aligned(len(MAGIC) + _LENGTH + len(header)) + payload + DIGEST
 
 
-def write_unsealed(path: Path, state: Any, step: int, fingerprint: str) -> Path:
+def _hash_in_order(update: Callable[[bytes | memoryview], None],
+                   pieces: queue.SimpleQueue[bytes | memoryview | None]) -> None:
+    """`update` with every piece in order until None (on a thread: hashlib lets go of the GIL for large pieces)."""
+    while (piece := pieces.get()) is not None:
+        update(piece)
+
+
+def write_shards(path: Path, state: Any, step: int, fingerprint: str) -> int:
     """This process's shards of every array leaf, written straight from their buffers (one copy: into the file's
-    pages) to a temporary file beside `path`, which `seal` completes; the temporary file. Called between steps:
-    the next step may reuse the buffers. Arrays of plain dtypes only (typed PRNG keys are kept out by the tier)."""
+    pages) and sealed with the SHA-256 of those bytes, hashed on a thread while the next shard is written; the file
+    is complete, sealed and named (atomically) when this returns, which the step waits for: the next step may reuse
+    the buffers, and a crash after it leaves this step restorable. The bytes written. Arrays of plain dtypes only
+    (typed PRNG keys are kept out by the tier)."""
     shards, arrays = [], []
     for i, leaf in enumerate(jax.tree.leaves(state)):
         if not isinstance(leaf, jax.Array):
@@ -100,41 +110,38 @@ def write_unsealed(path: Path, state: Any, step: int, fingerprint: str) -> Path:
             arrays.append(data)
     entries, payload = _entries(shards)
     header = _header(step, jax.process_index(), fingerprint, entries)
-    start = _aligned(len(MAGIC) + _LENGTH + len(header))
+    prefix = MAGIC + len(header).to_bytes(_LENGTH, "little") + header
+    start, end = _aligned(len(prefix)), _aligned(len(prefix)) + payload
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(MAGIC + len(header).to_bytes(_LENGTH, "little") + header)
-        for entry, data in zip(entries, arrays):
-            f.seek(start + entry["offset"])
-            if data.nbytes:  # the array's own buffer, as bytes (a memoryview of no elements cannot be cast)
-                f.write(data.data.cast("B"))
-        f.truncate(start + payload)
-    return tmp
-
-
-def seal(tmp: Path, path: Path) -> int:
-    """Append the SHA-256 of the temporary file's bytes, then give it its name (atomically); the file's size."""
-    digest = hashlib.sha256()
-    with open(tmp, "r+b") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-        f.write(digest.digest())
-        size = f.tell()
-    os.replace(tmp, path)
-    return size
-
-
-def write_shards(path: Path, state: Any, step: int, fingerprint: str) -> int:
-    """`write_unsealed` then `seal`, on this thread: the bytes written."""
-    return seal(write_unsealed(path, state, step, fingerprint), path)
-
-
-def digest_of(path: Path) -> bytes:
-    """The digest a sealed file ends with (not checked: `read_shards` and a peer's receipt check it)."""
-    with open(path, "rb") as f:
-        f.seek(-DIGEST, os.SEEK_END)
-        return f.read(DIGEST)
+    digest, pieces = hashlib.sha256(), queue.SimpleQueue[bytes | memoryview | None]()
+    hasher = threading.Thread(target=_hash_in_order, args=(digest.update, pieces), name="job-local-hash", daemon=True)
+    hasher.start()
+    try:
+        with open(tmp, "wb") as f:
+            f.write(prefix)
+            pieces.put(prefix)
+            position = len(prefix)
+            for entry, data in zip(entries, arrays):
+                at = start + entry["offset"]
+                pieces.put(bytes(at - position))  # the zeros before the shard (alignment), as the file reads them
+                view = data.data.cast("B") if data.nbytes else b""  # its own buffer (an empty view cannot be cast)
+                f.seek(at)
+                f.write(view)
+                pieces.put(view)
+                position = at + data.nbytes
+            pieces.put(bytes(end - position))
+            pieces.put(None)
+            f.truncate(end)
+            hasher.join()
+            f.seek(end)
+            f.write(digest.digest())
+        os.replace(tmp, path)
+    except BaseException:
+        pieces.put(None)
+        tmp.unlink(missing_ok=True)
+        raise
+    return end + DIGEST
 
 
 def _checked(mapped: mmap.mmap, path: Path) -> dict[str, Any]:
@@ -185,5 +192,4 @@ def read_shards(path: Path, like: Any, fingerprint: str) -> Any:
     return jax.tree.unflatten(treedef, out)
 
 
-__all__ = ["ALIGN", "DIGEST", "MAGIC", "Unreadable", "digest_of", "layout", "read_shards", "seal", "size_bound",
-           "write_shards", "write_unsealed"]
+__all__ = ["ALIGN", "DIGEST", "MAGIC", "Unreadable", "layout", "read_shards", "size_bound", "write_shards"]

@@ -48,7 +48,7 @@ import jax
 from job.core.errors import ConfigError
 from job.parallel.multihost import coordination_client
 from job.runs import local_transport as transport
-from job.runs.local_format import Unreadable, layout, read_shards, seal, size_bound, write_shards, write_unsealed
+from job.runs.local_format import Unreadable, layout, read_shards, size_bound, write_shards
 from job.runtime.host import host_available
 from job.runtime.preflight import raise_together
 
@@ -296,8 +296,8 @@ class LocalTier:
         return self.every > 0 and done % self.every == 0
 
     def save(self, done: int, state: Any) -> None:
-        """Step `done`'s shards of this process, written to its node's folder now (straight from their buffers: the
-        one copy the step must wait for, as the next step may reuse them), then sealed and sent on a thread."""
+        """Step `done`'s shards of this process, written to its node's folder and sealed now (straight from their
+        buffers: the one copy the step must wait for, as the next step may reuse them), then sent on a thread."""
         self.wait()
         leaves = [leaf for leaf in jax.tree.leaves(state) if isinstance(leaf, jax.Array)]
         if any(jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key) for leaf in leaves):
@@ -316,23 +316,16 @@ class LocalTier:
             return
         path = _file(self.folder, done, self.me)
         try:
-            tmp = write_unsealed(path, state, done, self.fingerprint)
+            write_shards(path, state, done, self.fingerprint)
         except OSError as exc:
             self._once("write", f"node-local save of step {done} failed ({exc}); the persistent tier is unaffected")
             return
-        self._writer = threading.Thread(target=self._finish, args=(done, tmp, path), daemon=True,
-                                        name="job-local-save")
+        self._writer = threading.Thread(target=self._send, args=(done, path), daemon=True, name="job-local-save")
         self._writer.start()
 
-    def _finish(self, done: int, tmp: Path, path: Path) -> None:
-        """Seal step `done`'s file, keep the newest steps, and send it to the peer (on the save's thread)."""
-        try:
-            seal(tmp, path)
-            _prune(self.folder)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            self._once("write", f"node-local save of step {done} failed ({exc}); the persistent tier is unaffected")
-            return
+    def _send(self, done: int, path: Path) -> None:
+        """Keep the newest steps, and send step `done`'s file to the peer (on the save's thread)."""
+        _prune(self.folder)
         if self.peer is None:
             return
         try:

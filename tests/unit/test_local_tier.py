@@ -107,6 +107,22 @@ def test_one_process_saves_restores_keeps_two_steps_and_a_completed_run_leaves_n
     assert not tier.folder.exists() and tier.folder.parent.exists()  # the user's folder stays, for their other runs
 
 
+def test_a_save_returns_with_its_file_sealed_so_a_crash_right_after_keeps_the_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What runs on the save's thread (pruning, the peer's copy) may never run: a process killed two steps later
+    must still leave this step restorable (seen as a resume from the step before, under load)."""
+    stalled = threading.Event()
+    monkeypatch.setattr(LocalTier, "_send", lambda self, done, path: stalled.wait(60))
+    state = _sharded_state(P("data"))
+    tier = LocalTier(str(tmp_path), "/runs/a", 2, "node1", _abstract(state))
+    tier.save(4, state)
+    assert held(tier.folder) == [(4, 0)]
+    back = read_shards(tier.folder / "4" / "process-0.jlt", _abstract(state), layout(state))
+    np.testing.assert_array_equal(np.asarray(back["kernel"]), np.asarray(state["kernel"]))
+    stalled.set()
+    tier.close(completed=True)
+
+
 def test_a_flipped_byte_in_a_local_file_falls_back_to_the_next_tier_with_one_warning_naming_it(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     state = _sharded_state(P("data"))
