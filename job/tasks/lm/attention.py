@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from job.errors import ConfigError
+from job.multihost import on_process_zero
 from job.sharding import activation_spec
 
 KERNELS = ("auto", "xla", "splash", "flash", "cudnn")
@@ -113,7 +114,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, requested: str = "auto") ->
     sequence_axes = _axes_of(q_spec, 1)
     shards = math.prod(jax.sharding.get_abstract_mesh().shape[a] for a in sequence_axes)
     kernel = choose(requested, length=q.shape[1] // shards, dtype=jnp.dtype(q.dtype).name, shards=shards)
-    log.info("attention: %s for queries %s", kernel.describe(), tuple(q.shape))
+    on_process_zero(log.info, "attention: %s for queries %s", kernel.describe(), tuple(q.shape))
     if kernel.name not in PALLAS:
         if shards > 1 and kernel.name == "cudnn":
             raise ConfigError("--model.attention", expected="cudnn with the sequence whole on each device",

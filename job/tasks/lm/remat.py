@@ -16,6 +16,7 @@ import math
 
 import jax
 
+from job.multihost import on_process_zero
 from job.sharding import batch_axes
 from job.tasks.lm import attention
 
@@ -58,7 +59,7 @@ def resolve(cfg: object, *, rows: int, length: int) -> str:
     where = attention.platform()
     memory = device_memory() if where != "cpu" else None
     if memory is None:
-        log.info("remat auto: none (%s: no device memory to fit)", where)
+        on_process_zero(log.debug, "remat auto: none (%s: no device memory to fit)", where)
         return "none"
     mesh = jax.sharding.get_abstract_mesh()
     shards = 1 if mesh.empty else math.prod(mesh.shape[a] for a in batch_axes(mesh))
@@ -70,9 +71,9 @@ def resolve(cfg: object, *, rows: int, length: int) -> str:
     for policy in ("none", "dots", "full"):
         kept = layers * tokens * KEPT[policy](dim, mlp) * width
         if kept <= budget or policy == "full":
-            log.info("remat auto: %s (%.2f GiB of activations kept against %.2f GiB for them: %.2f GiB of "
-                     "memory, %.2f GiB of state)", policy, kept / 2**30, budget / 2**30, memory / 2**30,
-                     state / 2**30)
+            on_process_zero(log.info, "remat auto: %s (%.2f GiB of activations kept against %.2f GiB for them: "
+                            "%.2f GiB of memory, %.2f GiB of state)", policy, kept / 2**30, budget / 2**30,
+                            memory / 2**30, state / 2**30)
             return policy
     raise AssertionError("unreachable: full is always chosen last")
 
