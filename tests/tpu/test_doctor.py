@@ -206,7 +206,9 @@ def test_a_task_that_does_not_import_is_the_runs_fail_line_and_the_rest_is_still
     assert found["run"] == ("FAIL  run: --task: expected an importable module nosuch.mod, found \"nosuch.mod:TASK (No "
                             "module named 'nosuch')\". Fix: pass --task PACKAGE.MODULE:ATTR with the module importable "
                             "(installed, or on PYTHONPATH)")
-    assert all(found[name].startswith("ok ") for name in CHECKS if name != "run"), proc.stdout
+    # nor can what does not exist be shipped: the code line names the package the workers would miss
+    assert found["code"].startswith("FAIL  code: ARGS --task nosuch.mod:TASK: expected its top-level package nosuch")
+    assert all(found[name].startswith("ok ") for name in CHECKS if name not in ("run", "code")), proc.stdout
 
 
 def test_make_doctor_without_args_says_the_run_was_not_checked(cloud: Cloud) -> None:
