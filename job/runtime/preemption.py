@@ -9,17 +9,15 @@ treat that code as "requeue me".
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 from types import FrameType
 
 import numpy as np
 
 from job.core import exits
-
-log = logging.getLogger(__name__)
 
 REQUEUE_EXIT_CODE = exits.REQUEUE  # EX_TEMPFAIL: saved, stopped on purpose, run me again
 STOPPED_EXIT_CODE = exits.STOPPED  # 128 + SIGINT: saved after Ctrl-C, stopped; the same command resumes
@@ -31,6 +29,14 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 NOTICES = (signal.SIGUSR1, signal.SIGUSR2)
 # what signal.signal takes and gives back: a function, SIG_DFL or SIG_IGN, or None (one not set from Python)
 Handler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
+
+
+def _say(text: str) -> None:
+    """One line on stderr from a signal handler, written to its file descriptor. A handler runs in the main
+    thread between two of its bytecodes, possibly inside a write that holds a lock (the process log's copy,
+    job.observe.process_log); logging or print would wait for that lock forever, and the step with it, while
+    every other process waits in the next collective."""
+    os.write(2, f"{time.strftime('%H:%M:%S')} WARNING {__name__}: {text}\n".encode())
 
 
 class EarlyNotice:
@@ -116,14 +122,13 @@ class PreemptionGuard:
             os.write(2, f"second Ctrl-C: stopping now, exit {STOPPED_EXIT_CODE}; a save in flight is never listed, "
                         "the same command resumes from the newest complete one\n".encode())
             os._exit(STOPPED_EXIT_CODE)
+        name = signal.Signals(signum).name
         if self.stopping:
-            log.warning("received %s while leaving with %d: the saved exit stands", signal.Signals(signum).name,
-                        self.exit_code)
+            _say(f"received {name} while leaving with {self.exit_code}: the saved exit stands")
             return
         if self.received is None or signum == INTERRUPT:
             again = " (Ctrl-C again stops at once)" if signum == INTERRUPT else ""
-            log.warning("received %s: will save and stop at the next step boundary%s", signal.Signals(signum).name,
-                        again)
+            _say(f"received {name}: will save and stop at the next step boundary{again}")
             self.received = signum
 
     def should_stop(self) -> bool:

@@ -59,3 +59,33 @@ def test_a_notice_during_start_up_is_kept_for_the_guard_instead_of_ending_the_pr
     assert proc.stdout.split() == ["stop", "True", "later", "None"]  # taken once
     assert "received SIGUSR2 during start-up: the run stops with 75 once it can" in proc.stderr
     assert proc.stderr.count("received SIGUSR2") == 1
+
+
+# Ctrl-C while the main thread writes a line to the process's log file (job.observe.process_log holds its lock
+# for the copy): the handler runs inside that write.
+MID_WRITE = """
+import logging, os, signal, sys
+from job.core import storage
+from job.observe.process_log import teed
+from job.runtime.preemption import PreemptionGuard
+logging.basicConfig(level=logging.INFO)
+copy = storage.Appender.write
+def write(self, text):
+    if "step 6" in text:
+        os.kill(os.getpid(), signal.SIGINT)  # os.kill runs this process's handler before it returns
+    copy(self, text)
+storage.Appender.write = write
+with teed(sys.argv[1], 0), PreemptionGuard((signal.SIGINT,)) as guard:
+    logging.getLogger("job.train").info("step 6/10")
+    print("stop", guard.should_stop(), flush=True)
+"""
+
+
+def test_a_signal_in_the_middle_of_a_log_line_is_heard_and_the_step_goes_on(tmp_path) -> None:
+    proc = subprocess.run([sys.executable, "-c", MID_WRITE, str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "stop True"
+    assert "WARNING job.runtime.preemption: received SIGINT: will save and stop at the next step boundary" \
+        in proc.stderr
+    assert "step 6/10" in (tmp_path / "logs" / "process-0.log").read_text()
