@@ -24,6 +24,11 @@ STOPPED = 130  # 128 + SIGINT, as a shell says Ctrl-C: saved at the next step, s
 # it crashed. Such a process is the cause even when its peers' reactions are seen first.
 CRASHES = (signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE)
 
+# Where a process records the exception that ends it (job.initialize's exit hook): one line, "TIME TYPE: MESSAGE".
+# A launcher that sets it per rank learns which failure came first; the peers that lost it fail a moment later,
+# and may be reaped first (torchrun's error file, for the same reason).
+ERROR_FILE_ENV = "JOB_ERROR_FILE"
+
 _MEANING = {
     BAD_INPUT: "a configuration error",
     REQUEUE: "saved and stopped: preempted",
@@ -68,5 +73,5 @@ def of_signal_text(text: str) -> int | None:
     return None
 
 
-__all__ = ["BAD_INPUT", "COMPLETED", "CRASHES", "HANG", "REQUEUE", "STOPPED", "describe", "is_crash", "of_signal_text",
-           "signal_of"]
+__all__ = ["BAD_INPUT", "COMPLETED", "CRASHES", "ERROR_FILE_ENV", "HANG", "REQUEUE", "STOPPED", "describe", "is_crash",
+           "of_signal_text", "signal_of"]

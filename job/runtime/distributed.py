@@ -19,12 +19,14 @@ import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import ClassVar, TypedDict
 
-from job.core import internals
+from job.core import exits, internals
 from job.core.errors import BAD_INPUT_EXIT_CODE, ConfigError, InitOrderError, JobError
+from job.runtime import watchdog
 from job.runtime.cluster import ClusterInfo, detect
 from job.runtime.cluster.base import CUDA_VISIBLE_DEVICES, read_id_list, read_int
 from job.runtime.gloo_noise import filter_output
@@ -199,6 +201,17 @@ def _explain_init_timeout(info: ClusterInfo, init_s: int) -> Iterator[None]:
         timer.cancel()
 
 
+def _record_error(kind: type[BaseException], value: BaseException) -> None:
+    """The exception's first line and the time, in the file the launcher named (exits.ERROR_FILE_ENV), if any."""
+    path = os.environ.get(exits.ERROR_FILE_ENV)
+    if not path:
+        return
+    first = next(iter(str(value).splitlines()), "")[:500]
+    with contextlib.suppress(OSError):
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(f"{time.time():.6f} {kind.__name__}: {first}\n")
+
+
 def _exit_on_uncaught(previous, before_exit: Callable[[], None] | None = None):
     """An uncaught exception ends this process at once.
 
@@ -210,6 +223,7 @@ def _exit_on_uncaught(previous, before_exit: Callable[[], None] | None = None):
     """
 
     def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        _record_error(kind, value)
         if isinstance(value, JobError):
             if not value.reported:
                 print(f"{kind.__name__}: {value}", file=sys.stderr)
@@ -280,6 +294,7 @@ def initialize(
         relay = filter_output(env)
     if exit_on_uncaught:
         sys.excepthook = _exit_on_uncaught(sys.excepthook, relay.restore if relay else None)
+    watchdog.stacks_on_request()  # a process stuck past its stop shows where before the launcher kills it
     bind = None
     if info.is_coordinator and info.coordinator_address:
         check_coordinator_port(info.coordinator_address)

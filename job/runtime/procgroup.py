@@ -7,6 +7,7 @@ process tree; its output is copied line by line with a ``[rank N]`` prefix.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -14,11 +15,14 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from typing import IO
 
 from job.core import exits
+from job.runtime.watchdog import STACKS_SIGNAL
 
 log = logging.getLogger("job.launch")
 
@@ -78,6 +82,7 @@ class ProcessGroup:
         kill_after_s: float = 5.0,
         stop_timeout_s: float = 60.0,
         poll_s: float = 0.05,
+        stacks_s: float = 2.0,
     ) -> None:
         self.command = command
         self.envs = envs
@@ -85,12 +90,14 @@ class ProcessGroup:
         self.kill_after_s = kill_after_s
         self.stop_timeout_s = stop_timeout_s
         self.poll_s = poll_s
+        self.stacks_s = stacks_s  # how long stuck processes get to write their stacks before they are killed
         self.procs: list[subprocess.Popen[bytes]] = []
         self._pumps: list[threading.Thread] = []
         self._waiters: list[threading.Thread] = []
         self._write_lock = threading.Lock()
         self._signals: list[int] = []
         self._exits: queue.Queue[tuple[int, int]] = queue.Queue()
+        self._error_dir: str | None = None  # each rank's exits.ERROR_FILE_ENV, while it runs
 
     # ------------------------------------------------------------------ output
     def _pump(self, rank: int, pipe: IO[bytes], out: IO[str]) -> None:
@@ -130,6 +137,8 @@ class ProcessGroup:
     # ------------------------------------------------------------------ running
     def start(self) -> None:
         for rank, env in enumerate(self.envs):
+            if self._error_dir is not None:
+                env = {**env, exits.ERROR_FILE_ENV: self._error_file(rank)}
             proc = subprocess.Popen(
                 self.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 stdin=subprocess.DEVNULL, start_new_session=True,
@@ -157,17 +166,47 @@ class ProcessGroup:
         self._send(signal.SIGKILL)
         return ended
 
+    def _error_file(self, rank: int) -> str:
+        assert self._error_dir is not None
+        return os.path.join(self._error_dir, f"rank-{rank}")
+
+    def _errors(self, ranks: Iterable[int]) -> dict[int, tuple[float, str]]:
+        """Each of `ranks` that recorded the exception that ended it (exits.ERROR_FILE_ENV): when, and its line."""
+        recorded = {}
+        for rank in ranks if self._error_dir is not None else ():
+            try:
+                with open(self._error_file(rank), encoding="utf-8") as text:
+                    when, _, what = text.read().strip().partition(" ")
+                recorded[rank] = (float(when), what)
+            except (OSError, ValueError):
+                continue
+        return recorded
+
     def _cause(self, first: tuple[int, int], ended: set[int]) -> int:
         """The exit code of the failure that caused the others: a crash (CRASHES) the launcher did not cause, else the
-        first failure reaped."""
+        failure whose exception came first (a peer that lost it fails a moment later and may be reaped first), else
+        the first failure reaped."""
         for waiter in self._waiters:
             waiter.join()
-        exits = [first]
+        reaped = [first]
         while not self._exits.empty():
-            exits.append(self._exits.get_nowait())
-        crashed = [(rank, rc) for rank, rc in exits if rank in ended and -rc in CRASHES]
-        if not crashed or crashed[0] == first or -first[1] in CRASHES:
+            reaped.append(self._exits.get_nowait())
+        crashed = [(rank, rc) for rank, rc in reaped if rank in ended and -rc in CRASHES]
+        if -first[1] in CRASHES or (crashed and crashed[0] == first):
             return exit_code(first[1])
+        if not crashed:  # both raised: the earlier exception is the cause, where the first one reaped says when
+            failed = {rank: rc for rank, rc in reaped if rank in ended and rc != 0}
+            errors = self._errors(failed)
+            if first[0] not in errors:
+                return exit_code(first[1])
+            rank = min(errors, key=lambda r: errors[r][0])
+            if rank == first[0]:
+                return exit_code(first[1])
+            code = failed[rank] if failed[rank] > 0 else exit_code(first[1])  # its own exit, not the launcher's stop
+            log.error("rank %d raised first (%s), %.2f s before rank %d, and %s: that is the cause, rank %d's exit "
+                      "was its reaction; exiting %d", rank, errors[rank][1], errors[first[0]][0] - errors[rank][0],
+                      first[0], describe_exit(failed[rank]), first[0], code)
+            return code
         rank, rc = crashed[0]
         log.error(
             "rank %d %s: that is the cause, rank %d's exit was its reaction (a rank does not die by %s when it "
@@ -180,6 +219,21 @@ class ProcessGroup:
         while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
             time.sleep(self.poll_s)
 
+    def _show_stuck(self) -> None:
+        """The ranks still running past the stop's wait, named, and each one's stacks (STACKS_SIGNAL, which
+        job.initialize sets up) before the launcher kills them."""
+        stuck = [rank for rank, proc in enumerate(self.procs) if proc.poll() is None]
+        log.error(
+            "rank(s) %s still running %.0f s after the signal; their stacks follow, then they are killed. A JAX "
+            "program takes SIGTERM as a preemption notice and runs on unless it acts on it (python -m job does; "
+            "otherwise see multihost_utils.reached_preemption_sync_point). Fix: a second SIGTERM or SIGINT kills "
+            "at once; --stop-timeout sets this wait", ", ".join(map(str, stuck)), self.stop_timeout_s,
+        )
+        for rank in stuck:  # the process itself, not its group: its own children are not asked
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.procs[rank].pid, STACKS_SIGNAL)
+        time.sleep(self.stacks_s)
+
     def watch(self) -> int:
         """Block until every child has exited; return the failure's code (see `_cause`), or 0."""
         stop_deadline: float | None = None
@@ -188,12 +242,7 @@ class ProcessGroup:
             if stop_deadline is None and set(self._signals) & set(STOPPING):
                 stop_deadline = time.monotonic() + self.stop_timeout_s
             if stop_deadline is not None and time.monotonic() > stop_deadline:
-                log.error(
-                    "processes still running %.0f s after the signal; killing them. A JAX program takes SIGTERM "
-                    "as a preemption notice and runs on unless it acts on it (python -m job does; otherwise see "
-                    "multihost_utils.reached_preemption_sync_point). Fix: a second SIGTERM or SIGINT kills at "
-                    "once; --stop-timeout sets this wait", self.stop_timeout_s,
-                )
+                self._show_stuck()
                 self._send(signal.SIGKILL)
                 stop_deadline = float("inf")
             try:
@@ -221,10 +270,13 @@ class ProcessGroup:
 
     def run(self) -> int:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in FORWARDED}
-        try:
-            self.start()
-            return self.watch()
-        finally:
-            self._send(signal.SIGKILL)
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        with tempfile.TemporaryDirectory(prefix="job-launch-") as errors:
+            self._error_dir = errors
+            try:
+                self.start()
+                return self.watch()
+            finally:
+                self._send(signal.SIGKILL)
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+                self._error_dir = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import faulthandler
 import logging
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -22,6 +23,14 @@ from job.core import exits
 log = logging.getLogger(__name__)
 
 HANG_EXIT_CODE = exits.HANG  # no step completed within the watchdog timeout
+# Asks a process for every thread's stack on its stderr, and nothing else (the JVM's thread dump signal): the
+# launcher sends it before it kills a process that outstayed its stop (job.runtime.procgroup)
+STACKS_SIGNAL = signal.SIGQUIT
+
+
+def stacks_on_request() -> None:
+    """From now on STACKS_SIGNAL writes every thread's stack to stderr and the process goes on."""
+    faulthandler.register(STACKS_SIGNAL, all_threads=True, chain=False)
 
 
 class Watchdog:

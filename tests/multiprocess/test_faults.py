@@ -159,7 +159,10 @@ MID_TRAINING = {
     "SIGKILL of rank 0": (0, f"kill@{FAULT_STEP}", (), 137, ("rank 0 was killed by SIGKILL",)),
     "SIGKILL of rank 1": (1, f"kill@{FAULT_STEP}", (), 137, ("rank 1 was killed by SIGKILL",)),
     "exception in rank 1": (1, f"raise@{FAULT_STEP}", (), 1,
-                            ("[rank 1] RuntimeError: injected fault in rank 1", "rank 1 exited with code 1")),
+                            # rank 0 fails a moment later in its collective, and may be reaped first
+                            ("[rank 1] RuntimeError: injected fault in rank 1",
+                             ("rank 1 exited with code 1",
+                              "rank 1 raised first (RuntimeError: injected fault in rank 1)"))),
     "SIGSTOP of rank 1 (frozen host)": (1, f"stop@{FAULT_STEP}", (), 134,
                                         # jax names the task in one of two ways, depending on which
                                         # of its checks notices first

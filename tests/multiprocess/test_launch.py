@@ -167,12 +167,14 @@ def test_a_second_sigterm_kills_every_rank_at_once() -> None:
             os.kill(pid, 0)
 
 
-def test_a_signal_the_program_ignores_is_followed_by_sigkill_and_a_hint() -> None:
+def test_a_signal_the_program_ignores_is_followed_by_its_stacks_sigkill_and_a_hint() -> None:
     proc, pids = _start_held(2, "hold", launcher=("--stop-timeout", "3"))
     proc.terminate()
     _, err = proc.communicate(timeout=60)
-    assert "processes still running 3 s after the signal; killing them" in err, err
+    assert "rank(s) 0, 1 still running 3 s after the signal; their stacks follow, then they are killed" in err, err
     assert "preemption notice" in err and "a second SIGTERM or SIGINT kills at once" in err
+    for rank in (0, 1):  # where each one was, from the process itself (job.initialize set up STACKS_SIGNAL)
+        assert re.search(rf"\[rank {rank}\]\s+File \".*hold\.py\", line \d+", err), err
     for pid in pids.values():
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)

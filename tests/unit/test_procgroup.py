@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -114,3 +115,43 @@ def test_the_launchers_own_sigkill_is_not_taken_for_a_crash(tmp_path: Path) -> N
     group.kill_after_s = 1
     assert group.run() == 1
     assert [p.returncode for p in group.procs] == [-signal.SIGKILL, 1]
+
+
+# Both ranks raise (job.initialize's exit hook records each exception): rank 1 first, but it is slow to end (a
+# long traceback on a loaded machine), so rank 0, raising after it as a peer that lost it would, is reaped first.
+BOTH_RAISE = (
+    "import os, signal, sys, time\n"
+    "from job.runtime.distributed import _exit_on_uncaught\n"
+    "mine = os.environ['JOB_ERROR_FILE']\n"
+    "signal.signal(signal.SIGTERM, lambda *_: None)  # python -m job takes it as a notice\n"
+    "if os.environ['RANK'] == '1':\n"
+    "    sys.excepthook = _exit_on_uncaught(lambda *_: time.sleep(3))\n"
+    "    raise RuntimeError('the first fault')\n"
+    "sys.excepthook = _exit_on_uncaught(sys.excepthook)\n"
+    "while not os.path.exists(os.path.join(os.path.dirname(mine), 'rank-1')):\n"
+    "    time.sleep(0.01)\n"
+    "raise OSError('Connection reset by peer')\n"
+)
+
+
+def test_the_exception_recorded_first_is_the_cause_whichever_rank_is_reaped_first(caplog) -> None:
+    envs = [{**os.environ, "RANK": str(rank)} for rank in range(2)]
+    group = ProcessGroup([sys.executable, "-c", BOTH_RAISE], envs, kill_after_s=30)
+    with caplog.at_level("ERROR", logger="job.launch"):
+        assert group.run() == 1
+    assert "rank 0 exited with code 1; stopping the other 1 process(es)" in caplog.text
+    assert re.search(r"rank 1 raised first \(RuntimeError: the first fault\), \d+\.\d\d s before rank 0, and "
+                     r"exited with code 1: that is the cause, rank 0's exit was its reaction; exiting 1",
+                     caplog.text), caplog.text
+
+
+def test_a_rank_that_records_nothing_is_not_blamed_on_one_that_did(tmp_path: Path, caplog) -> None:
+    # rank 1's plain exit 1 (no exception to record) is reaped first: it stays the cause, though rank 0 then raises
+    group = late_group(tmp_path, "from job.runtime.distributed import _exit_on_uncaught\n"
+                                 "sys.excepthook = _exit_on_uncaught(sys.excepthook)\n"
+                                 "raise OSError('Connection reset by peer')")
+    with caplog.at_level("ERROR", logger="job.launch"):
+        assert group.run() == 1
+    assert [p.returncode for p in group.procs] == [1, 1]
+    assert "rank 1 exited with code 1; stopping the other 1 process(es)" in caplog.text
+    assert "that is the cause" not in caplog.text
