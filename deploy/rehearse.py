@@ -124,7 +124,7 @@ class Shrink:
 
 
 @dataclasses.dataclass(frozen=True)
-class Outcome:
+class Launch:
     """One finished launch: its exit code, its stderr, where its run dir and its whole output are."""
 
     name: str  # its log's name in the folder: '2x2', '1x4', 'resume-1', 'resume-2', 'eval'
@@ -263,16 +263,16 @@ class Rehearsal:
     def __init__(self, args: Sequence[str], shrink: Shrink, folder: Path, runner: Runner) -> None:
         self.args, self.shrink, self.folder, self.runner = tuple(args), shrink, folder, runner
 
-    def launch(self, name: str, what: str, layout: Layout, job: Sequence[str], run_dir: Path) -> Outcome:
+    def launch(self, name: str, what: str, layout: Layout, job: Sequence[str], run_dir: Path) -> Launch:
         """`python -m job JOB` on `layout` through the local launcher; its output kept in FOLDER/NAME.log."""
         argv = launch_command(layout.processes, layout.devices, job)
         proc = self.runner.run(argv, check=False, capture=True, env=cpu_env())
         log = self.folder / f"{name}.log"
         log.write_text(f"$ {shlex.join(argv)}\n{proc.stdout or ''}{proc.stderr or ''}", encoding="utf-8")
-        return Outcome(name, what, proc.returncode, proc.stderr or "", run_dir, log)
+        return Launch(name, what, proc.returncode, proc.stderr or "", run_dir, log)
 
     def train(self, name: str, what: str, layout: Layout, run: str, steps: int | None = None,
-              resumes: bool = False) -> Outcome:
+              resumes: bool = False) -> Launch:
         """ARGS shrunk, in FOLDER/RUN (`steps`: stop there; `resumes`: --resume, whatever ARGS say)."""
         run_dir = self.folder / run
         job = self.shrink.argv(self.args, run_dir, steps) + (["--resume"] if resumes else [])
@@ -297,7 +297,7 @@ class Rehearsal:
         source = tasks.load(cfg.task).source(cfg.data, cfg.model)
         return row_contract.first_difference(source, cfg.data.global_batch, self.shrink.steps)
 
-    def resume(self, wide: Outcome) -> Check:
+    def resume(self, wide: Launch) -> Check:
         """S/2 steps on 2 x 2, then the same command with --steps S: the rest against the straight run."""
         half, steps = self.shrink.half, self.shrink.steps
         first = self.train("resume-1", f"the resume's first part (--steps {half} on {WIDE})", WIDE, "resume", half)
@@ -313,7 +313,7 @@ class Rehearsal:
         return resume(train_losses(wide.run_dir), train_losses(second.run_dir), self.shrink,
                       (_params_sha256(wide.run_dir), _params_sha256(second.run_dir)))
 
-    def evaluation(self, wide: Outcome) -> Check:
+    def evaluation(self, wide: Launch) -> Check:
         """`python -m job eval --run-dir` of the straight run, on 2 x 2: eval-S.json against its metrics.jsonl."""
         ran = self.launch("eval", f"python -m job eval on {WIDE}", WIDE, ["eval", "--run-dir", str(wide.run_dir)],
                           wide.run_dir)

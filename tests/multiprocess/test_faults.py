@@ -39,7 +39,7 @@ JOB = [sys.executable, "-m", "job", "train"]
 
 
 @dataclass
-class Outcome:
+class Launched:
     code: int
     lines: list[tuple[float, str]]  # (arrival time, line) of every rank's output and the launcher's
     ended: float
@@ -57,7 +57,7 @@ class Outcome:
         raise AssertionError(f"no line with {needle!r}:\n{self.text}")
 
 
-def launch(command: list[str], *, extra: tuple[str, ...] = (), timeout: float = 240, **env: str) -> Outcome:
+def launch(command: list[str], *, extra: tuple[str, ...] = (), timeout: float = 240, **env: str) -> Launched:
     proc = subprocess.Popen(launcher_argv(2, command, devices=1, extra=extra), env=child_env(**env), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[tuple[float, str]] = []
@@ -78,10 +78,10 @@ def launch(command: list[str], *, extra: tuple[str, ...] = (), timeout: float = 
             proc.kill()
     ended = time.time()
     reader.join(timeout=10)
-    return Outcome(proc.returncode, lines, ended)
+    return Launched(proc.returncode, lines, ended)
 
 
-def faulty(run_dir: Path, rank: int, fault: str, *flags: str, **env: str) -> Outcome:
+def faulty(run_dir: Path, rank: int, fault: str, *flags: str, **env: str) -> Launched:
     return launch(scenario("faulty.py", str(rank), fault, "--", "train", "--run-dir", str(run_dir), *FLAGS, *flags),
                   **env)
 
@@ -108,7 +108,7 @@ def seed(run_dir: Path, straight: Path, steps: tuple[int, ...] = (2, 4)) -> None
 
 
 def check(
-    outcome: Outcome, *, since: float, code: int, says: tuple[str | tuple[str, ...], ...], name: str,
+    outcome: Launched, *, since: float, code: int, says: tuple[str | tuple[str, ...], ...], name: str,
     record: pytest.RecordProperty,
 ) -> float:
     elapsed = outcome.ended - since
