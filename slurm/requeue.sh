@@ -2,7 +2,7 @@
 # What a Slurm job does around its srun: sourced by both batch scripts that start the job
 # (slurm/train.sbatch, and the one submitit writes for make submit-slurm). It makes the script's
 # `srun ...` line run through the job's supervisor (deploy/slurm/supervise.py), which runs the step,
-# and after every attempt applies the one attempt policy (deploy/attempts.py): a failure restarts in
+# and after every attempt applies the one attempt policy (deploy/policy.py): a failure restarts in
 # the same allocation on a spare node (SPARES), or is requeued away from the failed node, within the
 # retry budget (JOB_RETRIES); a preemption (75) is requeued without spending it; a configuration
 # error (2) is never retried. Every attempt is recorded in JOB_LOG_DIR/JOBID-attempts.jsonl and the

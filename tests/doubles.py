@@ -41,3 +41,9 @@ class RecordingRunner(Runner):
                     raise subprocess.CalledProcessError(code, argv, out, "")
                 return subprocess.CompletedProcess(argv, code, out, "")
         return subprocess.CompletedProcess(argv, 0, "", "")
+
+    def run_echoing_stderr(self, argv: Sequence[str], *, env: object = None  # type: ignore[override]
+                           ) -> subprocess.CompletedProcess[str]:
+        """As `run`, the answer's text as the command's stderr (a step's srun messages)."""
+        done = self.run(argv, check=False)
+        return subprocess.CompletedProcess(done.args, done.returncode, "", done.stdout)

@@ -1,5 +1,5 @@
 """The Slurm job's supervisor: runs the job's step (srun), and after each attempt applies the attempt policy
-(deploy/attempts.py) inside the same allocation. Both batch scripts reach it through slurm/requeue.sh, which
+(deploy/policy.py) inside the same allocation. Both batch scripts reach it through slurm/requeue.sh, which
 makes their `srun ...` line `python -m deploy.slurm.supervise -- ...`:
 
     python -m deploy.slurm.supervise -- --kill-on-bad-exit=1 --output=... python -m job train ...
@@ -11,11 +11,12 @@ Variables it reads (the batch script's environment; make submit-slurm sets the J
 
 After a failure (an exit code other than 0, 2 and 75) with a spare left, the next step starts at once in the
 same allocation, on the spare instead of the node whose process failed first, and resumes from the newest
-checkpoint: no queue, the same job id. The rest of the policy (requeue, stop) is deploy/attempts.py's. Ctrl-C
+checkpoint: no queue, the same job id. The rest of the policy (requeue, stop) is deploy/policy.py's. Ctrl-C
 (SIGINT) is passed on to the step, whose processes save and exit 130; on SIGTERM (Slurm ending the job) the
 supervisor waits for the step, and a job that was cancelled is recorded so and never requeued. Each
-attempt's record is one `ended` line in JOB_LOG_DIR/JOBID-attempts.jsonl (JOB_ATTEMPTS, which also counts the
-job's retries across requeues) and in RUN_DIR/attempts.jsonl (the run dir process 0 notes at its start).
+attempt's record (job/runs/attempts.py) is one `ended` line in RUN_DIR/attempts.jsonl (the run dir process 0
+notes at its start), numbered there, and in JOB_LOG_DIR/JOBID-attempts.jsonl (JOB_ATTEMPTS, which also counts
+the job's retries across requeues). A run dir that cannot be written is one warning; the supervisor goes on.
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from deploy.attempts import Action, Decision, Ended, Outcome, decide
+from deploy.policy import Decision, Situation, decide
 from deploy.runner import Runner
-from job.core import exits, rundir
+from job.core import exits
+from job.runs.attempts import ENV as ATTEMPTS_ENV
+from job.runs.attempts import Action, Ended, JobLog, Outcome
 from job.runtime.cluster.nodelist import expand_nodelist
 
-ATTEMPTS_ENV = "JOB_ATTEMPTS"  # the job's record, for process 0's `started` line (job.runs.attempts.note_start)
 NODES_ENV = "JOB_NODES"
 RETRIES_ENV = "JOB_RETRIES"
 LOG_DIR_ENV = "JOB_LOG_DIR"
@@ -130,44 +132,6 @@ def step_argv(srun: str, args: Sequence[str], alloc: Allocation, lost: set[str])
             f"--nodelist={','.join(nodes)}", *kept]
 
 
-class Records:
-    """JOB_LOG_DIR/JOBID-attempts.jsonl, and RUN_DIR/attempts.jsonl beside it."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def lines(self) -> list[dict[str, object]]:
-        return rundir.records(self.path)
-
-    def ended(self) -> list[dict[str, object]]:
-        return [r for r in self.lines() if r.get("event") == "ended"]
-
-    def failures(self) -> int:
-        return sum(1 for r in self.ended() if r.get("outcome") == Outcome.FAILED.value)
-
-    def run_dir(self) -> str | None:
-        started = [r for r in self.lines() if r.get("event") == "started" and isinstance(r.get("run_dir"), str)]
-        return str(started[-1]["run_dir"]) if started else None
-
-    def add(self, record: Mapping[str, object]) -> None:
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(rundir.line(record))
-        run_dir = self.run_dir()
-        if run_dir is None:
-            return
-        try:
-            if "://" in run_dir:
-                from etils import epath  # only for a bucket run dir: the batch host may lack it otherwise
-
-                folder: Path | epath.Path = epath.Path(run_dir)
-            else:
-                folder = Path(run_dir)
-            rundir.append(rundir.attempts(folder), record)  # written back whole; one writer: this supervisor
-        except (OSError, ImportError) as exc:
-            print(f"attempts: expected to append to {run_dir.rstrip('/')}/{rundir.ATTEMPTS}, found {exc}; the record "
-                  f"stays in {self.path}", file=sys.stderr, flush=True)
-
-
 def _at_or_after(time: object, since: float) -> bool:
     """A record's "time" (seconds since the epoch, a number) is at or after `since`; missing or garbled: not."""
     return isinstance(time, (int, float)) and time >= since
@@ -183,7 +147,7 @@ class Supervisor:
         self.retries = int(retries) if retries.isdigit() else DEFAULT_RETRIES
         log_dir = Path(env.get(LOG_DIR_ENV) or ".").absolute()
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.records = Records(log_dir / f"{self.alloc.job_id}-attempts.jsonl")
+        self.records = JobLog(log_dir / f"{self.alloc.job_id}-attempts.jsonl")
         self.lost: set[str] = set()
         self.interrupted = False  # a SIGINT came (Ctrl-C, scancel --signal=INT): nothing restarts after this step
         self.terminated = False  # a SIGTERM came (scancel, the time limit, a preemption): the step ends too
@@ -218,7 +182,8 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._on_sigint)
         signal.signal(signal.SIGTERM, self._on_sigterm)
         while True:
-            # requeues are counted by Slurm, restarts in an allocation by the record: whichever knows more
+            # the run dir numbers its attempts (across job ids); without one, requeues are counted by Slurm,
+            # restarts in an allocation by the job's record: whichever knows more
             attempt = max(len(self.records.ended()), self.alloc.restart_count) + 1
             nodes = self.alloc.step_nodes(self.lost) if self.alloc.nodes else []
             began = time.time()
@@ -230,17 +195,12 @@ class Supervisor:
             if code != 0:  # a hang the watchdog ended: the process its roll call named, not the first to exit
                 failure = self.stuck(began, nodes) or failure
             decision = self.decide(code, failure)
-            if self.interrupted and decision.action is not Action.STOP:  # stopped on purpose, whatever the code
-                decision = decide(Ended(exits.STOPPED, 0, self.retries))
-            elif self.terminated and decision.outcome is not Outcome.COMPLETED and self.cancelled():
-                decision = decide(Ended(code, 0, self.retries, cancelled=True))  # a requeue would undo the scancel
-            self.records.add({
-                "event": "ended", "job": self.alloc.job_id, "attempt": attempt, "began": round(began, 3),
-                "ended": round(time.time(), 3), "code": code, "outcome": decision.outcome.value,
-                "node": failure.node if failure and failure.node else "-",
-                "process": failure.process if failure and failure.process else "-",
-                "cause": failure.cause if failure else "", "nodes": ",".join(nodes), "action": decision.describe(),
-            })
+            attempt = self.records.add(Ended(
+                job=self.alloc.job_id, began=began, ended=time.time(), code=code, outcome=decision.outcome,
+                action=decision.action, says=decision.describe(),
+                node=failure.node if failure and failure.node else "-",
+                process=failure.process if failure and failure.process else "-",
+                cause=failure.cause if failure else "", nodes=",".join(nodes), attempt=attempt)).attempt
             if decision.action is not Action.RESTART:
                 return self.finish(code, attempt, decision, failure)
             self.say(f"job {self.alloc.job_id} attempt {attempt} {self.ended_words(code, decision, failure)}: "
@@ -261,12 +221,15 @@ class Supervisor:
         return Failure(node or None, process or None, f"stuck ({hang.get('where', 'the watchdog ended it')})", None)
 
     def decide(self, code: int, failure: Failure | None) -> Decision:
+        """The policy's decision on the attempt that ended with `code`: a SIGINT (Ctrl-C) stops it whatever the
+        code; after a SIGTERM, a job Slurm cancelled is never requeued (a requeue would undo the scancel)."""
         outcome = Outcome.of(code)
+        cancelled = self.terminated and not self.interrupted and outcome is not Outcome.COMPLETED and self.cancelled()
         if outcome in (Outcome.COMPLETED, Outcome.CONFIGURATION_ERROR):
-            return decide(Ended(code, 0, self.retries))
+            return decide(Situation(code, 0, self.retries, interrupted=self.interrupted, cancelled=cancelled))
         node = failure.node if failure is not None else None
-        ended = Ended(code, self.records.failures(), self.retries, spares_left=self.alloc.spares_left(self.lost),
-                      can_requeue=self.can_requeue(), node=node)
+        ended = Situation(code, self.records.failures(), self.retries, spares_left=self.alloc.spares_left(self.lost),
+                          can_requeue=self.can_requeue(), node=node, interrupted=self.interrupted, cancelled=cancelled)
         if (outcome is Outcome.FAILED and node and ended.spares_left <= 0 and not ended.can_requeue
                 and ended.failures_before < ended.retries):
             ended = dataclasses.replace(ended, node_answers=self.answers(node))

@@ -11,7 +11,7 @@ Commands (`make tpu-<command>` runs each):
             keep every worker's log, and exit with the job's status. A preempted slice (or a job
             that exits 75) is recreated and the job resumed, always; a job that fails (any other
             exit but 2) is rerun from its newest checkpoint up to --retries times (the policy is
-            deploy/attempts.py's). Each attempt's end is one line of RUN_DIR/attempts.jsonl.
+            deploy/policy.py's). Each attempt's end is one line of RUN_DIR/attempts.jsonl.
     create  create or reuse the slice and wait until it is READY
     doctor  check the request, the run (ARGS' task, config and global batch on the slice's devices),
             gcloud's account and project, the accelerator type and runtime version in the zone, the
@@ -42,16 +42,17 @@ import time
 from collections.abc import Sequence
 
 from deploy import sweeps
-from deploy.attempts import Action, Ended, Outcome, decide
+from deploy.policy import Situation, decide
 from deploy.runner import Runner, shell_words
 from deploy.tpu import capacity, doctor, preview, ship, wheels
 from deploy.tpu import job as tpu_job
-from deploy.tpu.attempts import Failure, RetryBudget, find_failure
+from deploy.tpu.failures import Failure, RetryBudget, find_failure
 from deploy.tpu.config import DEFAULT_SHIP, TpuConfig, run_dir_of, validate_job, with_bucket
 from deploy.tpu.slice import Slice, TpuError
 from job.core import exits, values
 from job.errors import ConfigError, refuse_dash_values
 from job.runs import attempts as attempt_records
+from job.runs.attempts import Action, Outcome
 from job.runs.sweep import save_plan
 
 log = logging.getLogger("deploy.tpu")
@@ -84,7 +85,7 @@ def path_list(text: str) -> tuple[str, ...]:
 
 
 def pod(cfg: TpuConfig, runner: Runner) -> int:
-    """Create or reuse, run; after each attempt apply the attempt policy (deploy/attempts.py) and record the
+    """Create or reuse, run; after each attempt apply the attempt policy (deploy/policy.py) and record the
     attempt in RUN_DIR/attempts.jsonl: after a preemption recreate (when the slice is gone) and resume, always;
     after a failure rerun from the newest checkpoint on the same slice while RETRIES lasts. The job's final status."""
     slice_ = Slice(cfg, runner)
@@ -103,12 +104,12 @@ def pod(cfg: TpuConfig, runner: Runner) -> int:
             return code
         if code == exits.COMPLETED:
             tpu_job.fetch_logs(cfg, runner)
-            decision = decide(Ended(code, budget.used, cfg.retries, same_allocation=True))
-            _record_attempt(cfg, span, code, decision.outcome, decision.describe(), None)
+            decision = decide(Situation(code, budget.used, cfg.retries, same_allocation=True))
+            _record_attempt(cfg, span, code, decision.outcome, decision.action, decision.describe(), None)
             return code
         if code != SSH_LOST and tpu_job.stop_requested(cfg, runner):
             log.info("the job was stopped by `tpu-stop` (exit code %d): not restarting it", code)
-            _record_attempt(cfg, span, code, Outcome.of(code), "not rerun: stopped by `tpu-stop`", None)
+            _record_attempt(cfg, span, code, Outcome.of(code), Action.STOP, "not rerun: stopped by `tpu-stop`", None)
             return code
         status = slice_.status()
         if status.ready:
@@ -120,10 +121,11 @@ def pod(cfg: TpuConfig, runner: Runner) -> int:
                       "`make tpu-logs` shows it, `make tpu-stop` stops it", cfg.name, code, status.describe())
             return code
         failure = None if preempted else find_failure(cfg, runner, code)
-        decision = decide(Ended(exits.REQUEUE if failure is None else failure.code, budget.used, cfg.retries,
-                                node=None if failure is None else failure.where(), same_allocation=True))
-        _record_attempt(cfg, span, code if failure is None else failure.code, decision.outcome, decision.describe(),
-                       failure)
+        decision = decide(Situation(code if failure is None else failure.code, budget.used, cfg.retries,
+                                    node=None if failure is None else failure.where(), same_allocation=True,
+                                    preempted=preempted))
+        _record_attempt(cfg, span, code if failure is None else failure.code, decision.outcome, decision.action,
+                        decision.describe(), failure)
         logs = cfg.slice_dir / "logs"
         if failure is None:
             preemptions += 1
@@ -151,21 +153,20 @@ def pod(cfg: TpuConfig, runner: Runner) -> int:
                         logs)
 
 
-def _record_attempt(cfg: TpuConfig, span: tuple[float, float], code: int, outcome: Outcome, action: str,
-                   failure: Failure | None) -> None:
+def _record_attempt(cfg: TpuConfig, span: tuple[float, float], code: int, outcome: Outcome, action: Action,
+                    says: str, failure: Failure | None) -> None:
     """One `ended` record in RUN_DIR/attempts.jsonl (job.runs.attempts), as the Slurm supervisor writes it: the
     slice's name as the job, `span` the attempt's (start, end) as this loop saw them, the failed worker as the
-    node. Nothing for a run dir on the workers' own disks."""
+    node, `says` the decision in words. Nothing for a run dir on the workers' own disks."""
     run_dir = run_dir_of(cfg.job_args)
     if run_dir is None or not ("://" in run_dir or run_dir.startswith("/")):
         return  # each worker's own disk: no reader here (the configuration check said so before the start)
     cause = failure.cause if failure is not None else None
-    attempt_records.append_ended(run_dir, {
-        "job": cfg.name, "began": round(span[0], 3), "ended": round(span[1], 3), "code": code,
-        "outcome": outcome.value, "node": (failure.where() if failure is not None else None) or "-",
-        "process": str(cause.process) if cause is not None else "-", "cause": cause.last_line if cause else "",
-        "nodes": ",".join(cfg.slice_names), "action": action,
-    })
+    attempt_records.append(run_dir, attempt_records.Ended(
+        job=cfg.name, began=span[0], ended=span[1], code=code, outcome=outcome, action=action, says=says,
+        node=(failure.where() if failure is not None else None) or "-",
+        process=str(cause.process) if cause is not None else "-", cause=cause.last_line if cause else "",
+        nodes=",".join(cfg.slice_names)))
 
 
 def sweep_pod(cfg: TpuConfig, runner: Runner, known: list[str] | None = None) -> int:

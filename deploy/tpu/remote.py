@@ -285,7 +285,7 @@ def probe_script(cfg: TpuConfig) -> str:
 def outcome_script(cfg: TpuConfig) -> str:
     """Every worker says how its job ended, one line: `worker I: ended CODE SECONDS LAST-LINE` (its exit code,
     when that was written, in seconds since the epoch), `worker I: running LAST-LINE` or `worker I: none ...`;
-    LAST-LINE is the last line of its log. Read-only (deploy/tpu/attempts.py reads the lines)."""
+    LAST-LINE is the last line of its log. Read-only (deploy/tpu/failures.py reads the lines)."""
     d = shlex.quote(cfg.remote_dir)
     return "\n".join([
         _WORKER_ID,

@@ -1,5 +1,5 @@
 """The exit codes a run ends with, and what each means: the one table every backend's attempt policy reads
-(deploy/attempts.py) and every message that names a code (`describe`).
+(deploy/policy.py) and every message that names a code (`describe`).
 
     0   completed
     2   a configuration error (BAD_INPUT): the same flags fail again, never retried

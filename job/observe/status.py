@@ -17,7 +17,8 @@ record of each split). The states:
 - failed: the backend (the Slurm supervisor, the TPU pod loop) recorded the newest attempt's end
   (RUN_DIR/attempts.jsonl, job.runs.attempts) as a failure it did not retry: "failed (exit 137, process 1
   on node2) at step N", "failed (exit 137, process 2 on pod-a worker 2) at step N";
-- retrying: the same, retried or restarted and not yet started again: "retrying at step N (retry 1 of 3 ...)";
+- retrying: the same, retried or restarted (its action) and not yet started again: "retrying at step N (retry 1 of
+  3 ...)", the decision's words;
 - stopped: stopped with Ctrl-C after saving (summary.json's exit code 130: "stopped at step N (Ctrl-C;
   the same command resumes)"); or an attempt started, did not end, and wrote nothing for `stale_s` (1 hour): it was
   killed, crashed, hung, or refused its input at start. Without the batch script's record its
@@ -44,6 +45,7 @@ from job.core import exits, rundir, storage
 from job.core.flags import flatten
 from job.observe.goodput import read_records
 from job.runs import attempts as attempt_records
+from job.runs.attempts import Ended, Outcome
 from job.runs.sweep import Run, Sweep, Values, load_plan
 
 STALE_S = 3600.0  # an attempt that wrote nothing for this long and did not end has stopped
@@ -70,7 +72,7 @@ class RunStatus:
     quiet_s: float | None = None  # seconds since its newest record
     latest: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)  # split -> newest record
     goodput: float | None = None  # steps' share of the time: the last ended attempt's, or the running one's so far
-    ended: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # FAILED, RETRYING, CANCELLED: the batch record
+    ended: Ended | None = None  # FAILED, RETRYING, CANCELLED: the backend's record of the newest attempt
     interrupted: bool = False  # STOPPED: with Ctrl-C, after a save (exit 130)
     # COMPLETED, and STOPPED or PREEMPTED by its own summary: summary.json, whose train_loss is the last saved
     # step's (a metrics record is only every --log-every steps)
@@ -80,10 +82,10 @@ class RunStatus:
         """'completed', 'running (attempt 2)', 'preempted at step 40', 'stopped at step 30 (quiet 2.1 h)'."""
         if self.state is State.RUNNING:
             return f"running (attempt {self.attempts})" if self.attempts > 1 else "running"
-        if self.state is State.FAILED:
+        if self.state is State.FAILED and self.ended is not None:
             return f"failed ({_failure(self.ended)}) at step {self.step}"
-        if self.state is State.RETRYING:
-            return f"retrying at step {self.step} ({self.ended.get('action')} after {_failure(self.ended)})"
+        if self.state is State.RETRYING and self.ended is not None:
+            return f"retrying at step {self.step} ({self.ended.says} after {_failure(self.ended)})"
         if self.state is State.CANCELLED:
             return f"cancelled at step {self.step} (scancel; the same command resumes)"
         if self.state is State.STOPPED and self.interrupted:
@@ -104,10 +106,10 @@ class RunStatus:
         return None
 
 
-def _failure(record: Mapping[str, Any]) -> str:
+def _failure(record: Ended) -> str:
     """'exit 137, process 1 on node2' ('... on pod-a worker 2' on a TPU slice) from an attempts.jsonl record."""
-    where = f", process {record['process']} on {record['node']}" if record.get("node") not in (None, "-") else ""
-    return f"exit {record.get('code')}{where}"
+    where = f", process {record.process} on {record.node}" if record.node != "-" else ""
+    return f"exit {record.code}{where}"
 
 
 def _newest_by_split(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -164,12 +166,11 @@ def state_of(run_dir: str | epath.Path, *, now: float | None = None, stale_s: fl
     if summary.get("completed") is True and (total is None or int(summary.get("final_step") or 0) >= total):
         return dataclasses.replace(known, state=State.COMPLETED, final=summary)
     batch = attempt_records.ended(path)
-    ended = batch[-1] if batch and (newest is None or float(batch[-1].get("ended", 0)) >= newest) else {}
-    if ended.get("outcome") == "cancelled":  # the backend's record of the newest attempt: nothing started since
+    ended = batch[-1] if batch and (newest is None or batch[-1].ended >= newest) else None
+    if ended is not None and ended.outcome is Outcome.CANCELLED:  # the newest attempt's: nothing started since
         return dataclasses.replace(known, state=State.CANCELLED, ended=ended)
-    if ended.get("outcome") in ("failed", "configuration error"):
-        retried = str(ended.get("action", "")).startswith(("retry", "restart"))
-        return dataclasses.replace(known, state=State.RETRYING if retried else State.FAILED, ended=ended)
+    if ended is not None and ended.outcome in (Outcome.FAILED, Outcome.CONFIGURATION_ERROR):
+        return dataclasses.replace(known, state=State.RETRYING if ended.retried else State.FAILED, ended=ended)
     # a start recorded after the newest goodput record (still starting, or ended there) is newer than an end
     last = records[-1] if records else None
     start_after = bool(started) and (last is None or started[-1] > float(last["time"]))

@@ -1,102 +1,260 @@
-"""How each attempt of a run ended, as the batch script that ran it saw it (slurm/requeue.sh).
+"""How each attempt of a run ended: the one record every backend writes, typed, with its JSON form, one append
+and one numbering per run dir, and one rule for a run dir that cannot be written.
 
-On Slurm every attempt ends in the batch script: its exit code, the task that failed first and its node
-(from srun's own messages), and what was done (requeued after a preemption, retried away from the node,
-not retried). The script appends one `ended` line per attempt to JOB_ATTEMPTS (its log folder's
-JOBID-attempts.jsonl, which counts the job's retries) and to RUN_DIR/attempts.jsonl. It learns the run
-dir from the `started` line process 0 writes there at each start (`note_start`):
+    record = Ended(job="5123", began=1764782000.0, ended=1764782950.0, code=137, outcome=Outcome.FAILED,
+                   action=Action.REQUEUE, says="retry 1 of 3, excluding node2", node="node2", process="1",
+                   cause="Killed", nodes="node1,node2")
+    append(run_dir, record)      # numbered after the ended records already in RUN_DIR/attempts.jsonl; None, and one
+                                 # warning, where the run dir cannot be written (a gs:// error included)
+    ended(run_dir)               # the records, oldest first: [Ended(...), ...]
 
-    {"event": "started", "attempt": 2, "time": 1764783000.1, "run_dir": "/shared/runs/lm1"}
+RUN_DIR/attempts.jsonl, one line per event:
+
     {"event": "ended", "job": "5123", "attempt": 1, "began": 1764782000, "ended": 1764782950, "code": 137,
-     "outcome": "failed", "node": "node2", "process": "1", "cause": "Killed", "action": "retry 1 of 3, excluding node2"}
+     "outcome": "failed", "node": "node2", "process": "1", "cause": "Killed", "nodes": "node1,node2",
+     "action": "requeue", "says": "retry 1 of 3, excluding node2"}
+    {"event": "resumed", "attempt": 2, "time": ..., "step": 41, "from_step": 40, "tier": "persistent", "gap_s": 61.2}
 
-On a Cloud TPU slice the pod loop (deploy/tpu/cli.py) appends the same record after each attempt
-(`append_ended`), its node the failed worker's host ("pod-a worker 2"), in a gs:// run dir too.
+`action` is what was done next (Action: none, requeue, restart, stop), `says` the decision in words. Records
+written before `says` existed hold those words in `action`; they are read the same (`Ended.from_json`). An
+attempt's number counts the ended records of the run dir, whichever job id or backend wrote them, so a run
+submitted again under a new job id goes on from the last number.
 
-Outcomes: completed, preempted, failed, configuration error. `python -m job runs` shows a run whose newest
-attempt failed and was not retried as failed (code); goodput counts the time lost after a failure apart
-from the time lost after a preemption (`cause_of_end`).
+Who writes: the Slurm supervisor (deploy/slurm/supervise.py) after each step, through `JobLog`, which keeps a
+copy in the job's own record JOB_LOG_DIR/JOBID-attempts.jsonl (JOB_ATTEMPTS: it counts the job's retries across
+requeues, and process 0 notes there where the run dir is, `note_start`, and which process hung, `note_hang`);
+the TPU pod loop (deploy/tpu/cli.py) after each attempt, its node the failed worker's host ("pod-a worker 2"),
+in a gs:// run dir too; and process 0, the first step after a resume (`note_resumed`: the restart gap). What
+each backend does next is the attempt policy's (deploy/policy.py).
+
+Standard library only at import: the Slurm supervisor imports this module with whatever python3 the batch host
+has (etils only for a gs:// run dir). `python -m job runs` shows a run whose newest attempt failed and was not
+retried as failed (code); goodput counts the time lost after a failure apart from the time lost after a
+preemption (`cause_of_end`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import json
 import logging
 import os
 import time
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from etils import epath
+from job.core import exits, rundir
 
-from job.core import rundir
+if TYPE_CHECKING:
+    from etils import epath
 
 log = logging.getLogger(__name__)
 
-ENV = "JOB_ATTEMPTS"  # set by slurm/requeue.sh's watch_srun for the tasks
+ENV = "JOB_ATTEMPTS"  # the Slurm job's own record (JobLog), set by the supervisor for the step's tasks
 RECORD = rundir.ATTEMPTS
 FAILURE, PREEMPTION = "failure", "preemption"
 
 
-def note_start(run_dir: epath.Path, attempt: int, environ: Mapping[str, str] = os.environ) -> None:
-    """Process 0, at an attempt's start: tell the batch script where this run's records are (no-op off Slurm)."""
-    path = environ.get(ENV)
-    if not path:
-        return
-    where = str(run_dir) if "://" in str(run_dir) else os.path.abspath(str(run_dir))
-    line = json.dumps({"event": "started", "attempt": attempt, "time": round(time.time(), 3), "run_dir": where})
-    try:
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-    except OSError as exc:
-        log.warning("attempts: expected to note this attempt's start in %s=%s, found %s; its end is still in the "
-                    "job's log but not in %s/%s", ENV, path, exc.strerror or exc, run_dir, RECORD)
+class Outcome(str, enum.Enum):
+    """How an attempt ended, by its exit code (job/core/exits.py) or what the backend saw."""
+
+    COMPLETED = "completed"
+    PREEMPTED = "preempted"  # exit 75 (saved after a preemption signal), or the machines were taken away
+    CONFIGURATION_ERROR = "configuration error"
+    STOPPED = "stopped"  # a person asked to stop (Ctrl-C): saved, never retried
+    CANCELLED = "cancelled"  # the scheduler cancelled the job (scancel), whatever the code
+    FAILED = "failed"
+
+    @classmethod
+    def of(cls, code: int) -> Outcome:
+        if code == exits.COMPLETED:
+            return cls.COMPLETED
+        if code == exits.REQUEUE:
+            return cls.PREEMPTED
+        if code == exits.BAD_INPUT:
+            return cls.CONFIGURATION_ERROR
+        if code == exits.STOPPED:
+            return cls.STOPPED
+        return cls.FAILED
 
 
-def note_hang(process: int, node: str, where: str, environ: Mapping[str, str] = os.environ) -> None:
-    """Process 0, when the watchdog's roll call named the process that is stuck: tell the batch script's supervisor,
-    so the attempt's record names that process and node (and a retry moves away from it), not the first process
-    whose watchdog ended it (no-op off Slurm)."""
-    path = environ.get(ENV)
-    if not path:
-        return
-    line = json.dumps({"event": "hang", "time": round(time.time(), 3), "process": str(process), "node": node,
-                       "where": where})
-    try:
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-    except OSError as exc:
-        log.warning("attempts: expected to note the stuck process in %s=%s, found %s", ENV, path,
-                    exc.strerror or exc)
+class Action(str, enum.Enum):
+    """What is done next."""
+
+    NONE = "none"  # the run completed
+    REQUEUE = "requeue"  # back through the queue (Slurm), the failed node excluded where there is one
+    RESTART = "restart"  # a new attempt in the same allocation (a new Slurm step, a rerun on the TPU slice)
+    STOP = "stop"  # not retried: the run ends with the attempt's code
+
+    @classmethod
+    def of_words(cls, words: str) -> Action:
+        """The action of a record written before `says` existed, from the words its `action` held: 'none',
+        'requeued (...)', 'retry 1 of 3, ...', 'rerun (...)', 'restart 1 of 3 ...', 'not retried: ...'."""
+        if words in {a.value for a in cls}:
+            return cls(words)
+        if words.startswith(("retry", "requeued")):
+            return cls.REQUEUE
+        if words.startswith(("restart", "rerun")):
+            return cls.RESTART
+        return cls.STOP
 
 
-def ended(run_dir: epath.Path) -> list[dict[str, Any]]:
-    """RUN_DIR/attempts.jsonl's `ended` records, oldest first (none where no backend wrote them)."""
-    return [r for r in rundir.records(rundir.attempts(run_dir)) if r.get("event") == "ended"]
+@dataclasses.dataclass(frozen=True)
+class Ended:
+    """One attempt's end, as the backend that ran it saw it: one `ended` line of RUN_DIR/attempts.jsonl."""
+
+    job: str  # the Slurm job id, or the TPU slice's name
+    began: float  # when the attempt started and ended (seconds since the epoch)
+    ended: float
+    code: int  # its exit code: the process that failed first's, not its peers' reactions
+    outcome: Outcome
+    action: Action  # what was done next
+    says: str = ""  # the decision in words: 'retry 1 of 3, excluding node2'
+    node: str = "-"  # the failed process's node ('pod-a worker 2' on a TPU slice); '-' when none or unknown
+    process: str = "-"  # its JAX process index
+    cause: str = ""  # how it failed: srun's words ('Killed'), or the failed worker's last log line
+    nodes: str = ""  # the attempt's nodes, comma-separated
+    attempt: int = 0  # its number in the run dir (1-based), set by `append`
+
+    @property
+    def retried(self) -> bool:
+        """A failure that is run again (restarted or requeued)."""
+        return self.outcome is Outcome.FAILED and self.action in (Action.RESTART, Action.REQUEUE)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"event": "ended", "job": self.job, "attempt": self.attempt, "began": round(self.began, 3),
+                "ended": round(self.ended, 3), "code": self.code, "outcome": self.outcome.value, "node": self.node,
+                "process": self.process, "cause": self.cause, "nodes": self.nodes, "action": self.action.value,
+                "says": self.says}
+
+    @classmethod
+    def from_json(cls, record: Mapping[str, Any]) -> Ended | None:
+        """The `ended` line's record; None for a line no backend wrote (no exit code or no known outcome)."""
+        code, outcome = record.get("code"), record.get("outcome")
+        if not isinstance(code, int) or outcome not in {o.value for o in Outcome}:
+            return None
+        words = str(record.get("action", ""))
+        said = record.get("says")
+        return cls(job=str(record.get("job", "")), began=_seconds(record.get("began")),
+                   ended=_seconds(record.get("ended")), code=code, outcome=Outcome(outcome),
+                   action=Action.of_words(words), says=str(said) if said is not None else words,
+                   node=str(record.get("node") or "-"), process=str(record.get("process") or "-"),
+                   cause=str(record.get("cause", "")), nodes=str(record.get("nodes", "")),
+                   attempt=int(record.get("attempt") or 0))
 
 
-def _ended_in(text: str) -> list[dict[str, Any]]:
+def _seconds(value: object, missing: float = 0.0) -> float:
+    """A record's time (seconds since the epoch); `missing` where it has none or it is not a number."""
+    return float(value) if isinstance(value, int | float) else missing
+
+
+def _ended_lines(text: str) -> list[dict[str, Any]]:
     return [r for r in rundir.parse(text) if r.get("event") == "ended"]
 
 
-def append_ended(run_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Append one `ended` record to RUN_DIR/attempts.jsonl: `record`'s fields (job, began, ended, code, outcome,
-    node, process, cause, nodes, action) with "event" and "attempt" (the ended records already there + 1).
-    The file is read and written back whole (an object in a bucket cannot be appended to): one writer at a time.
-    The record written; None, with one warning, where the run dir cannot be written."""
-    target = rundir.attempts(epath.Path(run_dir))
+def _typed(lines: list[dict[str, Any]]) -> list[Ended]:
+    return [e for e in (Ended.from_json(r) for r in lines) if e is not None]
+
+
+def folder(run_dir: str | os.PathLike[str]) -> Path | epath.Path:
+    """The run dir as a path: pathlib's on a disk, etils' for a bucket (gs://)."""
+    where = os.fspath(run_dir)
+    if "://" not in where:
+        return Path(where)
+    from etils import epath  # only for a bucket run dir: the Slurm batch host may lack etils otherwise
+
+    return epath.Path(where)
+
+
+def ended(run_dir: str | os.PathLike[str]) -> list[Ended]:
+    """RUN_DIR/attempts.jsonl's `ended` records, oldest first (none where no backend wrote them)."""
+    return _typed([r for r in rundir.records(rundir.attempts(folder(run_dir))) if r.get("event") == "ended"])
+
+
+def _unwritten(what: str, target: object, exc: Exception) -> None:
+    """The one warning for a record that could not be written: the run goes on (gcsfs's HTTP and credential
+    errors are not OSError)."""
+    log.warning("attempts: expected to %s in %s, found %s: %s; `python -m job runs` will not show it. Fix: a run "
+                "dir this machine can write (a gs:// URL it has credentials for, or a folder it shares with the "
+                "workers)", what, target, type(exc).__name__, getattr(exc, "strerror", None) or exc)
+
+
+def append(run_dir: str | os.PathLike[str], record: Ended) -> Ended | None:
+    """`record` as the new last `ended` line of RUN_DIR/attempts.jsonl, numbered after the ended records already
+    there. The file is read and written back whole (an object in a bucket cannot be appended to): one writer at a
+    time. The record written; None, with one warning, where the run dir cannot be read or written: never raises."""
+    target: object = run_dir
     try:
+        target = rundir.attempts(folder(run_dir))
         old = rundir.text(target)
-        numbered = {"event": "ended", "job": record.get("job"), "attempt": len(_ended_in(old)) + 1}
-        numbered.update((key, value) for key, value in record.items() if key not in numbered)
-        rundir.append(target, numbered, old)
-    except Exception as exc:  # noqa: BLE001 - gcsfs's HTTP and credential errors are not OSError; the run goes on
-        log.warning("attempts: expected to append how this attempt ended (exit %s, %s) to %s, found %s: "
-                    "`python -m job runs` will not show it. Fix: a run dir this machine can write (a gs:// URL, or a "
-                    "folder it shares with the workers)", record.get("code"), record.get("outcome"), target,
-                    getattr(exc, "strerror", None) or exc)
+        numbered = dataclasses.replace(record, attempt=len(_ended_lines(old)) + 1)
+        rundir.append(target, numbered.to_json(), old)
+    except Exception as exc:  # noqa: BLE001 - whatever the storage raises, the caller (a supervisor) goes on
+        _unwritten(f"append how an attempt ended (exit {record.code}, {record.outcome.value})", target, exc)
         return None
     return numbered
+
+
+class JobLog:
+    """One Slurm job's own record, JOB_LOG_DIR/JOBID-attempts.jsonl (ENV for the job's tasks): process 0's
+    `started` lines (where the run dir is) and `hang` lines, and a copy of each `ended` record, which counts the
+    job's retries across requeues."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def lines(self) -> list[dict[str, Any]]:
+        return rundir.records(self.path)
+
+    def ended(self) -> list[dict[str, Any]]:
+        return [r for r in self.lines() if r.get("event") == "ended"]
+
+    def failures(self) -> int:
+        return sum(1 for r in self.ended() if r.get("outcome") == Outcome.FAILED.value)
+
+    def run_dir(self) -> str | None:
+        """The run dir process 0 noted at its newest start; None before any."""
+        started = [r for r in self.lines() if r.get("event") == "started" and isinstance(r.get("run_dir"), str)]
+        return str(started[-1]["run_dir"]) if started else None
+
+    def add(self, record: Ended) -> Ended:
+        """`record` in RUN_DIR/attempts.jsonl (`append`: numbered there) and here with the same number; with its
+        own number where no run dir is known or it cannot be written (one warning). What was written here."""
+        run_dir = self.run_dir()
+        written = (append(run_dir, record) if run_dir is not None else None) or record
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(rundir.line(written.to_json()))
+        return written
+
+
+def _note(environ: Mapping[str, str], record: Mapping[str, object], what: str, then: str = "") -> None:
+    """One line in the Slurm job's own record (ENV); nothing off Slurm, one warning where it cannot be written."""
+    path = environ.get(ENV)
+    if not path:
+        return
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(rundir.line(record))
+    except OSError as exc:
+        log.warning("attempts: expected to note %s in %s=%s, found %s%s", what, ENV, path, exc.strerror or exc, then)
+
+
+def note_start(run_dir: str | os.PathLike[str], attempt: int, environ: Mapping[str, str] = os.environ) -> None:
+    """Process 0, at an attempt's start: tell the Slurm supervisor where this run's records are (no-op off Slurm)."""
+    where = os.fspath(run_dir)
+    where = where if "://" in where else os.path.abspath(where)
+    _note(environ, {"event": "started", "attempt": attempt, "time": round(time.time(), 3), "run_dir": where},
+          "this attempt's start", f"; its end is still in the job's log but not in {run_dir}/{RECORD}")
+
+
+def note_hang(process: int, node: str, where: str, environ: Mapping[str, str] = os.environ) -> None:
+    """Process 0, when the watchdog's roll call named the process that is stuck: tell the Slurm supervisor, so the
+    attempt's record names that process and node (and a retry moves away from it), not the first process whose
+    watchdog ended it (no-op off Slurm)."""
+    _note(environ, {"event": "hang", "time": round(time.time(), 3), "process": str(process), "node": node,
+                    "where": where}, "the stuck process")
 
 
 def note_resumed(run_dir: str | os.PathLike[str], step: int, start: int, tier: str, now: float | None = None
@@ -104,36 +262,34 @@ def note_resumed(run_dir: str | os.PathLike[str], step: int, start: int, tier: s
     """Process 0, at the first step an attempt completes after resuming: one `resumed` record in
     RUN_DIR/attempts.jsonl, with the restart gap (from the previous attempt's recorded end to this step, the time
     a failure cost before training went on) and the tier the state came from. None where no attempt's end is on
-    record (the first attempt, a run off Slurm and TPU) or the run dir cannot be written."""
+    record (the first attempt, a run off Slurm and TPU) or the run dir cannot be read or written (one warning)."""
     now = time.time() if now is None else now
-    target = rundir.attempts(epath.Path(run_dir))
+    target: object = run_dir
     try:
+        target = rundir.attempts(folder(run_dir))
         old = rundir.text(target)
-    except OSError:
-        return None
-    previous = _ended_in(old)
-    if not previous:
-        return None
-    record = {"event": "resumed", "attempt": len(previous) + 1, "time": round(now, 3), "step": step,
-              "from_step": start, "tier": tier, "gap_s": round(now - float(previous[-1].get("ended", now)), 3)}
-    try:
+        previous = _ended_lines(old)
+        if not previous:
+            return None
+        record = {"event": "resumed", "attempt": len(previous) + 1, "time": round(now, 3), "step": step,
+                  "from_step": start, "tier": tier, "gap_s": round(now - _seconds(previous[-1].get("ended"), now), 3)}
         rundir.append(target, record, old)
-    except Exception as exc:  # noqa: BLE001 - gcsfs's errors are not OSError; the run goes on
-        log.warning("attempts: expected to record the restart gap in %s, found %s", target,
-                    getattr(exc, "strerror", None) or exc)
+    except Exception as exc:  # noqa: BLE001 - whatever the storage raises, training goes on
+        _unwritten("record the restart gap", target, exc)
         return None
     return record
 
 
-def cause_of_end(records: list[dict[str, Any]], previous_ended_cleanly: bool, since: float) -> str:
-    """Why the previous attempt ended: FAILURE or PREEMPTION. The batch script's record of an attempt that
-    ended after `since` (the previous attempt's start) says it where there is one; otherwise an attempt
-    that wrote its `end` goodput record had stopped on purpose (a preemption signal), one that did not was
-    ended by a failure (an exception, a crash, a kill)."""
+def cause_of_end(records: list[Ended], previous_ended_cleanly: bool, since: float) -> str:
+    """Why the previous attempt ended: FAILURE or PREEMPTION. The backend's record of an attempt that ended after
+    `since` (the previous attempt's start) says it where there is one; otherwise an attempt that wrote its `end`
+    goodput record had stopped on purpose (a preemption signal), one that did not was ended by a failure (an
+    exception, a crash, a kill)."""
     for record in reversed(records):
-        if float(record.get("ended", 0)) >= since:
-            return PREEMPTION if record.get("outcome") in ("preempted", "completed") else FAILURE
+        if record.ended >= since:
+            return PREEMPTION if record.outcome in (Outcome.PREEMPTED, Outcome.COMPLETED) else FAILURE
     return PREEMPTION if previous_ended_cleanly else FAILURE
 
 
-__all__ = ["ENV", "FAILURE", "PREEMPTION", "RECORD", "append_ended", "cause_of_end", "ended", "note_hang", "note_resumed", "note_start"]
+__all__ = ["ENV", "FAILURE", "PREEMPTION", "RECORD", "Action", "Ended", "JobLog", "Outcome", "append",
+           "cause_of_end", "ended", "folder", "note_hang", "note_resumed", "note_start"]

@@ -30,7 +30,7 @@ def test_every_attempt_of_a_bucket_run_is_one_record_in_the_bucket(gcs_here: Emu
     runner = SimRunner(job_outcomes=[(1, None)] * 2, worker_outcomes=[WORKER_1_KILLED] * 2)
     assert tpu.pod(cfg, runner) == 137
     lines = [json.loads(line) for line in gcs_here.read("run1/attempts.jsonl").decode().splitlines()]
-    assert [(r["attempt"], r["code"], r["node"], r["process"], r["cause"], r["action"]) for r in lines] == [
+    assert [(r["attempt"], r["code"], r["node"], r["process"], r["cause"], r["says"]) for r in lines] == [
         (1, 137, "pod-b worker 1", "1", "Killed", "restart 1 of 1 in the allocation, on the same nodes"),
         (2, 137, "pod-b worker 1", "1", "Killed", "not retried: the retry budget is spent (1 of 1)")]
     status = state_of(f"gs://{BUCKET}/run1")

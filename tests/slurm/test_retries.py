@@ -61,7 +61,7 @@ def test_a_rank_killed_on_one_node_is_retried_on_other_nodes_and_matches_an_unin
 
     failed, done = _ended(run_dir)
     assert failed == {**failed, "job": jid, "attempt": 1, "outcome": "failed", "node": "node2", "process": "1",
-                      "action": "retry 1 of 2, excluding node2"}, failed
+                      "action": "requeue", "says": "retry 1 of 2, excluding node2"}, failed
     assert failed["code"] != 0 and "Killed" in failed["cause"]
     assert done == {**done, "job": jid, "attempt": 2, "outcome": "completed", "code": 0}, done
     # the second attempt ran elsewhere: Slurm kept node2 out of it
@@ -87,8 +87,8 @@ def test_a_fault_on_every_attempt_stops_once_the_budget_is_spent_with_its_code(
     assert proc.returncode != 0, explain(proc, proc.stdout, proc.stderr)
     first, second = _ended(run_dir)
     assert first["outcome"] == second["outcome"] == "failed"
-    assert first["action"].startswith("retry 1 of 1") and first["code"] != 0
-    assert second["action"] == "not retried: the retry budget is spent (1 of 1)"
+    assert first["says"].startswith("retry 1 of 1") and first["code"] != 0
+    assert second["says"] == "not retried: the retry budget is spent (1 of 1)"
     jid = job_id(proc.stdout)
     batch = (tmp_path / "logs" / f"{jid}_0_log.out").read_text()
     assert f"job {jid} ends with exit code {second['code']}: not retried: the retry budget is spent (1 of 1)" in batch
@@ -105,7 +105,7 @@ def test_a_configuration_error_is_never_retried(slurm_env: dict[str, str], tmp_p
     jid = job_id(proc.stdout)
     (record,) = [r for r in _records(tmp_path / "logs" / f"{jid}-attempts.jsonl") if r["event"] == "ended"]
     assert record["outcome"] == "configuration error" and record["code"] == 2
-    assert record["action"] == "not retried: the same flags would fail again"
+    assert record["says"] == "not retried: the same flags would fail again"
     shown = subprocess.run(["scontrol", "show", "job", jid], env=slurm_env, capture_output=True, text=True, check=True).stdout
     assert "Restarts=0" in shown, shown
 
@@ -180,7 +180,8 @@ def test_a_killed_process_restarts_on_a_spare_inside_the_allocation_while_a_requ
     assert 0 < resumed["gap_s"] == pytest.approx(resumed["time"] - failed["ended"], abs=0.01)
     assert failed == {**failed, "job": jid, "attempt": 1, "code": 137, "outcome": "failed", "node": "node2",
                       "process": "1", "cause": "Killed", "nodes": "node1,node2",
-                      "action": "restart 1 of 2 in the allocation, on a spare instead of node2"}, failed
+                      "action": "restart",
+                      "says": "restart 1 of 2 in the allocation, on a spare instead of node2"}, failed
     assert done == {**done, "job": jid, "attempt": 2, "code": 0, "outcome": "completed", "nodes": "node1,node3"}, done
     first = (tmp_path / "logs" / f"{jid}_0_log.out").read_text()
     assert ("resumed from step 20 (the node-local tier: process 1's from process 0 on node1 over the network; the "
@@ -236,7 +237,8 @@ def test_ctrl_c_to_the_job_saves_stops_every_step_with_130_and_nothing_restarts(
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == [str(stopped)]
     (record,) = _ended(run_dir)
     assert record == {**record, "job": jid, "attempt": 1, "code": 130, "outcome": "stopped"}, record
-    assert not any(word in record["action"] for word in ("retry", "restart", "requeue")), record
+    assert record["action"] == "stop" and record["says"] == (
+        "not retried: stopped with Ctrl-C after a save; the same command resumes"), record
     shown = subprocess.run(["scontrol", "show", "job", jid], env=slurm_env, capture_output=True, text=True,
                            check=True).stdout
     assert "Restarts=0" in shown, shown
@@ -256,7 +258,8 @@ def test_a_cancelled_job_saves_its_step_records_it_as_cancelled_and_is_not_reque
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [str(step)]
     (record,) = _ended(run_dir)
     assert record == {**record, "job": jid, "attempt": 1, "code": 75, "outcome": "cancelled",
-                      "action": "not retried: the job was cancelled (scancel); the same command resumes"}, record
+                      "action": "stop", "says": "not retried: the job was cancelled (scancel); the same command resumes"
+                      }, record
     assert f"job {jid} attempt 1 ended with exit code 75, the job cancelled" in everything, everything
     assert "Traceback" not in everything, everything
     shown = subprocess.run(["scontrol", "show", "job", jid], env=slurm_env, capture_output=True, text=True,

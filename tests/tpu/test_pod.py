@@ -108,10 +108,9 @@ def test_a_worker_killed_once_is_retried_from_the_checkpoint_on_the_same_slice(c
     assert sum("setsid nohup" in " ".join(c) for c in cloud.calls()) == 2  # the run, and its one retry
     # RUN_DIR/attempts.jsonl: the failed attempt names the process that died and its host, then the retry completed
     failed, completed = attempt_records.ended(epath.Path(run_dir))
-    assert (failed["job"], failed["attempt"], failed["code"], failed["outcome"], failed["process"], failed["node"],
-            failed["action"]) == ("pod-r", 1, 137, "failed", "1", "pod-r worker 1",
-                                  "restart 1 of 2 in the allocation, on the same nodes")
-    assert (completed["attempt"], completed["code"], completed["outcome"]) == (2, 0, "completed")
+    assert (failed.job, failed.attempt, failed.code, failed.outcome, failed.process, failed.node, failed.says) == (
+        "pod-r", 1, 137, "failed", "1", "pod-r worker 1", "restart 1 of 2 in the allocation, on the same nodes")
+    assert (completed.attempt, completed.code, completed.outcome) == (2, 0, "completed")
     assert state_of(run_dir).state is State.COMPLETED
 
 
@@ -125,7 +124,7 @@ def test_a_worker_killed_with_retries_off_leaves_a_run_that_reads_failed_naming_
     assert proc.returncode == 137, explain(proc)
     assert "the job failed with exit code 137 (SIGKILL) on worker 1" in proc.stderr, explain(proc)
     (record,) = attempt_records.ended(epath.Path(run_dir))
-    assert (record["outcome"], record["process"], record["node"], record["action"]) == (
+    assert (record.outcome, record.process, record.node, record.says) == (
         "failed", "1", "pod-s worker 1", "not retried: retries are off (RETRIES=0)")
     status = state_of(run_dir)
     assert status.state is State.FAILED and status.step >= 5, status

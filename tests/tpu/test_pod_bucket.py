@@ -53,4 +53,4 @@ def test_a_two_worker_run_keeps_its_checkpoints_in_the_bucket(cloud: Cloud, gcs:
     assert any(name.startswith("run1/checkpoints/10/") for name in gcs.objects("run1/checkpoints/"))
     (record,) = [json.loads(line) for line in gcs.read("run1/attempts.jsonl").decode().splitlines()]
     assert record == {**record, "event": "ended", "job": "pod-l", "attempt": 1, "code": 0, "outcome": "completed",
-                      "action": "none"}, record
+                      "action": "none", "says": "none"}, record

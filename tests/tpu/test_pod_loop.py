@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from etils import epath
 
-from deploy.tpu import attempts
 from deploy.tpu import cli as tpu
+from deploy.tpu import failures
 from deploy.tpu import job as tpu_job
 from deploy.tpu.config import TpuConfig
 from deploy.tpu.slice import Slice, TpuError
@@ -84,13 +84,13 @@ def test_without_a_crash_the_first_worker_to_fail_is_named() -> None:
     outcomes = [o for line in ["worker 0: ended 1 1700000005.0 lost a peer", "worker 1: ended 86 1700000002.0 hung",
                                "worker 2: ended 0 1700000001.0 done", "worker 3: ended 75 1700000000.0 saved",
                                "Using ssh batch size of 4.", "worker 4: none"]
-                if (o := attempts.Outcome.parse(line, "pod-1", 0)) is not None]
+                if (o := failures.WorkerExit.parse(line, "pod-1", 0)) is not None]
     assert len(outcomes) == 5
-    failed = attempts.first_failure(outcomes)
+    failed = failures.first_failure(outcomes)
     assert failed is not None and (failed.process, failed.code, failed.last_line) == (1, 86, "hung")
-    text = attempts.Failure(86, failed).describe()
+    text = failures.Failure(86, failed).describe()
     assert text == "exit code 86 (no step within the watchdog's timeout) on worker 1: hung"
-    assert attempts.first_failure(outcomes[2:]) is None
+    assert failures.first_failure(outcomes[2:]) is None
 
 
 def test_the_retry_budget_runs_out_with_the_last_failures_code(cfg: TpuConfig,
@@ -246,7 +246,7 @@ def test_a_job_stopped_from_another_machine_is_not_restarted(cfg: TpuConfig) -> 
 
 # ---------------------------------------------------------------------- RUN_DIR/attempts.jsonl
 RECORD_KEYS = ["event", "job", "attempt", "began", "ended", "code", "outcome", "node", "process", "cause", "nodes",
-               "action"]  # the keys, in the order the Slurm supervisor writes them (deploy/slurm/supervise.py)
+               "action", "says"]  # the keys, in the order every backend writes them (job/runs/attempts.py)
 
 
 @pytest.fixture
@@ -257,7 +257,7 @@ def recorded(cfg: TpuConfig, tmp_path: Path) -> TpuConfig:
 
 
 def records_of(cfg: TpuConfig) -> list[dict]:
-    return attempt_records.ended(epath.Path(cfg.job_args[2]))
+    return [e.to_json() for e in attempt_records.ended(epath.Path(cfg.job_args[2]))]
 
 
 def test_a_failure_then_a_success_are_two_records_naming_the_failed_worker(recorded: TpuConfig) -> None:
@@ -268,8 +268,8 @@ def test_a_failure_then_a_success_are_two_records_naming_the_failed_worker(recor
     assert list(failed) == RECORD_KEYS and list(completed) == RECORD_KEYS
     assert {k: failed[k] for k in RECORD_KEYS if k not in ("began", "ended")} == {
         "event": "ended", "job": "pod-1", "attempt": 1, "code": 139, "outcome": "failed", "node": "pod-1 worker 2",
-        "process": "2", "cause": "step 7: loss 2.301", "nodes": "pod-1",
-        "action": "restart 1 of 2 in the allocation, on the same nodes"}
+        "process": "2", "cause": "step 7: loss 2.301", "nodes": "pod-1", "action": "restart",
+        "says": "restart 1 of 2 in the allocation, on the same nodes"}
     assert {k: completed[k] for k in ("attempt", "code", "outcome", "node", "process", "cause", "action")} == {
         "attempt": 2, "code": 0, "outcome": "completed", "node": "-", "process": "-", "cause": "", "action": "none"}
     spans = [round(before, 3), failed["began"], failed["ended"], completed["began"], completed["ended"]]
@@ -282,7 +282,7 @@ def test_a_spent_budget_is_recorded_and_the_run_reads_failed_naming_the_worker(r
     runner = SimRunner(job_outcomes=[(1, None)] * 3, worker_outcomes=[WORKER_2_CRASHED] * 3)
     assert tpu.pod(recorded, runner) == 139
     records = records_of(recorded)
-    assert [(r["attempt"], r["outcome"], r["action"]) for r in records] == [
+    assert [(r["attempt"], r["outcome"], r["says"]) for r in records] == [
         (1, "failed", "restart 1 of 2 in the allocation, on the same nodes"),
         (2, "failed", "restart 2 of 2 in the allocation, on the same nodes"),
         (3, "failed", "not retried: the retry budget is spent (2 of 2)")]
@@ -308,7 +308,7 @@ def test_a_preemption_is_recorded_and_spends_no_retry(recorded: TpuConfig) -> No
                        worker_outcomes=[WORKER_2_CRASHED])
     assert tpu.pod(recorded, runner) == 0
     records = records_of(recorded)
-    assert [(r["attempt"], r["code"], r["outcome"], r["node"], r["action"]) for r in records] == [
+    assert [(r["attempt"], r["code"], r["outcome"], r["node"], r["says"]) for r in records] == [
         (1, 255, "preempted", "-", "rerun (a preemption spends no retry)"),
         (2, REQUEUE, "preempted", "-", "rerun (a preemption spends no retry)"),
         (3, 139, "failed", "pod-1 worker 2", "restart 1 of 2 in the allocation, on the same nodes"),  # the first
@@ -320,7 +320,7 @@ def test_a_configuration_error_is_recorded_as_never_retried(recorded: TpuConfig)
             "worker 1: ended 2 1700000000.2 error: --steps: expected an integer, found 0"]
     assert tpu.pod(recorded, SimRunner(job_outcomes=[(2, None)], worker_outcomes=[said])) == 2
     (record,) = records_of(recorded)
-    assert (record["outcome"], record["node"], record["process"], record["action"]) == (
+    assert (record["outcome"], record["node"], record["process"], record["says"]) == (
         "configuration error", "pod-1 worker 0", "0", "not retried: the same flags would fail again")
 
 
@@ -347,6 +347,8 @@ def test_a_run_dir_this_machine_cannot_write_is_one_warning_per_attempt_and_the_
 def test_records_are_numbered_after_those_already_there(tmp_path: Path) -> None:
     (tmp_path / "attempts.jsonl").write_text('{"event": "started", "attempt": 1}\n{"event": "ended", "attempt": 1}\n'
                                              '{"event": "ended", "att')  # a torn last line
-    written = attempt_records.append_ended(tmp_path, {"job": "pod-a", "code": 0, "outcome": "completed"})
-    assert written == {"event": "ended", "job": "pod-a", "attempt": 2, "code": 0, "outcome": "completed"}
+    record = attempt_records.Ended("pod-a", 1.0, 2.0, 0, attempt_records.Outcome.COMPLETED,
+                                   attempt_records.Action.NONE, "none")
+    written = attempt_records.append(tmp_path, record)
+    assert written == dataclasses.replace(record, attempt=2)
     assert attempt_records.ended(epath.Path(tmp_path))[-1] == written

@@ -1,17 +1,21 @@
-"""The one attempt policy (deploy/attempts.py) as a table, how the Slurm supervisor reads srun's words and
+"""The one attempt policy (deploy/policy.py) as a table, how the Slurm supervisor reads srun's words and
 picks a step's nodes (deploy/slurm/supervise.py), and the hang watchdog's roll call (job/runtime/rollcall.py)."""
 
 from __future__ import annotations
 
 import json
+import logging
+import signal
 from pathlib import Path
 
 import pytest
 
-from deploy.attempts import Action, Ended, Outcome, decide
+from deploy.policy import Situation, decide
 from deploy.runner import Runner
 from deploy.slurm.supervise import Allocation, Supervisor, first_failure, step_argv
-from job.core import exits
+from job.core import exits, rundir
+from job.runs import attempts
+from job.runs.attempts import Action, Ended, Outcome
 from job.runtime import rollcall
 from job.runtime.rollcall import Answer
 from tests.doubles import RecordingRunner
@@ -57,16 +61,33 @@ TABLE = [
 def test_the_policy_decides_every_exit_code_the_same_way_for_every_backend(
         code: int, before: int, spares: int, requeue: bool, node: str | None, answers: bool, same: bool,
         action: Action, spends: bool, exclude: str | None, words: str) -> None:
-    decision = decide(Ended(code, before, 3, spares_left=spares, can_requeue=requeue, node=node, node_answers=answers,
-                            same_allocation=same))
+    decision = decide(Situation(code, before, 3, spares_left=spares, can_requeue=requeue, node=node,
+                                node_answers=answers, same_allocation=same))
     assert (decision.action, decision.spends_retry, decision.exclude, decision.describe()) == (
         action, spends, exclude, words)
     assert decision.outcome is Outcome.of(code)
 
 
 def test_retries_off_never_restart_a_failure() -> None:
-    decision = decide(Ended(1, 0, 0, spares_left=2, can_requeue=True, node="n2"))
+    decision = decide(Situation(1, 0, 0, spares_left=2, can_requeue=True, node="n2"))
     assert decision.action is Action.STOP and decision.describe() == "not retried: retries are off (RETRIES=0)"
+
+
+@pytest.mark.parametrize("code", [1, 75, 137, 143])
+def test_a_person_stopping_the_run_is_an_input_not_a_code_and_nothing_restarts(code: int) -> None:
+    decision = decide(Situation(code, 0, 3, spares_left=1, can_requeue=True, node="n2", interrupted=True))
+    assert (decision.outcome, decision.action, decision.spends_retry) == (Outcome.STOPPED, Action.STOP, False)
+    assert decision.describe() == "not retried: stopped with Ctrl-C after a save; the same command resumes"
+    # what stops anyway keeps its own reason, and a run that completed stays completed
+    assert decide(Situation(2, 0, 3, interrupted=True)).outcome is Outcome.CONFIGURATION_ERROR
+    assert decide(Situation(0, 0, 3, interrupted=True)).action is Action.NONE
+
+
+@pytest.mark.parametrize("code", [1, 137, 255, 75])
+def test_machines_taken_away_are_a_preemption_whatever_the_code(code: int) -> None:
+    decision = decide(Situation(code, 3, 3, node="pod-a worker 1", same_allocation=True, preempted=True))
+    assert (decision.outcome, decision.action, decision.spends_retry) == (Outcome.PREEMPTED, Action.RESTART, False)
+    assert decision.describe() == "rerun (a preemption spends no retry)"
 
 
 @pytest.mark.parametrize(("code", "outcome"), [(0, Outcome.COMPLETED), (2, Outcome.CONFIGURATION_ERROR),
@@ -190,10 +211,11 @@ def test_a_hang_the_roll_call_named_is_the_attempts_failure_not_the_first_proces
 
 @pytest.mark.parametrize("code", [75, 1, 137, 143, 130])
 def test_an_attempt_of_a_cancelled_job_is_never_retried_or_requeued_whatever_its_code(code: int) -> None:
-    decision = decide(Ended(code, 0, 3, spares_left=1, can_requeue=True, node="n2", node_answers=True, cancelled=True))
+    decision = decide(Situation(code, 0, 3, spares_left=1, can_requeue=True, node="n2", node_answers=True,
+                                cancelled=True))
     assert (decision.outcome, decision.action, decision.spends_retry) == (Outcome.CANCELLED, Action.STOP, False)
     assert decision.describe() == "not retried: the job was cancelled (scancel); the same command resumes"
-    assert decide(Ended(0, 0, 3, cancelled=True)).outcome is Outcome.COMPLETED  # it had ended well: completed
+    assert decide(Situation(0, 0, 3, cancelled=True)).outcome is Outcome.COMPLETED  # it had ended well: completed
 
 
 @pytest.mark.parametrize(("shown", "cancelled"), [
@@ -209,3 +231,50 @@ def test_a_job_slurm_ends_for_no_reason_of_its_own_was_cancelled(tmp_path: Path,
     runner = RecordingRunner(responses={("scontrol", "show", "job", "7"): (0 if shown else 1, shown)})
     assert Supervisor(["true"], runner, env).cancelled() is cancelled
     assert runner.calls == [["scontrol", "show", "job", "7"]]
+
+
+# ------------------------------------------------------------------------------- the supervisor's attempt records
+def _supervised(tmp_path: Path, job: str, run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Supervisor:
+    """A supervisor of Slurm job `job` whose step (srun true) ends 0, process 0 having noted `run_dir` at its
+    start; its signal handlers are not installed in this process."""
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: None)
+    log = tmp_path / f"{job}-attempts.jsonl"
+    log.write_text(json.dumps({"event": "started", "attempt": 1, "time": 1.0, "run_dir": str(run_dir)}) + "\n")
+    env = {"SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": "n1", "JOB_LOG_DIR": str(tmp_path), "JOB_RETRIES": "3"}
+    return Supervisor(["true"], RecordingRunner(responses={("srun",): (0, "")}), env)
+
+
+def test_a_run_submitted_again_under_a_new_job_id_goes_on_numbering_its_attempts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for number in (1, 2):  # job 5's two attempts, each a failure restarted
+        attempts.append(run_dir, Ended("5", 10.0 * number, 10.0 * number + 5, 137, Outcome.FAILED, Action.RESTART))
+    assert _supervised(tmp_path, "6", run_dir, monkeypatch).run() == 0
+    assert [(e.job, e.attempt, e.outcome) for e in attempts.ended(run_dir)] == [
+        ("5", 1, Outcome.FAILED), ("5", 2, Outcome.FAILED), ("6", 3, Outcome.COMPLETED)]
+    (copy,) = [r for r in rundir.records(tmp_path / "6-attempts.jsonl") if r["event"] == "ended"]
+    assert (copy["attempt"], copy["action"], copy["says"]) == (3, "none", "none")  # the job's copy: the same number
+    written = attempts.append(run_dir, Ended("pod-a", 40.0, 45.0, 0, Outcome.COMPLETED, Action.NONE))
+    assert written is not None and written.attempt == 4  # another backend, the same numbering
+
+
+class BucketError(Exception):
+    """What gcsfs raises for an HTTP error: not an OSError."""
+
+
+def test_a_run_dir_append_that_raises_anything_is_one_warning_and_the_supervisor_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    supervisor = _supervised(tmp_path, "8", tmp_path / "run", monkeypatch)
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise BucketError("403 Forbidden: the service account cannot write gs://b/run")
+
+    monkeypatch.setattr(rundir, "append", refused)
+    with caplog.at_level(logging.WARNING):
+        assert supervisor.run() == 0
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warning.startswith("attempts: expected to append how an attempt ended (exit 0, completed) in ")
+    assert "attempts.jsonl, found BucketError: 403 Forbidden" in warning and "Fix: " in warning, warning
+    (copy,) = [r for r in rundir.records(tmp_path / "8-attempts.jsonl") if r["event"] == "ended"]
+    assert (copy["job"], copy["attempt"], copy["outcome"]) == ("8", 1, "completed")  # the job's own record has it

@@ -582,7 +582,7 @@ def test_both_batch_scripts_requeue_a_preempted_job_and_retry_a_failed_one_away_
         assert recorded[1:] == ["scontrol requeue 4242", "scontrol update JobId=4242 ExcNodeList=node2"]
         cause = {1: "Exited with exit code 1", 137: "Killed"}[code]
         assert record == {**record, "outcome": "failed", "node": "node2", "process": "1", "cause": cause,
-                          "action": "retry 1 of 3, excluding node2"}
+                          "action": "requeue", "says": "retry 1 of 3, excluding node2"}
         assert (f"job 4242 attempt 3 failed with exit code {code} (process 1 on node2: {cause}): retry 1 of 3, "
                 "excluding node2") in proc.stdout
     else:
@@ -622,7 +622,8 @@ def test_a_failure_restarts_in_the_allocation_on_a_spare_without_the_queue(route
     assert "--kill-on-bad-exit=1" in steps[1]
     failed, done = records
     assert failed == {**failed, "attempt": 1, "code": 137, "outcome": "failed", "node": "node2", "process": "1",
-                      "nodes": "node1,node2", "action": "restart 1 of 3 in the allocation, on a spare instead of node2"}
+                      "nodes": "node1,node2", "action": "restart",
+                      "says": "restart 1 of 3 in the allocation, on a spare instead of node2"}
     assert done == {**done, "attempt": 2, "code": 0, "outcome": "completed", "nodes": "node1,node3"}
     assert ("job 4242 attempt 1 failed with exit code 137 (process 1 on node2: Killed): restart 1 of 3 in the "
             "allocation, on a spare instead of node2") in proc.stdout
@@ -633,7 +634,7 @@ def test_with_no_spare_left_a_failure_is_requeued_and_where_requeue_is_disabled_
         route: str, tmp_path: Path) -> None:
     # one spare, two failures: the first takes the spare, the second (node2 again: the stand-in's messages) has none
     proc, recorded, records = _run_batch(route, tmp_path, 0, spares=1, codes="1 1", restart=0)
-    assert [r["action"] for r in records] == ["restart 1 of 3 in the allocation, on a spare instead of node2",
+    assert [r["says"] for r in records] == ["restart 1 of 3 in the allocation, on a spare instead of node2",
                                               "retry 2 of 3, excluding node2"]
     assert recorded[2:] == ["scontrol requeue 4242", "scontrol update JobId=4242 ExcNodeList=node2"]
     assert proc.returncode == 1
@@ -642,14 +643,14 @@ def test_with_no_spare_left_a_failure_is_requeued_and_where_requeue_is_disabled_
     proc, recorded, records = _run_batch(route, tmp_path, 0, codes="1 0 0", restart=0, requeue=0)
     assert proc.returncode == 0, proc.stderr
     assert recorded[1] == "srun --nodes=1 --ntasks=1 --nodelist=node2 true"  # the probe
-    assert [r["action"] for r in records] == [
+    assert [r["says"] for r in records] == [
         "restart 1 of 3 in the allocation, on the same nodes (no spare left and the job cannot be requeued; node2 "
         "still answers)", "none"]
     # and a node that does not answer ends the run with the failure's code
     (tmp_path / "logs" / "4242-attempts.jsonl").unlink()
     proc, recorded, records = _run_batch(route, tmp_path, 0, codes="1 1", restart=0, requeue=0)
     assert proc.returncode == 1 and len(recorded) == 2
-    assert records[-1]["action"] == ("not retried: no spare left, the job cannot be requeued, and node2 does not "
+    assert records[-1]["says"] == ("not retried: no spare left, the job cannot be requeued, and node2 does not "
                                      "answer a probe step")
 
 
@@ -660,7 +661,7 @@ def test_the_retry_budget_is_counted_across_requeues_and_preemptions_spend_none(
         proc, recorded, records = _run_batch(route, tmp_path, code, retries=2, restart=restart,
                                              excluded="node2" if restart else "")
         assert proc.returncode == code, proc.stderr
-        outcomes.append((records[-1]["outcome"], records[-1]["action"], recorded[1:]))
+        outcomes.append((records[-1]["outcome"], records[-1]["says"], recorded[1:]))
     assert outcomes == [
         ("failed", "retry 1 of 2, excluding node2", ["scontrol requeue 4242", "scontrol update JobId=4242 ExcNodeList=node2"]),
         ("preempted", "requeued (a preemption spends no retry)", ["scontrol requeue 4242"]),
@@ -716,7 +717,7 @@ def test_a_forks_batch_script_calling_the_old_step_still_requeues_and_retries(tm
 def test_retries_are_off_with_a_budget_of_zero(tmp_path: Path) -> None:
     proc, recorded, records = _run_batch("submitit", tmp_path, 137, retries=0)
     assert proc.returncode == 137 and recorded[1:] == []
-    assert records[-1]["action"] == "not retried: retries are off (RETRIES=0)"
+    assert records[-1]["says"] == "not retried: retries are off (RETRIES=0)"
 
 
 def test_no_batch_script_names_an_exit_code_the_policy_reads_them_from_one_table() -> None:

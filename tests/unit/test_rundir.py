@@ -142,11 +142,13 @@ def test_the_slurm_supervisor_records_an_attempt_in_a_local_run_dir_without_etil
     log.write_text(json.dumps({"event": "started", "attempt": 1, "run_dir": str(run_dir)}) + "\n")
     script = ("import sys; sys.modules['etils'] = None; sys.modules['jax'] = None\n"
               "from pathlib import Path\n"
-              "from deploy.slurm.supervise import Records\n"
-              "Records(Path(sys.argv[1])).add({'event': 'ended', 'attempt': 1, 'code': 137})\n"
+              "import deploy.slurm.supervise\n"
+              "from job.runs.attempts import Action, Ended, JobLog, Outcome\n"
+              "JobLog(Path(sys.argv[1])).add(Ended('5', 1.0, 2.0, 137, Outcome.FAILED, Action.STOP))\n"
               "print(sorted(m for m in sys.modules if m.split('.')[0] in ('etils', 'jax') and sys.modules[m]))")
     proc = subprocess.run([sys.executable, "-c", script, str(log)], cwd=ROOT, capture_output=True, text=True,
                           timeout=60, check=False)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr
-    assert rundir.records(rundir.attempts(run_dir)) == [{"event": "ended", "attempt": 1, "code": 137}]
+    (record,) = rundir.records(rundir.attempts(run_dir))
+    assert (record["event"], record["attempt"], record["code"], record["action"]) == ("ended", 1, 137, "stop")
     assert [r["event"] for r in rundir.records(log)] == ["started", "ended"]

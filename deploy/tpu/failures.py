@@ -6,7 +6,7 @@
     failure.where()                             # 'pod-a worker 2': the node attempts.jsonl names
     budget = budget.spend()                     # '1 of 3 retries used'
 
-Whether a failure is rerun is the attempt policy's (deploy/attempts.py): the pod loop (deploy/tpu/cli.py)
+Whether a failure is rerun is the attempt policy's (deploy/policy.py): the pod loop (deploy/tpu/cli.py)
 asks it with `budget.used` and the failure's code.
 
 The exit code `tpu-pod` follows is worker 0's, which is often only its reaction to losing a peer.
@@ -31,7 +31,7 @@ _LINE = re.compile(r"^worker (\d+): (?:ended (\d+) ([0-9.]+)|running|none)(?: (.
 
 
 @dataclasses.dataclass(frozen=True)
-class Outcome:
+class WorkerExit:
     """How the job ended on one worker, as that worker said."""
 
     process: int  # the worker's JAX process index: slice index x workers per slice + worker
@@ -42,7 +42,7 @@ class Outcome:
     last_line: str  # the last line of its log
 
     @classmethod
-    def parse(cls, line: str, node: str, first_process: int) -> Outcome | None:
+    def parse(cls, line: str, node: str, first_process: int) -> WorkerExit | None:
         """One line of remote.outcome_script's output; None for anything else (ssh's own chatter)."""
         found = _LINE.fullmatch(line.strip())
         if found is None:
@@ -52,7 +52,7 @@ class Outcome:
                    float(at or 0), (last or "").strip())
 
 
-def first_failure(outcomes: Iterable[Outcome]) -> Outcome | None:
+def first_failure(outcomes: Iterable[WorkerExit]) -> WorkerExit | None:
     """The cause among the workers that failed: a crash if any (the others' exits are reactions to it), else the
     first to end; None when no worker ended with a failure."""
     failed = [o for o in outcomes if o.code not in (None, exits.COMPLETED, exits.REQUEUE)]
@@ -66,7 +66,7 @@ class Failure:
     """A run that ended with an exit code other than 0 or 75 on a slice that is still there."""
 
     code: int  # the failing worker's exit code (worker 0's when no worker said)
-    cause: Outcome | None  # the worker that failed first; None when no worker said
+    cause: WorkerExit | None  # the worker that failed first; None when no worker said
     multislice: bool = False  # name the slice as well
 
     @property
@@ -91,12 +91,12 @@ class Failure:
 
 def find_failure(cfg: TpuConfig, runner: Runner, code: int) -> Failure:
     """Ask every worker of every slice how its job ended; the failure that caused the others."""
-    outcomes: list[Outcome] = []
+    outcomes: list[WorkerExit] = []
     for index, node in enumerate(cfg.slice_names):
         argv = gcloud.ssh_all(cfg, remote.outcome_script(cfg), node)
         proc = runner.run(argv, check=False, capture=True, mutating=False)
         outcomes += [o for line in (proc.stdout or "").splitlines()
-                     if (o := Outcome.parse(line, node, index * cfg.workers)) is not None]
+                     if (o := WorkerExit.parse(line, node, index * cfg.workers)) is not None]
     cause = first_failure(outcomes)
     return Failure(cause.code if cause is not None and cause.code is not None else code, cause,
                    multislice=len(cfg.slice_names) > 1)

@@ -1,7 +1,9 @@
 """The attempt policy: what every backend does once an attempt of a run has ended. Written once, here; the
-Slurm supervisor (deploy/slurm/supervise.py) and the TPU pod loop (deploy/tpu/cli.py) apply it.
+Slurm supervisor (deploy/slurm/supervise.py) and the TPU pod loop (deploy/tpu/cli.py) apply it, and record the
+decision (its outcome, action and words) in the run's attempt record (job/runs/attempts.py).
 
-    decision = decide(Ended(code=137, failures_before=0, retries=3, spares_left=1, can_requeue=True, node="node2"))
+    decision = decide(Situation(code=137, failures_before=0, retries=3, spares_left=1, can_requeue=True,
+                                node="node2"))
     decision.action        # Action.RESTART: a new step in the same allocation, on a spare instead of node2
     decision.describe()    # 'restart 1 of 3 in the allocation, on a spare instead of node2'
 
@@ -11,7 +13,8 @@ By exit code (job/core/exits.py):
   2   a configuration error: the same flags fail again, so it is never retried.
   130 saved and stopped after Ctrl-C: a person asked to stop; never retried (the same command resumes).
   whatever the code (but 0), an attempt of a job the scheduler cancelled (scancel) is "cancelled": nothing runs
-  after it (the same command resumes).
+  after it (the same command resumes); one a person stopped (Ctrl-C: Situation.interrupted) is "stopped" and
+  never retried; one whose machines were taken away (a preempted slice: Situation.preempted) is "preempted".
   any other code is a failure. While the retry budget (RETRIES) lasts:
       - with a spare node left in the allocation: restart there at once, without the failed node (Slurm);
       - with no spare left, where the job can be requeued: requeue it with the failed node excluded;
@@ -25,47 +28,14 @@ A failure whose node is unknown restarts on the same nodes (nothing to exclude).
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 
-from job.core import exits
-
-
-class Outcome(str, enum.Enum):
-    """How an attempt ended, by its exit code; the words attempts.jsonl records."""
-
-    COMPLETED = "completed"
-    PREEMPTED = "preempted"
-    CONFIGURATION_ERROR = "configuration error"
-    STOPPED = "stopped"
-    CANCELLED = "cancelled"  # not by its code: the job was cancelled (Ended.cancelled)
-    FAILED = "failed"
-
-    @classmethod
-    def of(cls, code: int) -> Outcome:
-        if code == exits.COMPLETED:
-            return cls.COMPLETED
-        if code == exits.REQUEUE:
-            return cls.PREEMPTED
-        if code == exits.BAD_INPUT:
-            return cls.CONFIGURATION_ERROR
-        if code == exits.STOPPED:
-            return cls.STOPPED
-        return cls.FAILED
-
-
-class Action(str, enum.Enum):
-    """What is done next."""
-
-    NONE = "none"  # the run completed
-    REQUEUE = "requeue"  # back through the queue (Slurm), the failed node excluded where there is one
-    RESTART = "restart"  # a new attempt in the same allocation (a new Slurm step, a rerun on the TPU slice)
-    STOP = "stop"  # not retried: the run ends with the attempt's code
+from job.runs.attempts import Action, Outcome
 
 
 @dataclasses.dataclass(frozen=True)
-class Ended:
-    """What the policy needs to know about an attempt that ended."""
+class Situation:
+    """What the policy needs to know about an attempt that ended: its code and what else happened."""
 
     code: int  # the attempt's exit code: the process that failed first's, not its peers' reactions
     failures_before: int  # failed attempts of this run before this one (the retries spent)
@@ -76,6 +46,8 @@ class Ended:
     node_answers: bool = False  # the failed node still runs a probe step (asked only when it matters)
     same_allocation: bool = False  # a rerun keeps the allocation by nature (a TPU slice): RESTART, never REQUEUE
     cancelled: bool = False  # the scheduler cancelled the job (scancel): nothing can run after this attempt
+    interrupted: bool = False  # a person asked to stop (Ctrl-C): nothing restarts, whatever the code
+    preempted: bool = False  # the machines were taken away (a preempted TPU slice), whatever the code
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,9 +62,9 @@ class Decision:
     why: str = ""  # the reason, for a STOP or a fallback
 
     def describe(self) -> str:
-        """The `action` words attempts.jsonl records: 'none', 'requeued (a preemption spends no retry)',
-        'retry 1 of 3, excluding node2', 'restart 1 of 3 in the allocation, on a spare instead of node2',
-        'not retried: the retry budget is spent (3 of 3)'."""
+        """The words attempts.jsonl records as `says` (job/runs/attempts.py): 'none', 'requeued (a preemption
+        spends no retry)', 'retry 1 of 3, excluding node2', 'restart 1 of 3 in the allocation, on a spare instead of
+        node2', 'not retried: the retry budget is spent (3 of 3)'."""
         if self.action is Action.NONE:
             return "none"
         if self.outcome is Outcome.PREEMPTED:
@@ -110,9 +82,20 @@ class Decision:
         return words + (f" ({self.why})" if self.why else "")
 
 
-def decide(ended: Ended) -> Decision:
+def decide(ended: Situation) -> Decision:
     """The one decision, for every backend."""
-    outcome = Outcome.of(ended.code)
+    decision = _by_code(ended)
+    if ended.interrupted and decision.action not in (Action.NONE, Action.STOP):  # stopped on purpose
+        return Decision(Outcome.STOPPED, Action.STOP, spends_retry=False, retry=0, retries=ended.retries,
+                        why=_STOPPED)
+    return decision
+
+
+_STOPPED = "stopped with Ctrl-C after a save; the same command resumes"
+
+
+def _by_code(ended: Situation) -> Decision:
+    outcome = Outcome.PREEMPTED if ended.preempted and ended.code != 0 else Outcome.of(ended.code)
     plain = functools.partial(Decision, outcome=outcome, spends_retry=False, retry=0, retries=ended.retries)
     if outcome is Outcome.COMPLETED:
         return plain(action=Action.NONE)
@@ -124,7 +107,7 @@ def decide(ended: Ended) -> Decision:
     if outcome is Outcome.CONFIGURATION_ERROR:
         return plain(action=Action.STOP, why="the same flags would fail again")
     if outcome is Outcome.STOPPED:
-        return plain(action=Action.STOP, why="stopped with Ctrl-C after a save; the same command resumes")
+        return plain(action=Action.STOP, why=_STOPPED)
     if ended.failures_before >= ended.retries:
         return plain(action=Action.STOP, why=f"the retry budget is spent ({ended.retries} of {ended.retries})"
                      if ended.retries else "retries are off (RETRIES=0)")
@@ -143,4 +126,4 @@ def decide(ended: Ended) -> Decision:
                  "answer a probe step")
 
 
-__all__ = ["Action", "Decision", "Ended", "Outcome", "decide"]
+__all__ = ["Decision", "Situation", "decide"]
