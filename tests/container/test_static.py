@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from tests.container.conftest import ROOT, engine_env
+from tests.container.conftest import ROOT
 
 
 def _load_script(path: Path):  # noqa: ANN202
@@ -46,6 +46,16 @@ def tool(name: str, fix: str) -> str:
     found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
     if found is None:
         pytest.skip(f"no {name}: {fix}")
+    return found
+
+
+@pytest.fixture
+def engine() -> str:
+    """podman, else docker: the engine docker/build.sh's dry run names (docker/engine.sh needs it on PATH)."""
+    found = next((name for name in ("podman", "docker") if shutil.which(name)), None)
+    if found is None:  # a failure under JOB_REQUIRE_ALL_TIERS=1 (tests/conftest.py)
+        pytest.skip("no podman or docker on PATH: docker/build.sh needs one, even to print its command "
+                    "(apt-get install podman)")
     return found
 
 
@@ -145,10 +155,8 @@ def test_each_lock_resolves_on_its_own_for_its_platform(flavour: str, python: st
 
 
 @pytest.mark.parametrize("flavour", ["cpu", "cuda", "tpu"])
-def test_build_maps_each_flavour_to_its_lock(flavour: str) -> None:
-    env = {**os.environ, "DRY_RUN": "1", "CONTAINER_ENGINE": "podman" if shutil.which("podman") else "docker"}
-    if shutil.which(env["CONTAINER_ENGINE"]) is None:
-        pytest.skip("no podman or docker on PATH")
+def test_build_maps_each_flavour_to_its_lock(flavour: str, engine: str) -> None:
+    env = {**os.environ, "DRY_RUN": "1", "CONTAINER_ENGINE": engine}
     proc = subprocess.run(["bash", "docker/build.sh", flavour, f"job:{flavour}", "--pull=never"],
                           cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -202,13 +210,11 @@ def test_containers_run_as_a_user_that_can_write_the_runs_folder(tmp_path: Path)
         assert (tmp_path.stat().st_uid, tmp_path.stat().st_gid) == (10001, 10001)
 
 
-def test_run_local_refuses_a_missing_image_before_starting_anything(tmp_path: Path) -> None:
-    engine = "podman" if shutil.which("podman") else None
-    if engine is None:
-        pytest.skip("no podman: apt-get install podman")
-    proc = subprocess.run([sys.executable, "docker/run_local.py", "--engine", engine, "-n", "2",
+def test_run_local_refuses_a_missing_image_before_starting_anything(podman_env: dict[str, str],
+                                                                    tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "docker/run_local.py", "--engine", "podman", "-n", "2",
                            "--image", "localhost/no-such-image:never", "--runs", str(tmp_path / "runs"), "--", "train"],
-                          cwd=ROOT, env=engine_env(), capture_output=True, text=True, timeout=60)
+                          cwd=ROOT, env=podman_env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert "expected the image 'localhost/no-such-image:never' in podman, found none" in proc.stderr
     assert "Fix: make docker-build IMAGE=localhost/no-such-image:never" in proc.stderr
@@ -344,11 +350,9 @@ def test_an_unknown_runtime_is_refused_by_the_script_too(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("word", ["1", "true", "YES", "on", "maybe", " 1"])
-def test_both_scripts_dry_runs_take_the_on_off_words_the_make_variables_take(tmp_path: Path, word: str) -> None:
+def test_both_scripts_dry_runs_take_the_on_off_words_the_make_variables_take(tmp_path: Path, word: str,
+                                                                             engine: str) -> None:
     on = word in ("1", "true", "YES", "on")
-    engine = "podman" if shutil.which("podman") else "docker"
-    if shutil.which(engine) is None:
-        pytest.skip("no podman or docker on PATH")
     build = subprocess.run(["bash", "docker/build.sh", "cpu", "job:cpu", "--pull=never"], cwd=ROOT,
                            env={**os.environ, "DRY_RUN": word, "CONTAINER_ENGINE": engine}, capture_output=True,
                            text=True, timeout=60)

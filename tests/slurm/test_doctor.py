@@ -183,6 +183,11 @@ def test_an_image_whose_runtime_the_nodes_lack_is_one_line(slurm_env: dict[str, 
                              "is not on PATH on node1. Fix: CONTAINER_RUNTIME=podman (or apptainer) where it is "
                              "installed, `module load apptainer` in the shell that runs make, or unset IMAGE to run "
                              "from the shared venv"], proc.stdout
+
+
+def test_an_image_whose_runtime_the_nodes_have_passes(slurm_env: dict[str, str], podman_env: dict[str, str],
+                                                      tmp_path: Path) -> None:
+    # podman_env: without podman this skips with the reason (a failure under JOB_REQUIRE_ALL_TIERS=1)
     podman = doctor(slurm_env, tmp_path, "--image", "docker://example/job:cpu", "--container-runtime", "podman")
     runtime = check_lines(podman.stdout)["container runtime"]
     assert runtime.startswith("ok    container runtime: podman at "), podman.stdout
