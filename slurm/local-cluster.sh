@@ -23,7 +23,8 @@
 # node's /tmp. `make doctor PARTITION=island ARGS='train --run-dir /tmp/x'`
 # finds that the run dir is not shared (tests/slurm/test_doctor.py).
 #
-#   slurm/local-cluster.sh up [NODES]   start (idempotent; a different NODES restarts it)
+#   slurm/local-cluster.sh up [NODES]   start (idempotent: starts a node's slurmd that died; a different NODES
+#                                       restarts the cluster)
 #   slurm/local-cluster.sh down         stop every daemon and remove the folder
 #   slurm/local-cluster.sh status       sinfo of the running cluster
 #
@@ -175,6 +176,7 @@ up() {
     fi
     need_tools
     if pid_alive "$DIR/run/slurmctld.pid" && [[ -f $DIR/nodes && $(cat "$DIR/nodes") == "$nodes" ]]; then
+        restart_dead "$nodes"
         echo "local Slurm cluster already up with $nodes nodes ($DIR)"
         return 0
     fi
@@ -200,6 +202,37 @@ up() {
     wait_idle "$nodes"
     echo "local Slurm cluster up: $nodes nodes x $GPUS_PER_NODE stand-in GPUs, partition 'debug' ($DIR)"
     echo "use it with: source $DIR/env.sh"
+}
+
+# A node whose slurmd died (make doctor and the Slurm tests name it): started again; it registers and, with
+# ReturnToService=2, takes jobs again even after the controller marked it down.
+restart_dead() {
+    local nodes=$1 i restarted=0
+    export SLURM_CONF=$DIR/etc/slurm.conf
+    for ((i = 1; i <= nodes; i++)); do
+        if ! pid_alive "$DIR/run/slurmd-node$i.pid"; then
+            echo "local-cluster: slurmd of node$i was not running: starting it again" >&2
+            start_node "node$i"
+            restarted=1
+        fi
+    done
+    if [[ -f $DIR/run/slurmd-$ISLAND.pid ]] && ! pid_alive "$DIR/run/slurmd-$ISLAND.pid"; then
+        echo "local-cluster: slurmd of $ISLAND was not running: starting it again" >&2
+        start_island
+    fi
+    if ((restarted)); then wait_answering "$nodes"; fi
+}
+
+# Every node of partition debug answers the controller (busy or not): none down, unknown or not responding ('*').
+wait_answering() {
+    local nodes=$1 deadline=$((SECONDS + 40)) answering=0
+    while ((SECONDS < deadline)); do
+        answering=$({ SLURM_CONF=$DIR/etc/slurm.conf sinfo -h -N -p debug -o %T 2>/dev/null || true; } |
+            grep -cvE '[*]$|^(down|unknown)' || true)
+        ((answering >= nodes)) && return 0
+        sleep 0.5
+    done
+    die "expected the $nodes nodes of partition debug to answer within 40 s, found $answering. See $DIR/log/"
 }
 
 down() {

@@ -6,8 +6,9 @@
 
 One line per check, ok or the problem and its fix; exit 1 when any failed. The quick part reads
 the cluster (scontrol, sinfo: deploy/slurm/partitions.py), and is what `make submit-slurm` runs
-before it queues anything. Then the run itself is checked here (`deploy.checks.run_check`): ARGS, or
-every run of SWEEP, parses, its task imports, its config validates and its global batch splits over
+before it queues anything; the doctor adds that every node of the partition answers the controller (a
+node whose slurmd died is named, with the fix). Then the run itself is checked here (`deploy.checks.run_check`):
+ARGS, or every run of SWEEP, parses, its task imports, its config validates and its global batch splits over
 the job's devices, NODES x GPUS_PER_NODE, or without GPUs NODES x TASKS_PER_NODE tasks of one CPU
 device each (XLA_FLAGS' host device count, which sbatch passes on, when it sets one); with
 --check-run 0 (make doctor without ARGS or SWEEP) its line says it was not checked. The probe (not
@@ -95,6 +96,7 @@ def quick_checks(cfg: SlurmConfig, runner: Runner, environ: Mapping[str, str]) -
             yield Check(name, True, quick(cfg, cluster))
         except ConfigError as exc:
             yield failed(name, exc)
+    yield nodes_answer(cluster)
     if cfg.gpus_per_node and not cfg.image:
         try:
             check_gpu_python(cfg, runner, environ)
@@ -102,6 +104,23 @@ def quick_checks(cfg: SlurmConfig, runner: Runner, environ: Mapping[str, str]) -
                         if skips_gpu_check(environ) else f"{cfg.task_python} has jax's CUDA plugin")
         except ConfigError as exc:
             yield failed("GPU interpreter here", exc)
+
+
+def nodes_answer(cluster: partitions.Cluster, most: int = 10) -> Check:
+    """Every node of the job's partition answers the controller (sinfo: not down, unknown or not responding): a
+    node whose slurmd died takes no job and, while its state still reads idle, makes a job that lands on it wait."""
+    name, partition = "nodes answer", cluster.partition.name
+    silent = [node for node in cluster.nodes if not node.answers]
+    if not silent:
+        return Check(name, True, f"all {len(cluster.nodes)} node(s) of partition {partition} answer the controller")
+    said = ", ".join(node.said() for node in silent[:most]) + (f" and {len(silent) - most} more"
+                                                                if len(silent) > most else "")
+    names = ",".join(node.name for node in silent)
+    return Check(name, False, f"expected every node of partition {partition} to answer the controller (its slurmd "
+                 f"running), found {len(silent)} of {len(cluster.nodes)} that do not: {said}",
+                 fix=f"start slurmd on {silent[0].name} again (the local cluster: `make slurm-up NODES=...` with its "
+                     f"node count starts any that died; elsewhere: ask the admins), then, if it stays down, "
+                     f"`scontrol update nodename={names} state=resume`")
 
 
 def host_devices(environ: Mapping[str, str]) -> int:

@@ -33,6 +33,9 @@ UNLIMITED = ("UNLIMITED", "INFINITE")  # how Slurm spells "no limit" (scontrol; 
 # Node states (sinfo %T, lower case) that take no new job: the job would wait until an admin brings them back.
 # A '*' suffix means not responding; '~' (powered off, booted on demand) and the rest take jobs.
 UNAVAILABLE = ("down", "drain", "drained", "draining", "fail", "failing", "inval", "future", "unknown")
+# Node states whose slurmd does not answer the controller: it died (down, after SlurmdTimeout) or never
+# registered (unknown); a '*' suffix (not responding) says the same sooner. Drained is an admin's choice.
+NO_ANSWER = ("down", "unknown")
 PARTITION_ARGV = ("scontrol", "--all", "--oneliner", "show", "partition")
 NODE_FORMAT = "%N|%T|%c|%m|%G"  # name, state, CPUs, memory (MB), GRES
 _KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:.]*)=")  # a key of scontrol's one-line KEY=VALUE form
@@ -64,10 +67,23 @@ class Node:
     gpus: tuple[tuple[str | None, int], ...]  # (type or None, count) per gpu GRES entry
 
     @property
+    def base_state(self) -> str:
+        """The state without sinfo's flag suffixes and added states: 'idle*' -> 'idle', 'down+drain' -> 'down'."""
+        return self.state.rstrip("*~#%$@!^-+").split("+")[0]
+
+    @property
     def available(self) -> bool:
         """Takes new jobs (busy is fine: a job waits its turn; down or drained waits for an admin)."""
-        base = self.state.rstrip("*~#%$@!^-+").split("+")[0]
-        return not self.state.endswith("*") and base not in UNAVAILABLE
+        return not self.state.endswith("*") and self.base_state not in UNAVAILABLE
+
+    @property
+    def answers(self) -> bool:
+        """Its slurmd answers the controller: not marked not responding ('*'), not down, not unknown."""
+        return not self.state.endswith("*") and self.base_state not in NO_ANSWER
+
+    def said(self) -> str:
+        """'node3 (idle*: not responding)', 'node4 (down)': the node and its state, for a message."""
+        return f"{self.name} ({self.state}{': not responding' if self.state.endswith('*') else ''})"
 
     def gpu_count(self, kind: str | None) -> int:
         return sum(n for t, n in self.gpus if kind is None or t == kind)

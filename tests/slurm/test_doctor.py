@@ -7,9 +7,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import pytest
 
 from tests.launching import ROOT
 from tests.records import check_lines
+from tests.slurm.conftest import CLUSTER_DIR
 from tests.slurm.test_slurm import deploy_argv, task_env
 
 pytestmark = pytest.mark.slurm
@@ -67,7 +70,7 @@ def test_make_doctor_on_the_local_cluster_passes_every_check(slurm_env: dict[str
     assert proc.returncode == 0, proc.stdout + proc.stderr
     found = check_lines(proc.stdout)
     assert set(found) == {"partition", "access", "GPUs per node", "CPUs per node", "memory per node", "nodes",
-                          "time limit", "run", "probe job", "submit folder on a compute node",
+                          "time limit", "nodes answer", "run", "probe job", "submit folder on a compute node",
                           "run dir on a compute node", "interpreter on a compute node"}, proc.stdout
     assert all(line.startswith("ok ") for line in found.values()), proc.stdout
     assert "debug (the default) is UP, 4 node(s)" in found["partition"]
@@ -155,6 +158,30 @@ def test_a_run_dir_the_compute_nodes_do_not_share_is_one_line(slurm_env: dict[st
         shutil.rmtree(shared_dir, ignore_errors=True)
     failing_now = {name for name, line in check_lines(shared.stdout).items() if line.startswith("FAIL")}
     assert failing_now == also and shared.returncode == (1 if also else 0), shared.stdout
+
+
+def test_a_node_whose_slurmd_died_is_named_and_make_slurm_up_starts_it_again(slurm_env: dict[str, str],
+                                                                              tmp_path: Path) -> None:
+    pid_file = CLUSTER_DIR / "run" / "slurmd-node4.pid"
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    try:
+        deadline, state = time.monotonic() + 90, "idle"
+        while not state.endswith("*") and time.monotonic() < deadline:  # the controller's next ping misses it
+            time.sleep(1)
+            state = subprocess.run(["sinfo", "--noheader", "--partition", "debug", "--nodes", "node4", "--format",
+                                    "%T"], env=slurm_env, capture_output=True, text=True).stdout.strip()
+        proc = doctor(slurm_env, tmp_path, "--nodes", "2", "--quick", "--check-run", "0")
+        assert proc.returncode == 1, proc.stdout
+        assert failing(proc) == [
+            "FAIL  nodes answer: expected every node of partition debug to answer the controller (its slurmd "
+            f"running), found 1 of 4 that do not: node4 ({state}: not responding). Fix: start slurmd on node4 again "
+            "(the local cluster: `make slurm-up NODES=...` with its node count starts any that died; elsewhere: ask "
+            "the admins), then, if it stays down, `scontrol update nodename=node4 state=resume`"], proc.stdout
+    finally:
+        up = subprocess.run(["bash", str(ROOT / "slurm" / "local-cluster.sh"), "up", "4"], env=slurm_env,
+                            capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0 and "slurmd of node4 was not running: starting it again" in up.stderr, up.stderr
+    assert doctor(slurm_env, tmp_path, "--quick", "--check-run", "0").returncode == 0
 
 
 def test_an_interpreter_missing_on_the_compute_nodes_is_one_line(slurm_env: dict[str, str], tmp_path: Path) -> None:

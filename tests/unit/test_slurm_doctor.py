@@ -105,6 +105,15 @@ def test_a_node_takes_jobs_unless_down_drained_failed_or_not_responding(state: s
     assert Node("n", state, 8, 1, ()).available is available
 
 
+@pytest.mark.parametrize(("state", "answers"), [
+    ("idle", True), ("mixed", True), ("allocated", True), ("drained", True), ("draining", True), ("idle~", True),
+    ("idle*", False), ("allocated*", False), ("down*", False), ("down", False), ("unknown", False),
+    ("unknown*", False), ("down+drain", False),
+])
+def test_a_node_answers_unless_down_unknown_or_not_responding(state: str, answers: bool) -> None:
+    assert Node("n", state, 8, 1, ()).answers is answers
+
+
 def test_sinfo_nodes_read_with_cpus_memory_and_gpus() -> None:
     g1, g2, g3 = partitions.parse_nodes(GPU_NODES + "garbage line\n")
     assert g1 == Node("g1", "mixed", 64, 512000, (("a100", 8),))
@@ -130,7 +139,8 @@ def test_the_quick_checks_read_the_partition_and_its_nodes_with_two_commands() -
     runner = cluster_runner()
     checks = quick(runner, nodes=4)
     assert failures(checks) == []
-    assert [c.name for c in checks] == [name for name, _ in partitions.QUICK]
+    assert [c.name for c in checks] == [*(name for name, _ in partitions.QUICK), "nodes answer"]
+    assert checks[-1].line() == "ok    nodes answer: all 4 node(s) of partition debug answer the controller"
     assert runner.calls == [list(PARTITION_ARGV),
                             ["sinfo", "--noheader", "--Node", "--partition", "debug", "--format", "%N|%T|%c|%m|%G"]]
 
@@ -175,6 +185,25 @@ def test_the_quick_checks_read_the_partition_and_its_nodes_with_two_commands() -
 ])
 def test_each_quick_check_fails_with_the_value_what_was_expected_and_the_fix(cfg: dict[str, object], line: str) -> None:
     assert failures(quick(cluster_runner(), **cfg)) == [line]
+
+
+def test_a_node_whose_slurmd_died_is_named_with_the_fix_though_the_job_fits_on_the_others() -> None:
+    debug = DEBUG_NODES.replace("node3|idle", "node3|idle*").replace("node4|idle", "node4|down*")
+    checks = quick(cluster_runner({"debug": debug}), nodes=2)
+    assert failures(checks) == [
+        "FAIL  nodes answer: expected every node of partition debug to answer the controller (its slurmd running), "
+        "found 2 of 4 that do not: node3 (idle*: not responding), node4 (down*: not responding). Fix: start slurmd "
+        "on node3 again (the local cluster: `make slurm-up NODES=...` with its node count starts any that died; "
+        "elsewhere: ask the admins), then, if it stays down, `scontrol update nodename=node3,node4 state=resume`"]
+    assert {c.name: c.detail for c in checks}["nodes"] == "2 asked, partition debug has 2 node(s) taking jobs"
+
+
+def test_many_silent_nodes_are_counted_after_the_first_ten() -> None:
+    nodes = "".join(f"n{i}|unknown|8|1|(null)\n" for i in range(12))
+    runner = cluster_runner({"debug": nodes})
+    (line,) = [c.line() for c in quick(runner, nodes=1) if c.name == "nodes answer"]
+    assert "found 12 of 12 that do not: n0 (unknown), " in line and "n9 (unknown) and 2 more. Fix:" in line
+    assert "nodename=n0,n1,n2,n3,n4,n5,n6,n7,n8,n9,n10,n11 state=resume" in line
 
 
 def test_a_drained_partition_says_so_and_that_its_nodes_take_no_job() -> None:
@@ -354,7 +383,7 @@ def test_an_srun_that_cannot_start_is_one_line_and_the_quick_checks_still_print(
     out = doctor_lines(runner, tmp_path, "--probe-wait", "5", capsys=capsys)
     assert out[-2] == (f"FAIL  probe job: srun of one task did not run (exit 1): {said}. Fix: see srun's words "
                        "above; the quick checks said what they could")
-    assert sum(line.startswith("ok") for line in out) == len(partitions.QUICK) + 1  # and the run's
+    assert sum(line.startswith("ok") for line in out) == len(partitions.QUICK) + 2  # nodes answer, the run
 
 
 def test_quick_runs_no_probe(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
