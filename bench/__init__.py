@@ -20,6 +20,7 @@
 | depth | time to the first step at 2, 8 and 32 layers and peak memory by --model.remat policy, the LM's blocks scanned vs unrolled |
 | experts | a mixture of experts' expert kernels and Adam moments per device, and its step time, with the experts split over an expert axis of 4 vs replicated (4 CPU devices) |
 | recovery | on the local Slurm cluster, a killed process: the restart gap and steps redone for a requeue, a restart in the allocation on a spare, and one with the node-local tier |
+| preemption | the preemption check after each step: the coordination service's sync point vs the all-gather of a flag it replaced, on 4 processes |
 | tiers | a 1.5 GB sharded state: the persistent tier on disk (writes synced, page cache dropped before restores) vs plain orbax and numpy; the node-local tier in /dev/shm vs numpy |
 
 Every figure is a ratio against a baseline measured in the same run, the
@@ -27,4 +28,4 @@ median of interleaved repetitions (`bench.timing`).
 """
 
 BENCHMARKS = ("step", "scaling", "hostsync", "ckpt", "pipeline", "mfu", "growth", "compile_cache", "fingerprint", "scale", "records", "depth",
-              "experts", "tiers", "recovery")
+              "experts", "tiers", "recovery", "preemption")

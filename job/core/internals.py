@@ -44,6 +44,8 @@ PRIVATE = (
     f"{JAX_XLA_BRIDGE}:backends_are_initialized",
     # jax 0.10.2, 0.12.0.1: the coordination service client (key-value store and named barriers)
     f"{JAX_DISTRIBUTED}:global_state",
+    # jax 0.10.2, 0.12.0.1: the preemption sync manager, whose notifier holds SIGTERM
+    f"{JAX_DISTRIBUTED}:global_state.preemption_sync_manager",
     # jax 0.10.2, 0.12.0.1: jax's own Cloud TPU VM detection (the metadata server's worker list)
     f"{JAX_CLOUD_TPU}:running_in_cloud_tpu_vm",
     f"{JAX_CLOUD_TPU}:GceTpuCluster.is_env_present",
@@ -60,6 +62,9 @@ PRIVATE = (
     f"{SUBMITIT_SLURM}:_make_sbatch_string",
     f"{SUBMITIT_TASK_MODULE}:submitit_main",
 )
+# jax 0.10.2, 0.12.0.1 (XLA's tsl/distributed_runtime/preemption/preemption_sync_manager.cc): the key-value
+# store's key the preemption sync manager sets when its notifier hears a notice (a SIGTERM), for every task to see
+PREEMPTION_NOTICE_KEY = "RECEIVED_PREEMPTION_NOTICE"
 ORBAX_SAVE_THREAD_FUNCTION = ORBAX_SAVE_THREAD.rsplit(".", 1)[1]  # "_thread_func"
 # tensorstore 0.1.86: the name of the threads of its pool, which copy and write a checkpoint's arrays
 # (a C++ thread name, seen in /proc/self/task/*/comm; the test writes an array and looks for one)
@@ -88,6 +93,13 @@ def backends_are_initialized() -> bool:
 def coordination_client() -> Any:
     """The distributed runtime's coordination service client, or None when it is not up."""
     return lookup(f"{JAX_DISTRIBUTED}:global_state").client
+
+
+def preemption_sync_manager() -> Any:
+    """jax's preemption sync manager (behind `multihost_utils.reached_preemption_sync_point`), or None where
+    there is none: a single process, or the preemption service turned off. Where there is one, jax's notifier
+    holds SIGTERM."""
+    return lookup(f"{JAX_DISTRIBUTED}:global_state.preemption_sync_manager")
 
 
 def gce_tpu_cluster() -> Any:

@@ -17,7 +17,7 @@ from types import FrameType
 
 import numpy as np
 
-from job.core import exits
+from job.core import exits, internals
 
 REQUEUE_EXIT_CODE = exits.REQUEUE  # EX_TEMPFAIL: saved, stopped on purpose, run me again
 STOPPED_EXIT_CODE = exits.STOPPED  # 128 + SIGINT: saved after Ctrl-C, stopped; the same command resumes
@@ -81,6 +81,8 @@ class PreemptionGuard:
         self.received: int | None = None
         self.stopping = False  # should_stop said so: every process is saving and leaving
         self.interrupted = False  # ... and one of them heard Ctrl-C: they leave with STOPPED_EXIT_CODE
+        self.sync_point = False  # jax's preemption notifier holds SIGTERM; steps stop at its sync point (joined)
+        self._told = False  # a signal this guard heard was passed on to jax's notifier
         self._previous: dict[int, Handler] = {}
 
     def __enter__(self) -> PreemptionGuard:
@@ -97,8 +99,8 @@ class PreemptionGuard:
             previous.received = None
 
     def take(self, *signals: signal.Signals) -> None:
-        """Hear `signals` too from now on (SIGTERM once the processes have joined: jax's own preemption
-        notifier takes it in job.initialize, and this takes it back)."""
+        """Hear `signals` too from now on (Ctrl-C's SIGINT once the processes have joined; SIGTERM in a single
+        process: `joined`)."""
         for sig in signals:
             previous = signal.signal(sig, self._on_signal)
             self._previous.setdefault(sig, previous)
@@ -131,13 +133,48 @@ class PreemptionGuard:
             _say(f"received {name}: will save and stop at the next step boundary{again}")
             self.received = signum
 
-    def should_stop(self) -> bool:
-        """Collective: True on every process when any process got a signal."""
+    def joined(self) -> None:
+        """After job.initialize: hear Ctrl-C's SIGINT from now on, and SIGTERM too unless jax's preemption notifier
+        holds it (a multi-process run, whose steps then stop at the coordination service's sync point)."""
+        self.sync_point = internals.preemption_sync_manager() is not None
+        self.take(*((INTERRUPT,) if self.sync_point else (signal.SIGTERM, INTERRUPT)))
+
+    def should_stop(self, step: int | None = None) -> bool:
+        """True on every process, at the same call, when any process got a signal.
+
+        With `step` (the loop's, once after every step: the same on every process, rising by one) a multi-process
+        run asks the coordination service's preemption sync point (`reached_preemption_sync_point`): no device
+        work and no host sync until a notice comes, then every process stops at the step after the one the
+        furthest had reached. A signal this guard heard is passed on to jax's notifier as the SIGTERM it listens
+        for. Without `step` (before the first step, during evaluation) it is one collective, which also reads
+        whether jax's notifier was told of a SIGTERM anywhere."""
         import jax  # python -m job and deploy/ import this module: they start without jax
         from jax.experimental import multihost_utils
 
         mine = np.int32(0 if self.received is None else 2 if self.received == INTERRUPT else 1)
-        every = mine if jax.process_count() == 1 else np.asarray(multihost_utils.process_allgather(mine))
+        if jax.process_count() == 1:
+            every = np.asarray(mine)
+        elif step is not None and self.sync_point:
+            if self.received is not None and not self._told:  # jax's notifier hears SIGTERM only
+                self._told = True
+                os.kill(os.getpid(), signal.SIGTERM)
+            if not multihost_utils.reached_preemption_sync_point(step):
+                return False
+            # every process is here, at the same step: whether any of them heard Ctrl-C
+            every = np.asarray(multihost_utils.process_allgather(np.maximum(mine, 1)))
+        else:
+            if self.sync_point and not mine and _notice_posted():
+                mine = np.int32(1)
+            every = np.asarray(multihost_utils.process_allgather(mine))
         self.stopping = bool(np.any(every))
         self.interrupted = bool(np.any(every == 2))
         return self.stopping
+
+
+def _notice_posted() -> bool:
+    """Whether jax's preemption notifier told the coordination service of a notice (a SIGTERM to any process)."""
+    client = internals.coordination_client()
+    try:
+        return client is not None and bool(client.key_value_try_get(internals.PREEMPTION_NOTICE_KEY))
+    except Exception:  # noqa: BLE001 - NOT_FOUND (no notice yet) is raised as jax's runtime error
+        return False

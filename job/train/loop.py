@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import signal
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -68,7 +67,7 @@ def run(cfg: TrainConfig, task: Task, argv: list[str] | None = None) -> int:
     # once the processes have joined (until then it ends a process, as the launcher's stop must)
     with PreemptionGuard(NOTICES) as guard:
         info = initialize()
-        guard.take(signal.SIGTERM, signal.SIGINT)
+        guard.joined()
         with process_log.teed(cfg.run_dir, info.process_id):  # RUN_DIR/logs/process-N.log, beside the console
             return Training(cfg, task, argv, timer, info, guard).run()
 
@@ -336,11 +335,9 @@ class Training:
             at(done, "save")
             state = self.save(state, done)
         at(done, "sync")
-        with timer.part("steps"):  # a collective every step: part of what a step costs
-            stop = interrupted or self.guard.should_stop()
+        with timer.part("steps"):  # the preemption sync point: no device work until a notice comes
+            stop = interrupted or self.guard.should_stop(done)
         if self.local is not None and self.local.due(done) and not (saves or stop):
-            # after the step's last collective: every process has finished the step, its state is ready (reading a
-            # shard before the collective could wait on a step a peer has yet to run its part of)
             at(done, "save")
             with timer.part("checkpoint"):
                 self.local.save(done, state)
