@@ -56,10 +56,12 @@ QUICK_MODEL = {"vocab_size": 256, "seq_len": 64, "dim": 128, "heads": 4, "layers
 BATCH = 8
 
 
-def loop_state(quick: bool):  # noqa: ANN201
-    """(task, model config, mesh, parameter count, graphdef, state): the train state as the loop holds it."""
+def loop_state(quick: bool, size: str = ""):  # noqa: ANN201
+    """(task, model config, mesh, parameter count, graphdef, state): the train state as the loop holds it; `size`
+    "gpt2-small": bench.mfu's GPT-2-small-sized LM (on a chip, python -m bench.tpu)."""
     from flax import nnx
 
+    from bench.mfu import SIZES
     from job import sharding
     from job import task as tasks
     from job.train.config import OptimConfig
@@ -67,7 +69,7 @@ def loop_state(quick: bool):  # noqa: ANN201
     from job.train.steps import make_optimizer
 
     task = tasks.load(TASK)
-    cfg = task.model_config(**(QUICK_MODEL if quick else MODEL))
+    cfg = task.model_config(**(SIZES[size] if size else QUICK_MODEL if quick else MODEL))
     mesh = sharding.make_mesh()
     model = task.build(cfg, nnx.Rngs(0))
     tx, _ = make_optimizer(OptimConfig(), 1000)
@@ -80,8 +82,11 @@ def loop_state(quick: bool):  # noqa: ANN201
 
 
 def worker(argv: list[str]) -> None:
+    """`[--quick] [--size gpt2-small|400m]`: the figures of the default backend's devices (a chip's HBM with
+    --size, run by python -m bench.tpu; 2 CPU devices otherwise)."""
     quick = "--quick" in argv
-    reps = 2 if quick else 5
+    size = argv[argv.index("--size") + 1] if "--size" in argv else ""
+    reps = 2 if quick else 3 if size else 5
     import jax
     import numpy as np
     from flax import nnx
@@ -92,7 +97,7 @@ def worker(argv: list[str]) -> None:
     from job.train.config import CheckpointConfig
     from job.train.steps import jit_train_step
 
-    task, cfg, mesh, params, graphdef, train_state = loop_state(quick)
+    task, cfg, mesh, params, graphdef, train_state = loop_state(quick, size)
     train_step = jit_train_step(task.loss, graphdef, train_state)
     source = task.source(task.data_config(global_batch=BATCH), cfg)
     batch = global_batch(source, sharding.batch_sharding(mesh), split="train", step=0, size=BATCH)
@@ -222,6 +227,7 @@ def worker(argv: list[str]) -> None:
     ckpt.close()
     shutil.rmtree(root, ignore_errors=True)
     result = {"params": params, "bytes": nbytes, "arrays": len(leaves), "reps": reps,
+              "device": f"{len(jax.devices())} x {jax.devices()[0].device_kind}",
               "batch": BATCH, "seq_len": cfg.seq_len, "blocking": blocking, "step_during_write": after_save,
               "step_during_on_loop_write": after_on_loop, "step_during_default_write": after_default,
               "parts": parts.medians(reps), "priority_reset": normal_priority(),
@@ -330,7 +336,8 @@ def section(r: dict) -> Section:
         ("restore time, orbax / numpy", fmt_x(ratio(rs["orbax"], rs["numpy"])), "report"),
     ]
     s.notes.append(f"Train state of a {r['params']:,}-parameter model with its AdamW state: {fmt_mb(mib)} in "
-                   f"{r['arrays']} arrays; train step on a {r['batch']} x {r['seq_len']} batch; "
+                   f"{r['arrays']} arrays on {r.get('device', '2 x cpu')}; train step on a {r['batch']} x "
+                   f"{r['seq_len']} batch; "
                    f"median of {r['reps']} interleaved repetitions. Restored values equal the saved ones: "
                    f"{r['restore_exact']}.")
     fixed = median(w["orbax (one number)"])

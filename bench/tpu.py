@@ -10,7 +10,12 @@ Runs, one after another, each in its own process (a chip is held by one program 
    `jax.jit` step of the same model, interleaved;
 3. the preset on real text, `--data.source CORPUS/stdlib.npy` (`python -m bench.corpus CORPUS` makes it
    offline: the Python standard library's sources through a byte-level BPE);
-4. a ~400M configuration (dim 1024, 24 layers) through the loop, remat and attention left to auto.
+4. a ~400M configuration (dim 1024, 24 layers) through the loop, remat and attention left to auto;
+5. `python -m bench.ckpt worker --size gpt2-small`: the checkpoint of gpt2-small's train state (2.6 GB with its
+   AdamW state) from HBM: the time the loop is blocked, the whole save against numpy writing the same bytes
+   (`jax.device_get` + `np.save`), and the restore;
+6. the largest example LM the chip trains: GPT-2 sizes from large down (`--steps 20`, remat and attention left
+   to auto, at the preset's batch, then half of it), the first that trains.
 
 Each step is skipped when less of --budget-s is left than it needs; the file says which. MFU counts 6N +
 12 L d T FLOPs per trained token (bench/mfu.py) against the chip's dense bf16 peak.
@@ -28,13 +33,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
 from bench.mfu import GPT2_SMALL, M400, PEAK_BF16_TFLOPS, flops_per_token
 from bench.procs import ROOT, records
 
-M400_FLAGS = ["--model.dim", "1024", "--model.heads", "16", "--model.layers", "24", "--model.mlp-dim", "4096"]
+
+def model_flags(dim: int, heads: int, layers: int) -> list[str]:
+    return ["--model.dim", str(dim), "--model.heads", str(heads), "--model.layers", str(layers),
+            "--model.mlp-dim", str(4 * dim)]
+
+
+M400_FLAGS = model_flags(1024, 16, 24)
 
 
 def matmul_params(cfg: dict) -> int:
@@ -98,7 +110,20 @@ def curve(points: list, every: int) -> str:
     return ", ".join(f"{s}: {loss:.3f}" + (f" ({acc:.3f})" if acc is not None else "") for s, loss, acc in chosen)
 
 
-def report(env: dict, runs: dict, mfu_record: dict | None, skipped: list[str], argv: list[str]) -> str:
+# the largest LM: GPT-2 large and medium, a 600M between them (dim, heads, layers), tried from the top
+LARGEST = ((1280, 20, 36), (1152, 18, 32), (1024, 16, 24))
+
+
+def section_lines(title: str, record: dict) -> list[str]:
+    """A benchmark Section's record (bench.report) as Markdown lines under `title`."""
+    lines = [f"## {title}", "", "| " + " | ".join(record["columns"]) + " |", "|" + "---|" * len(record["columns"])]
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in record["rows"]]
+    lines += [""] + [f"- {a}: {b} (goal {c})" for a, b, c in record["headline"]]
+    return lines + [f"- {note}" for note in record["notes"]] + [""]
+
+
+def report(env: dict, runs: dict, mfu_record: dict | None, skipped: list[str], argv: list[str],
+           ckpt_record: dict | None = None) -> str:
     kind = env["device_kind"]
     lines = ["# The example LM on a TPU chip", "",
              f"Written by `python -m bench.tpu {shlex.join(argv)}` on {kind} ({env['devices']} device(s)); "
@@ -114,14 +139,32 @@ def report(env: dict, runs: dict, mfu_record: dict | None, skipped: list[str], a
         lines += [f"**{run['name']}**: train loss (accuracy) by step: {curve(run['train'], 100)}", "",
                   f"eval loss (accuracy): {curve(run['eval'], 100)}", ""]
     if mfu_record:
-        lines += ["## Template step against a hand-written `jax.jit` step (`python -m bench.mfu`)", "",
-                  "| " + " | ".join(mfu_record["columns"]) + " |", "|" + "---|" * len(mfu_record["columns"])]
-        lines += ["| " + " | ".join(map(str, row)) + " |" for row in mfu_record["rows"]]
-        lines += [""] + [f"- {a}: {b} (goal {c})" for a, b, c in mfu_record["headline"]]
-        lines += [f"- {note}" for note in mfu_record["notes"]] + [""]
+        lines += section_lines("Template step against a hand-written `jax.jit` step (`python -m bench.mfu`)",
+                               mfu_record)
+    if ckpt_record:
+        lines += section_lines("The checkpoint from HBM (`python -m bench.ckpt worker --size gpt2-small`)",
+                               ckpt_record)
     if skipped:
         lines += ["## Not measured in this run", ""] + [f"- {s}" for s in skipped] + [""]
     return "\n".join(lines)
+
+
+def train_largest(work: Path, logs: Path, left: Callable[[], float], kind: str) -> dict | None:
+    """The first of LARGEST that trains 20 steps at the preset's batch of 16, else at 8 (a configuration that does
+    not fit stops at its first step with exit 2, one line); its run's summary, named by its size and batch."""
+    for dim, heads, layers in LARGEST:
+        for batch in (16, 8):
+            if left() < 90:
+                return None
+            name = f"largest-d{dim}-l{layers}-b{batch}"
+            flags = ["--preset", "gpt2-small", *model_flags(dim, heads, layers), "--data.global-batch", str(batch),
+                     "--steps", "20", "--eval-every", "1000", "--log-every", "5"]
+            run = train(name, flags, work / name, left(), logs)
+            if run["code"] == 0:
+                cfg = {**GPT2_SMALL, "dim": dim, "heads": heads, "layers": layers, "mlp_dim": 4 * dim}
+                return {**summarize(run, cfg, kind), "name": f"largest: {matmul_params(cfg) / 1e6:,.0f}M in matmuls "
+                                                             f"(dim {dim}, {layers} layers), batch {batch}"}
+    return None
 
 
 def main(argv: list[str]) -> int:
@@ -143,7 +186,9 @@ def main(argv: list[str]) -> int:
     runs: dict[str, dict] = {}
     skipped: list[str] = []
     mfu_record = None
-    plan = [("synthetic", 100 + 0.2 * (args.steps or 1000)), ("mfu", 100), ("text", 60 + 0.2 * args.text_steps), ("400m", 150)]
+    ckpt_record = None
+    plan = [("synthetic", 100 + 0.2 * (args.steps or 1000)), ("mfu", 100), ("text", 60 + 0.2 * args.text_steps),
+            ("400m", 150), ("ckpt", 120), ("largest", 200)]
     for step, needs in plan:
         if step not in args.only.split(","):
             continue
@@ -169,11 +214,26 @@ def main(argv: list[str]) -> int:
             flags = ["--preset", "gpt2-small", "--data.source", str(args.corpus / "stdlib.npy"),
                      "--steps", str(args.text_steps)]
             runs[step] = summarize(train(step, flags, work / step, left(), logs), GPT2_SMALL, env["device_kind"])
-        else:
+        elif step == "400m":
             flags = ["--preset", "gpt2-small", *M400_FLAGS, "--steps", "60", "--eval-every", "1000"]
             runs[step] = summarize(train(step, flags, work / step, left(), logs), M400, env["device_kind"])
+        elif step == "ckpt":
+            out = subprocess.run([sys.executable, "-m", "bench.ckpt", "worker", "--size", "gpt2-small"], cwd=ROOT,
+                                 text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=left(),
+                                 check=False)
+            (logs / "ckpt.log").write_text(out.stdout)
+            found = records(out.stdout)
+            ckpt_record = found[-1] if found else None
+            if not found:
+                skipped.append(f"ckpt: exited {out.returncode} without a record (see ckpt.log)")
+        else:
+            largest = train_largest(work, logs, left, env["device_kind"])
+            if largest is None:
+                skipped.append(f"largest: none of {LARGEST} trained within the budget (see largest-*.log)")
+            else:
+                runs[step] = largest
         print(f"[bench tpu] {step} done, {left():.0f} s left", file=sys.stderr, flush=True)
-    args.out.write_text(report(env, runs, mfu_record, skipped, argv))
+    args.out.write_text(report(env, runs, mfu_record, skipped, argv, ckpt_record))
     (logs / "runs.json").write_text(json.dumps({"env": env, "runs": runs, "mfu": mfu_record}, default=str))
     print(f"wrote {args.out}", flush=True)
     return 0
