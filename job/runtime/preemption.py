@@ -1,10 +1,10 @@
 """The preemption protocol: a signal to ANY process stops ALL of them together.
 
-SIGTERM, SIGUSR1 or SIGUSR2 sets a flag in the process that receives it. At
-every step boundary the processes share their flags through one tiny
-collective, so they all see the request at the same step, save a checkpoint
-there, and exit with REQUEUE_EXIT_CODE. Schedulers and the deploy scripts
-treat that code as "requeue me".
+SIGTERM, SIGUSR1 or SIGUSR2 reaches the process that receives it; between steps every process asks the
+coordination service's preemption sync point (jax's notifier holds SIGTERM in a multi-process run and is told
+of the others), so they all stop at the same step, save a checkpoint there, and exit with REQUEUE_EXIT_CODE
+(STOPPED_EXIT_CODE after Ctrl-C). Before the first step and during evaluation one tiny collective agrees
+instead. Schedulers and the deploy scripts treat 75 as "requeue me".
 """
 
 from __future__ import annotations
