@@ -162,8 +162,13 @@ class Supervisor:
         self.interrupted = True
         self.say(f"job {self.alloc.job_id}: SIGINT: passed on to the step's processes, which save and stop; nothing "
                  "is restarted or requeued after it", error=True)
-        # every step of the job, not the batch step this supervisor runs in
-        self.runner.run(["scancel", "--signal=INT", self.alloc.job_id], check=False, capture=True)
+        # the job's running steps, not the batch step this supervisor runs in, nor the job: a job's signal in an
+        # array with elements still pending is refused for a while ('Job can not be altered now'), and scancel
+        # sends it again every few seconds for 95 s, a second Ctrl-C that ends the tasks before their save
+        steps = self.runner.run(["squeue", "--steps", "--jobs", self.alloc.job_id, "--noheader", "--format=%i"],
+                                check=False, capture=True)
+        running = [s for s in (steps.stdout or "").split() if s.rpartition(".")[2].isdigit()]
+        self.runner.run(["scancel", "--signal=INT", *(running or [self.alloc.job_id])], check=False, capture=True)
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
         """SIGTERM to the batch script: Slurm sends it to every step of a job it cancels or stops (scancel, the

@@ -278,3 +278,20 @@ def test_a_run_dir_append_that_raises_anything_is_one_warning_and_the_supervisor
     assert "attempts.jsonl, found BucketError: 403 Forbidden" in warning and "Fix: " in warning, warning
     (copy,) = [r for r in rundir.records(tmp_path / "8-attempts.jsonl") if r["event"] == "ended"]
     assert (copy["job"], copy["attempt"], copy["outcome"]) == ("8", 1, "completed")  # the job's own record has it
+
+
+@pytest.mark.parametrize(("listed", "signalled"), [
+    ("7.batch\n7.extern\n7.0\n", ["7.0"]),  # the training step: once, at once
+    ("7_3.batch\n7_3.0\n7_3.1\n", ["7_3.0", "7_3.1"]),  # an array element: its steps, never the element
+    ("", ["7"]),  # squeue does not say: the job, as before
+])
+def test_ctrl_c_to_the_batch_script_is_passed_on_to_the_running_steps_not_the_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, listed: str, signalled: list[str]) -> None:
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: None)
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", "JOB_LOG_DIR": str(tmp_path)}
+    runner = RecordingRunner(responses={("squeue", "--steps"): (0 if listed else 1, listed)})
+    supervisor = Supervisor(["true"], runner, env)
+    supervisor._on_sigint(signal.SIGINT, None)
+    supervisor._on_sigint(signal.SIGINT, None)  # a second one passes nothing on again
+    assert [call for call in runner.calls if call[0] == "scancel"] == [["scancel", "--signal=INT", *signalled]]
+    assert supervisor.interrupted
