@@ -1,0 +1,111 @@
+"""The one owner of both checkpoint tiers in one process (job/runs/tiers.py): which tier a restore takes (a node-local
+step newer than the persistent tier's newest wins, an older one does not, none without the tier, a fresh start with
+--no-resume), what it says about it, and when the node-local tier saves. Real processes: tests/multiprocess/
+test_local_tier.py and test_resume.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+from etils import epath
+from jax.sharding import NamedSharding, PartitionSpec
+
+from job.core.errors import ConfigError
+from job.runs.checkpoint import abstract
+from job.runs.config import CheckpointConfig
+from job.runs.local_tier import held
+from job.runs.tiers import FRESH, LOCAL, PERSISTENT, Checkpoints, Origin
+
+
+def _state_of(offset: float) -> dict[str, jax.Array]:
+    mesh = jax.make_mesh((len(jax.devices()),), ("data",))
+    return {"w": jax.device_put(np.arange(64.0, dtype=np.float32).reshape(16, 4) + offset,
+                                NamedSharding(mesh, PartitionSpec("data"))),
+            "b": jax.device_put(np.full(4, offset, np.float32), NamedSharding(mesh, PartitionSpec()))}
+
+
+def _config(tmp_path: Path, local_every: int) -> CheckpointConfig:
+    return CheckpointConfig(every=100, keep=3, local_every=local_every, local_dir=str(tmp_path / "node"))
+
+
+def _earlier_run(tmp_path: Path, persistent: list[int], local: list[int]) -> None:
+    """A run that saved `persistent` steps to RUN_DIR/checkpoints and `local` ones to the node-local tier (state
+    of step S: every value plus S), then stopped."""
+    checkpoints = Checkpoints(epath.Path(tmp_path / "run"), _config(tmp_path, 1), abstract(_state_of(0.0)), "node1",
+                              resume=True)
+    assert checkpoints.restore(lambda: _state_of(0.0)).origin == Origin(0, FRESH, "")
+    for step in persistent:
+        checkpoints.save(step, _state_of(float(step)))
+    checkpoints.wait()
+    for step in local:
+        checkpoints.save_local(step, _state_of(float(step)))
+    checkpoints.close(completed=False)
+
+
+def _restored(tmp_path: Path, *, local_every: int = 1, resume: bool = True) -> tuple[Origin, Any, Checkpoints]:
+    checkpoints = Checkpoints(epath.Path(tmp_path / "run"), _config(tmp_path, local_every), abstract(_state_of(0.0)),
+                              "node1", resume=resume)
+    restored = checkpoints.restore(lambda: _state_of(-1.0))
+    return restored.origin, restored.state, checkpoints
+
+
+def _values(state: Any) -> float:
+    return float(np.asarray(state["b"])[0])
+
+
+def test_a_node_local_step_newer_than_the_persistent_newest_wins_and_says_where_it_came_from(tmp_path: Path) -> None:
+    _earlier_run(tmp_path, persistent=[2], local=[3])
+    origin, state, checkpoints = _restored(tmp_path)
+    assert origin == Origin(3, LOCAL, "every process's from its own node") and _values(state) == 3.0
+    np.testing.assert_array_equal(np.asarray(state["w"]), np.asarray(_state_of(3.0)["w"]))
+    assert origin.said() == "resumed from step 3 (the node-local tier: every process's from its own node)"
+    checkpoints.close(completed=True)
+    assert not checkpoints.local.folder.exists()  # a completed run leaves no node-local folder
+
+
+def test_a_node_local_step_older_than_the_persistent_newest_is_not_restored(tmp_path: Path) -> None:
+    _earlier_run(tmp_path, persistent=[4], local=[3])
+    origin, state, checkpoints = _restored(tmp_path)
+    assert origin == Origin(4, PERSISTENT, str(tmp_path / "run" / "checkpoints")) and _values(state) == 4.0
+    assert origin.said() == f"resumed from step 4 ({tmp_path / 'run' / 'checkpoints'})"
+    checkpoints.close(completed=False)
+
+
+def test_without_the_node_local_tier_its_newer_step_is_never_read(tmp_path: Path) -> None:
+    _earlier_run(tmp_path, persistent=[2], local=[3])
+    origin, state, checkpoints = _restored(tmp_path, local_every=0)
+    assert (origin.step, origin.tier, _values(state)) == (2, PERSISTENT, 2.0)
+    assert checkpoints.local is None and not checkpoints.local_due(5, persistent=False)
+    checkpoints.close(completed=True)
+
+
+def test_no_resume_starts_afresh_moves_the_checkpoints_aside_and_clears_the_node_local_steps(tmp_path: Path) -> None:
+    _earlier_run(tmp_path, persistent=[2], local=[3])
+    origin, state, checkpoints = _restored(tmp_path, resume=False)
+    assert origin == Origin(0, FRESH, "") and origin.said() is None and _values(state) == -1.0
+    assert checkpoints.newest_specs() is None and checkpoints.latest_step() is None
+    assert checkpoints.moved is not None and (Path(checkpoints.moved) / "2").is_dir()  # kept, not deleted
+    assert checkpoints.local is not None and held(checkpoints.local.folder) == []
+    checkpoints.close(completed=False)
+
+
+def test_a_fresh_start_over_checkpoints_set_aside_as_unreadable_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "run" / "checkpoints" / "2.unreadable-1700000000").mkdir(parents=True)
+    checkpoints = Checkpoints(epath.Path(tmp_path / "run"), _config(tmp_path, 0), abstract(_state_of(0.0)), "node1",
+                              resume=True)
+    with pytest.raises(ConfigError, match="set aside as unreadable: 2.unreadable-1700000000"):
+        checkpoints.restore(lambda: _state_of(-1.0))
+    checkpoints.close(completed=False)
+
+
+@pytest.mark.parametrize(("step", "persistent", "due"), [(3, False, True), (3, True, False)])
+def test_the_node_local_tier_saves_on_its_cadence_except_a_step_the_persistent_tier_saves(
+        tmp_path: Path, step: int, persistent: bool, due: bool) -> None:
+    _, _, checkpoints = _restored(tmp_path, local_every=3)
+    assert checkpoints.local_due(step, persistent=persistent) is due
+    assert not checkpoints.local_due(4, persistent=False)
+    checkpoints.close(completed=True)
