@@ -36,8 +36,7 @@ from job.parallel.fingerprint import fingerprint
 from job.parallel.multihost import barrier, coordination_client, on_process_zero
 from job.parallel.rows import row_span
 from job.runs import attempts, provenance, resume
-from job.runs.checkpoint import Checkpointer
-from job.runs.local_tier import LocalTier
+from job.runs.tiers import Checkpoints, Origin
 from job.runtime import compile_cache, preflight
 from job.runtime.cluster import ClusterInfo, node_name
 from job.runtime.compile_cache import CacheEvents
@@ -96,8 +95,9 @@ class Training:
     (one optimizer step, then logging, evaluate and save as due) -> finish (the last save, the summary).
     `run` strings them together."""
 
-    # made by the phases, in this order: restore (checkpoints), then open_records (report, profiler)
-    checkpoints: Checkpointer
+    # made by the phases, in this order: restore (checkpoints, origin), then open_records (report, profiler)
+    checkpoints: Checkpoints  # both tiers: the loop asks it, and decides nothing about tiers
+    origin: Origin  # where the state came from: the step, the tier and the source
     report: Reporter
     profiler: StepProfiler
 
@@ -111,10 +111,7 @@ class Training:
         self.watch = StragglerWatch(cfg.straggler_ratio)
         self.began = time.perf_counter()  # the loop's own start (open_records), for summary.json's seconds
         # set by restore, read by open_records
-        self.moved: epath.Path | None = None  # --no-resume: where the earlier checkpoints went
         self.changed: list[resume.Change] = []  # the config fields changed since the saved run
-        self.local: LocalTier | None = None  # the node-local tier (--ckpt.local-every), made with the checkpointer
-        self.local_source = ""  # where a restore from the node-local tier read each process's shards
         self.compile_s = 0.0  # this process's own time compiling the steps ahead (the barrier's wait excluded)
         self.progress = Progress()  # where the loop is: the hang watchdog's roll call reads it
         self.answered = 0  # processes that answered the watchdog's roll call: process 0 waits for them to leave
@@ -130,7 +127,7 @@ class Training:
         start, state = self.restore(built)
         if start >= self.cfg.steps:
             on_process_zero(log.info, "already complete at step %d; use a new --run-dir or raise --steps", start)
-            self.checkpoints.close()
+            self.checkpoints.close(completed=False)
             return 0
         self.open_records(built, start)
         made = {start: self.compile(built, state, start)}  # the first step's batch, made once
@@ -140,7 +137,7 @@ class Training:
                                 self.guard.exit_code)
             self.report.flush()
             self.timer.flush()
-            self.checkpoints.close()
+            self.checkpoints.close(completed=False)
             return self.guard.exit_code
         code, state = self.train(built, start, state, made)
         self.finish(built, state, code)
@@ -167,42 +164,20 @@ class Training:
         """(the step to start from, the state): the newest readable checkpoint's, else a fresh state.
         A checkpoint of another state stops the run here (exit 2), with nothing touched."""
         cfg, run_dir = self.cfg, built.run_dir
-        self.moved = None if cfg.resume else resume.move_aside_for_fresh_start(rundir.checkpoints(run_dir))
-        self.checkpoints = checkpoints = Checkpointer(rundir.checkpoints(run_dir), cfg.ckpt, training=True)
-        start, self.changed = 0, []
-        newest = checkpoints.newest_specs() if cfg.resume else None
+        # --no-resume moves the earlier checkpoints aside here (checkpoints.moved)
+        self.checkpoints = checkpoints = Checkpoints(run_dir, cfg.ckpt, built.planned.abstract, node_name(),
+                                                     resume=cfg.resume)
+        self.changed = []
+        newest = checkpoints.newest_specs()  # None with --no-resume
         if newest is not None:
             with preflight.raised_together("state_mismatch"):  # each process prints it before any exits
                 self.changed = resume.check(run_dir, to_dict(cfg), *newest, built.planned.abstract)
         on_process_zero(_save_config, run_dir, cfg)
         on_process_zero(provenance.record, run_dir, self.argv, _topology(self.info, built.mesh), task=self.cfg.task)
-        if cfg.ckpt.local_every:
-            self.local = LocalTier(cfg.ckpt.local_dir, str(run_dir), cfg.ckpt.local_every, node_name(),
-                                   built.planned.abstract)
-        local = self.restore_local(built, newer_than=checkpoints.latest_step())
-        if local is not None:
-            start, state = local
-        elif cfg.resume and checkpoints.all_steps():  # read back first: an unreadable newest step is set aside
-            start, state = checkpoints.restore_newest(built.planned.abstract)
-        else:
-            if cfg.resume:  # never from step 0 over checkpoints that were set aside as unreadable
-                with preflight.raised_together("set_aside"):
-                    resume.refuse_fresh_start_over_set_aside(checkpoints.directory)
-            state = built.planned.init()
-            if self.local is not None:
-                self.local.clear()  # an earlier run's local steps are never restored into this one
-        self.last_saved = start
-        return start, state
-
-    def restore_local(self, built: Built, newer_than: int | None) -> tuple[int, nnx.State] | None:
-        """(step, state) of the node-local tier when it holds a step newer than the persistent tier's newest
-        (`newer_than`) and every process read its part back; else None (and with no tier, or --no-resume)."""
-        if self.local is None or not self.cfg.resume:
-            return None
-        restored = self.local.restore(built.planned.abstract, newer_than)
-        if restored is not None:
-            self.local_source = self.local.sources(restored[0])
-        return restored
+        restored = checkpoints.restore(built.planned.init)
+        self.origin = restored.origin
+        self.last_saved = start = restored.origin.step
+        return start, restored.state
 
     def open_records(self, built: Built, start: int) -> None:
         """The metrics writers, goodput, profiler and straggler watch, and the run's opening lines."""
@@ -213,17 +188,17 @@ class Training:
         on_process_zero(self.timer.resume, run_dir, start)
         on_process_zero(attempts.note_start, run_dir, self.timer.previous.get("attempt", 1))
         self.profiler = StepProfiler(cfg.profile.steps, cfg.steps, run_dir, self.info.process_id)
-        if start and self.local_source:
-            report.message("resumed from step %d (the node-local tier: %s)", start, self.local_source)
-        elif start:
-            report.message("resumed from step %d (%s)", start, rundir.checkpoints(run_dir))
+        resumed = self.origin.said()
+        if resumed is not None:
+            report.message("%s", resumed)
         if start and self.changed:
             lr_note = optimizers.schedule_change(task, cfg, self.changed, start)  # None: the same schedule
             report.message("changed since the saved run (the state is the same): %s%s", ", ".join(
                 f"{resume.flag(name)} {old!r} -> {new!r}" for name, old, new in self.changed),
                 f"; {lr_note}" if lr_note else "")
-        if self.moved is not None:
-            report.message("--no-resume: starting afresh; the earlier checkpoints are kept in %s", self.moved)
+        if self.checkpoints.moved is not None:
+            report.message("--no-resume: starting afresh; the earlier checkpoints are kept in %s",
+                           self.checkpoints.moved)
         report.message("%s", built.checked.line())
         report.message("%s; task %s; %d parameters; mesh %s; rule %s", self.info.summary(), task.name,
                        built.planned.params, dict(built.mesh.shape), cfg.rule)
@@ -277,8 +252,7 @@ class Training:
             for step in range(start, cfg.steps):
                 state, stop = self.step(built, state, step, upcoming, first=step == start)
                 if step == start:  # the first step after a restart (a failed attempt on record): the gap it cost
-                    tier = "node-local" if self.local_source else "persistent" if start else "none (from step 0)"
-                    on_process_zero(attempts.note_resumed, built.run_dir, step + 1, start, tier)
+                    on_process_zero(attempts.note_resumed, built.run_dir, step + 1, start, self.origin.tier)
                 if stop:
                     done = step + 1
                     if self.last_saved != done:
@@ -337,10 +311,10 @@ class Training:
         at(done, "sync")
         with timer.part("steps"):  # the preemption sync point: no device work until a notice comes
             stop = interrupted or self.guard.should_stop(done)
-        if self.local is not None and self.local.due(done) and not (saves or stop):
+        if self.checkpoints.local_due(done, persistent=saves or stop):  # a stop is saved by `train`
             at(done, "save")
             with timer.part("checkpoint"):
-                self.local.save(done, state)
+                self.checkpoints.save_local(done, state)
         if not first and not (evaluates or saves):  # a step's time: no compilation, evaluation or save
             self.watch.add(host_s, time.perf_counter() - step_began)
         return state, stop
@@ -387,9 +361,7 @@ class Training:
         cfg, task, timer = self.cfg, self.task, self.timer
         with timer.part("checkpoint"):
             self.checkpoints.wait()
-            self.checkpoints.close()
-            if self.local is not None:
-                self.local.close(completed=code == 0 and self.last_saved == cfg.steps)
+            self.checkpoints.close(completed=code == 0 and self.last_saved == cfg.steps)
         timer.seconds["profile"] = self.profiler.seconds
         mine = np.array([self.cache_events.hits, self.cache_events.misses, self.compile_s], np.float32)
         counts = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 3)  # one small all-gather
