@@ -257,6 +257,8 @@ class Training:
                     done = step + 1
                     if self.last_saved != done:
                         state = self.save(state, done)
+                    if done == cfg.steps:  # agreed at the last step: saved, the run is complete (0)
+                        break
                     if self.guard.interrupted:
                         self.report.message("stopped (Ctrl-C): saved step %d; exiting with %d. The same command "
                                             "resumes from it", done, self.guard.exit_code)

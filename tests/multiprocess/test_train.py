@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.launching import ROOT, child_env, explain, launcher_argv, rank_pids, run, train, wait_for_line
+from tests.launching import ROOT, child_env, explain, launcher_argv, rank_pids, run, scenario, train, wait_for_line
 from tests.records import records, summary, train_losses
 
 pytestmark = pytest.mark.multiprocess
@@ -111,6 +111,15 @@ def test_sigusr1_to_one_rank_saves_everywhere_and_exits_with_requeue_code(tmp_pa
     assert max(train_losses(tmp_path)) == stopped
     assert f"preempted: saved step {stopped}; exiting with 75" in output
     assert "[rank 2]" in output and "received SIGUSR1" in output
+
+
+def test_a_notice_during_the_last_step_completes_the_run(tmp_path: Path) -> None:
+    # SIGUSR1 while step 4 of 4 runs: the stop is agreed at the last step, which is the run's completion (0, not 75)
+    done = run(launcher_argv(1, scenario("faulty.py", "0", "usr1@4", "--", "train", "--run-dir", str(tmp_path),
+                                         "--steps", "4", "--log-every", "1", "--eval-every", "4", *SMALL)), timeout=300)
+    assert done.returncode == 0, explain(done)
+    assert "received SIGUSR1" in done.stderr and "preempted: saved step" not in done.stdout + done.stderr
+    assert summary(tmp_path)["completed"] is True and summary(tmp_path)["final_step"] == 4
 
 
 def test_an_interrupted_save_is_never_restored(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ On every rank but RANK this is exactly `python -m job`. On RANK, FAULT is:
     sleep@N     block forever in Python when step N starts (a hung input pipeline:
                 the runtime's heartbeats go on, the collective never completes)
     raise@N     raise RuntimeError when step N starts (a bug in rank RANK)
+    usr1@N      SIGUSR1 itself when step N starts (a preemption notice during that step)
     exit-early  exit 3 before joining the cluster (a process that never starts)
     hang-early  block forever before joining the cluster
     term-at-start  SIGTERM itself once start-up is over (state built and restored), before step 1
@@ -82,6 +83,8 @@ if me == rank:
         at_step(int(value), sleep_forever)
     elif kind == "raise":
         at_step(int(value), injected)
+    elif kind == "usr1":
+        at_step(int(value), lambda: os.kill(os.getpid(), signal.SIGUSR1))
     elif kind == "exit-early":
         announce()
         os._exit(3)
