@@ -311,8 +311,9 @@ class Training:
             at(done, "save")
             state = self.save(state, done)
         at(done, "sync")
-        with timer.part("steps"):  # the preemption sync point: no device work until a notice comes
+        with timer.part("steps"):  # a collective every step (or the opt-in sync point): part of what a step costs
             stop = interrupted or self.guard.should_stop(done)
+        # after the step's last collective: every process has finished the step, its state is ready
         if self.checkpoints.local_due(done, persistent=saves or stop):  # a stop is saved by `train`
             at(done, "save")
             with timer.part("checkpoint"):
