@@ -50,7 +50,6 @@ def child(argv: list[str]) -> None:
     client = internals.coordination_client()
     rank, count = jax.process_index(), jax.process_count()
     mesh = jax.make_mesh((count,), ("data",), devices=jax.devices())
-    rows = NamedSharding(mesh, PartitionSpec("data"))
     whole = NamedSharding(mesh, PartitionSpec())
     local = np.random.default_rng(rank).standard_normal((ROWS, WIDTH), np.float32)
     x = multihost_utils.host_local_array_to_global_array(local, mesh, PartitionSpec("data"))

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import logging
 import os
 import time

@@ -160,16 +160,15 @@ class PreemptionGuard:
         mine = np.int32(0 if self.received is None else 2 if self.received == INTERRUPT else 1)
         if jax.process_count() == 1:
             every = np.asarray(mine)
-        elif step is not None and self.sync_point:
-            if self.received is not None and not self._told:  # jax's notifier hears SIGTERM only
-                self._told = True
-                os.kill(os.getpid(), signal.SIGTERM)
-            if not multihost_utils.reached_preemption_sync_point(step):
-                return False
-            # every process is here, at the same step: whether any of them heard Ctrl-C
-            every = np.asarray(multihost_utils.process_allgather(np.maximum(mine, 1)))
         else:
-            if self.sync_point and not mine and _notice_posted():
+            if step is not None and self.sync_point:
+                if self.received is not None and not self._told:  # jax's notifier hears SIGTERM only
+                    self._told = True
+                    os.kill(os.getpid(), signal.SIGTERM)
+                if not multihost_utils.reached_preemption_sync_point(step):
+                    return False
+                mine = np.maximum(mine, 1)  # every process is here, at the same step: the gather says if Ctrl-C
+            elif self.sync_point and not mine and _notice_posted():
                 mine = np.int32(1)
             every = np.asarray(multihost_utils.process_allgather(mine))
         self.stopping = bool(np.any(every))
