@@ -41,6 +41,8 @@ from job.parallel.sharding import (
     shard_model,
     shard_sample_init,
     sharding_of,
+    train_batch_axes,
+    train_batch_size_divisor,
 )
 
 __all__ = [
@@ -64,6 +66,8 @@ __all__ = [
     "batch_axes",
     "batch_size_divisor",
     "batch_sharding",
+    "train_batch_axes",
+    "train_batch_size_divisor",
     "AxisRules",
     "MeshAxes",
     "rule_table",

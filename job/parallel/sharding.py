@@ -210,9 +210,8 @@ def _named_mesh(devices: list[jax.Device], axes: Mapping[str, int]) -> Mesh:
 
 
 def batch_axes(mesh: Mesh | AbstractMesh) -> tuple[str, ...]:
-    """Every mesh axis but "model" and "sequence": the axes a batch's leading dimension spans ("data", and
-    "expert": the layers other than the experts are data-parallel over it)."""
-    return tuple(name for name in mesh.axis_names if name not in (MODEL_AXIS, SEQUENCE_AXIS))
+    """Every mesh axis but "model": the axes a batch's leading dimension spans (GenSBI's; `shard_batch`)."""
+    return tuple(name for name in mesh.axis_names if name != MODEL_AXIS)
 
 
 def batch_size_divisor(mesh: Mesh | AbstractMesh) -> int:
@@ -220,10 +219,22 @@ def batch_size_divisor(mesh: Mesh | AbstractMesh) -> int:
     return math.prod(mesh.shape[name] for name in batch_axes(mesh))
 
 
+def train_batch_axes(mesh: Mesh | AbstractMesh) -> tuple[str, ...]:
+    """The axes the training loop splits a global batch's rows over: every mesh axis but "model" and "sequence"
+    ("data", and "expert": the layers other than the experts are data-parallel over it; a row's positions go
+    over "sequence" inside the model, by the rules' "length")."""
+    return tuple(name for name in mesh.axis_names if name not in (MODEL_AXIS, SEQUENCE_AXIS))
+
+
+def train_batch_size_divisor(mesh: Mesh | AbstractMesh) -> int:
+    """How many data-parallel shards the training loop splits a global batch into (over `train_batch_axes`)."""
+    return math.prod(mesh.shape[name] for name in train_batch_axes(mesh))
+
+
 def batch_sharding(mesh: Mesh, whole: int = 0) -> NamedSharding:
-    """How a global batch is laid out: after `whole` leading axes kept whole (a stack of micro-batches has
-    one), the next axis is split over the batch axes of `mesh`; the rest stay whole."""
-    return NamedSharding(mesh, PartitionSpec(*(None,) * whole, batch_axes(mesh)))
+    """How the training loop lays a global batch out: after `whole` leading axes kept whole (a stack of
+    micro-batches has one), the next axis is split over the `train_batch_axes` of `mesh`; the rest stay whole."""
+    return NamedSharding(mesh, PartitionSpec(*(None,) * whole, train_batch_axes(mesh)))
 
 
 AxisRules = Mapping[str, Mapping[str, MeshAxes]]  # {logical name: {rule: mesh axis, axes or None}}
@@ -460,12 +471,12 @@ def check_global_batch(global_batch: int, accum_steps: int, mesh: Mesh | Abstrac
     """--data.global-batch splits over the data-parallel devices of `mesh` (a Mesh or an AbstractMesh: the
     sweep check knows only the device count), every one of --accum-steps micro-batches too: the loop's rule,
     checked at its start and before a sweep or a doctor queues anything."""
-    divisor = batch_size_divisor(mesh) * accum_steps
+    divisor = train_batch_size_divisor(mesh) * accum_steps
     if global_batch % divisor:
         per = f" x --accum-steps {accum_steps}" if accum_steps > 1 else ""
         raise ConfigError(
             "--data.global-batch", expected=f"a multiple of the data-parallel size "
-            f"{batch_size_divisor(mesh)}{per} = {divisor}", found=global_batch,
+            f"{train_batch_size_divisor(mesh)}{per} = {divisor}", found=global_batch,
             fix=f"use --data.global-batch {_splitting_size(global_batch, divisor)}")
 
 
@@ -568,9 +579,9 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
 
 __all__ = [
     "DATA_AXIS", "EXPERT_AXIS", "KNOWN_AXES", "LAYERS_AXIS", "LOGICAL_AXES", "MODEL_AXIS", "RULES", "SEQUENCE_AXIS",
-    "TRAIN_LOGICAL_AXES", "TRAIN_RULES", "AxisRules", "MeshAxes", "axes", "batch_axes", "batch_size_divisor", "check_batch_divisible",
-    "activation_spec", "check_global_batch", "constrain", "fallback_warning", "make_mesh", "mesh_context", "mesh_shape", "pad_for_mesh",
-    "parse_mesh",
-    "partitioned", "placement", "replicate", "resolve_mesh", "rule_table", "shard_batch", "shard_model",
-    "shard_sample_init", "sharding_of",
+    "TRAIN_LOGICAL_AXES", "TRAIN_RULES", "UNANNOTATED", "AxisRules", "MeshAxes", "activation_spec", "axes",
+    "batch_axes", "batch_sharding", "batch_size_divisor", "check_batch_divisible", "check_global_batch", "constrain",
+    "fallback_warning", "make_mesh", "mesh_context", "mesh_shape", "pad_for_mesh", "parse_mesh", "partitioned",
+    "placement", "replicate", "resolve_mesh", "rule_table", "shard_batch", "shard_model", "shard_sample_init",
+    "sharding_of", "train_batch_axes", "train_batch_size_divisor",
 ]

@@ -27,7 +27,7 @@ from typing import Any
 import jax
 
 from job.core.errors import ConfigError
-from job.parallel.sharding import batch_size_divisor
+from job.parallel.sharding import train_batch_size_divisor
 from job.runtime import preflight
 from job.train import config
 from job.train.config import MAX_ACCUM, TrainConfig
@@ -255,7 +255,7 @@ def one_error(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh, when: str) 
             raise
         devices = list(mesh.devices.flat)
         need = from_message(str(exc), device_limit(devices))
-        remedies = suggested(cfg, task, len(devices), batch_size_divisor(mesh), need)
+        remedies = suggested(cfg, task, len(devices), train_batch_size_divisor(mesh), need)
         hint = ("make tpu-doctor ACCELERATOR=... ARGS='train ...' compiles each for a TPU slice, with no TPU"
                 if devices[0].platform == "tpu" else "")
         found = error(need, remedies, describe(devices), when, checked=False, unchecked=hint)

@@ -141,6 +141,17 @@ def test_batch_axes_and_divisor(mesh42: Mesh) -> None:
     assert sh.batch_size_divisor(sh.make_mesh(model_axis=8)) == 1
 
 
+def test_the_loops_batch_axes_leave_sequence_to_the_model_and_gensbis_keep_every_axis_but_model() -> None:
+    mesh = sh.make_mesh(axes={"data": 2, "sequence": 2, "model": 2})
+    assert sh.batch_axes(mesh) == ("data", "sequence") and sh.batch_size_divisor(mesh) == 4  # DESIGN.md §3
+    assert sh.train_batch_axes(mesh) == ("data",) and sh.train_batch_size_divisor(mesh) == 2
+    assert sh.batch_sharding(mesh).spec == P(("data",))
+    assert sh.shard_batch(np.ones((4, 3), np.float32), mesh).sharding.spec == P(("data", "sequence"))
+    for named in ({"data": 4, "model": 2}, {"data": 2, "expert": 2, "model": 2}):  # the same without "sequence"
+        other = sh.make_mesh(axes=named)
+        assert sh.train_batch_axes(other) == sh.batch_axes(other)
+
+
 def test_a_batch_placed_by_batch_sharding_is_split_over_the_batch_axes_and_whole_over_model(mesh42: Mesh) -> None:
     rows = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
     placed = jax.device_put(rows, sh.batch_sharding(mesh42))
@@ -417,7 +428,7 @@ def test_a_mesh_whose_sizes_do_not_multiply_to_the_devices_names_the_count_and_a
                                  "--mesh data=-1,expert=2")
     mesh = sh.make_mesh(axes={"data": -1, "expert": 2, "model": 2})
     assert dict(mesh.shape) == {"data": 2, "expert": 2, "model": 2} and sh.batch_axes(mesh) == ("data", "expert")
-    assert sh.batch_size_divisor(sh.make_mesh(axes={"data": 2, "sequence": 4})) == 2  # sequence: not the batch
+    assert sh.train_batch_size_divisor(sh.make_mesh(axes={"data": 2, "sequence": 4})) == 2  # sequence: not the batch
 
 
 def test_constrain_lays_an_activation_out_by_logical_names_under_the_rules_and_is_a_no_op_outside() -> None:
