@@ -159,7 +159,7 @@ def mesh_shape(axes: Mapping[str, int], devices: int, what: str = "--mesh") -> d
     shape = {name: rest if size == -1 else size for name, size in axes.items()}
     if math.prod(shape.values()) != devices or not all(shape.values()):
         spelled = ",".join(f"{name}={size}" for name, size in axes.items())
-        raise ConfigError(what, expected=f"axis sizes whose product is the job's {devices} devices", found=spelled,
+        raise ConfigError(what, expected=f"axis sizes whose product is the job's {_count(devices)}", found=spelled,
                           fix=_mesh_size_fix(axes, devices))
     return shape
 
@@ -184,9 +184,13 @@ def _mesh_size_fix(axes: Mapping[str, int], devices: int) -> str:
         else:
             near = min((d for d in range(1, left + 1) if left % d == 0), key=lambda d: (abs(d - size), d))
             suggestion = {**(axes if name == first else whole), name: near}
-        room = f"{left} devices" if left == devices else f"the {left} devices the axes before it leave"
+        room = _count(left) if left == devices else f"the {_count(left)} the axes before it leave"
         return f"{name}={size} does not divide {room}; e.g. --mesh {spelled(suggestion)}"
     return f"give one axis -1 (the devices the others leave), e.g. --mesh {spelled(whole)}"
+
+
+def _count(devices: int) -> str:
+    return f"{devices} device{'s' if devices != 1 else ''}"
 
 
 def _named_mesh(devices: list[jax.Device], axes: Mapping[str, int]) -> Mesh:

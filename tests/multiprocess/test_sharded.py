@@ -1,6 +1,7 @@
 """A state too big for one device: created as its shards, trained alike under every rule, accumulated
 over micro-batches, resumed on other topologies, and a user's own model (dropout, its own optimizer,
-axis name, extra state and train step, an EMA) from outside the package under fsdp and tensor.
+axis name, extra state and train step, an EMA) from outside the package under fsdp and tensor, and a mesh
+axis a user's task declares (tests/user_tasks/own_axis.py).
 
 Each run goes through tests/scenarios/held.py, which records on every process the shape of the
 shards it holds right after the state was created and right after it was restored."""
@@ -154,3 +155,11 @@ def test_a_users_dropout_model_resumes_bitwise_under_tensor_parallelism(tmp_path
     assert summary(tmp_path / "resumed")["eval_ema_loss"] == summary(tmp_path / "straight")["eval_ema_loss"]
     last = [r for r in records(tmp_path / "resumed") if r["split"] == "train"][-1]
     assert last["rows_seen"] == 96.0  # its extra state came back with the rest
+
+
+def test_a_mesh_axis_a_users_task_declares_splits_what_the_task_maps_to_it(tmp_path: Path) -> None:
+    output = held_train(2, 2, tmp_path, "--task", "tests.user_tasks.own_axis:TASK", "--steps", "2", "--log-every", "1",
+                        "--eval-every", "2", "--mesh", "data=2,width=2", "--rule", "tensor")
+    assert "fell back" not in output and "mesh {'data': 2, 'width': 2}; rule tensor" in output, output
+    for record in held_shapes(tmp_path, 2):  # its "hidden" over its own axis, width = 2, on every process
+        assert record["init"]["shapes"]["model/blocks/0/qkv/kernel/value"] == [[32, 96], [32, 48]]

@@ -13,6 +13,7 @@ import dataclasses
 import os
 import sys
 import warnings
+from pathlib import Path
 
 _FLAG = "--xla_force_host_platform_device_count=8"
 if "jax" not in sys.modules and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -29,6 +30,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from job import sharding as sh  # noqa: E402
 from job.errors import ConfigError  # noqa: E402
+from tests import launching  # noqa: E402
 
 AUTO2 = (AxisType.Auto, AxisType.Auto)
 
@@ -399,14 +401,31 @@ def test_a_mesh_axis_the_task_declares_is_accepted_and_one_nobody_maps_to_is_ref
     from job.train import config
     from job.train import task as tasks
 
-    lm = tasks.load("lm")
-    cfg = dataclasses.replace(config.defaults(lm), mesh="data=2,pipe=2")
+    lm, own = tasks.load("lm"), tasks.load("tests.user_tasks.own_axis:TASK")  # own: "hidden" over "width"
+    cfg = dataclasses.replace(config.defaults(lm), mesh="data=2,width=2")
     with pytest.raises(ConfigError) as raised:
         config.validate(cfg, lm)
-    assert raised.value.what == "--mesh" and raised.value.found == "axis 'pipe' in 'data=2,pipe=2'"
-    assert "did you mean" not in raised.value.fix and "logical_axes={'mlp': {'tensor': 'pipe'}}" in raised.value.fix
-    config.validate(cfg, dataclasses.replace(lm, logical_axes={"mlp": {"tensor": "pipe"}}))
+    assert raised.value.what == "--mesh" and raised.value.found == "axis 'width' in 'data=2,width=2'"
+    assert "did you mean" not in raised.value.fix and "logical_axes={'mlp': {'tensor': 'width'}}" in raised.value.fix
+    config.validate(dataclasses.replace(config.defaults(own), mesh="data=2,width=2", rule="tensor"), own)
     config.validate(dataclasses.replace(cfg, mesh="data=2,expert=2,sequence=1,model=1"), lm)  # the presets' axes
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (("--mesh", "data=2,modle=2", "--rule", "tensor"),
+     "found \"axis 'modle' in 'data=2,modle=2'\". Fix: did you mean 'model'? --mesh data=2,model=2"),
+    (("--task", "tests.user_tasks.own_axis:TASK", "--mesh", "data=2,widht=2", "--rule", "tensor"),
+     "Fix: did you mean 'width'? --mesh data=2,width=2"),  # the task's own axis is a known name
+    (("--mesh", "data=-1,model=3"), "Fix: model=3 does not divide 4 devices; e.g. --mesh data=-1,model=2"),
+])
+def test_python_m_job_train_refuses_a_mesh_that_would_not_split_as_asked_in_one_error(
+        flags: tuple[str, ...], said: str, tmp_path: Path) -> None:
+    proc = launching.run([sys.executable, "-m", "job", "train", *flags, "--steps", "2", "--run-dir",
+                          str(tmp_path / "run")], XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    assert proc.returncode == 2, launching.explain(proc)
+    errors = [line for line in proc.stderr.splitlines() if "--mesh:" in line]
+    assert len(errors) == 1 and said in errors[0] and "Traceback" not in proc.stderr, launching.explain(proc)
+    assert not list((tmp_path / "run").glob("checkpoints/*")), "nothing trained, nothing saved"
 
 
 @pytest.mark.parametrize(("text", "said"), [
