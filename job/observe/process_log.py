@@ -8,6 +8,11 @@ watchdog's stacks and the error that ended the process. Output that native code 
 descriptors 1 and 2 (XLA's own C++ log lines) reaches the console only. A requeued or restarted run appends to
 the same file under a header line per attempt. On a gs:// run dir the file is rewritten whole at most every
 30 s and when the process ends (storage.Appender).
+
+A list too long for the console goes to the file alone through the logger named FILE_ONLY (the console says in
+one line where it is):
+
+    logging.getLogger(process_log.FILE_ONLY).info("replicated: %s", names)   # inside `teed`: the file only
 """
 
 from __future__ import annotations
@@ -29,6 +34,10 @@ from job.core import rundir, storage
 from job.core.errors import ConfigError
 
 log = logging.getLogger("job.observe.process_log")
+
+# the logger whose records go to the process's log file and not to the console, inside `teed` (outside it, or
+# when the file cannot be opened, to the console as any other logger's)
+FILE_ONLY = "job.log_file"
 
 
 class Tee(io.TextIOBase):
@@ -63,6 +72,20 @@ class Tee(io.TextIOBase):
         return self.stream.errors
 
 
+class _ToFile(logging.Handler):
+    """Writes FILE_ONLY's records to the log file alone, formatted as the console's lines."""
+
+    def __init__(self, copy: storage.Appender, lock: threading.Lock, formatter: logging.Formatter | None) -> None:
+        super().__init__()
+        self._copy, self._lock = copy, lock
+        self.setFormatter(formatter)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = self.format(record) + "\n"
+        with self._lock, contextlib.suppress(OSError, ValueError):
+            self._copy.write(text)
+
+
 def _ending(exc: BaseException) -> str:
     """What ended the process, as the file keeps it: a ConfigError's one line, else the traceback."""
     if isinstance(exc, ConfigError):
@@ -91,6 +114,10 @@ def teed(run_dir: str, process: int) -> Iterator[epath.Path]:
                 if type(h) is logging.StreamHandler and h.stream in streams]
     for handler in handlers:
         handler.setStream(sys.stderr if handler.stream is streams[1] else sys.stdout)
+    file_only = logging.getLogger(FILE_ONLY)
+    to_file, propagated = _ToFile(copy, lock, handlers[0].formatter if handlers else None), file_only.propagate
+    file_only.addHandler(to_file)
+    file_only.propagate = False
     try:
         yield path
     except BaseException as exc:
@@ -99,6 +126,8 @@ def teed(run_dir: str, process: int) -> Iterator[epath.Path]:
                 copy.write(_ending(exc))
         raise
     finally:
+        file_only.removeHandler(to_file)
+        file_only.propagate = propagated
         for handler in handlers:
             handler.setStream(streams[1] if handler.stream is sys.stderr else streams[0])
         sys.stdout, sys.stderr = streams
@@ -109,4 +138,4 @@ def teed(run_dir: str, process: int) -> Iterator[epath.Path]:
                 log.warning("could not write %s: %s", path, exc)
 
 
-__all__ = ["Tee", "teed"]
+__all__ = ["FILE_ONLY", "Tee", "teed"]

@@ -22,7 +22,9 @@ import jax
 from flax import nnx
 from jax.sharding import Mesh
 
+from job.core import rundir, storage
 from job.core.errors import ConfigError
+from job.observe.process_log import FILE_ONLY
 from job.parallel import sharding
 from job.parallel.multihost import on_process_zero, warn_on_process_zero
 from job.train.ema import EMA
@@ -87,9 +89,12 @@ def placed(abstract_state: nnx.State, shardings: Any) -> nnx.State:
 def plan(task: Any, cfg: Any, mesh: Mesh, tx: Any, *, evaluating: bool = False) -> Plan:
     """The placement of `task`'s train state on `mesh` under cfg.rule, and the init that creates it.
 
-    Variables the rule cannot split as annotated replicate, all named in one UserWarning; `evaluating`
-    (`python -m job eval`): only the model's, counted in one line (the run's own warning named them all)."""
+    Variables the rule cannot split as annotated replicate, all named in one UserWarning. `evaluating`
+    (`python -m job eval`): the state without the optimizer (an evaluation reads every node but it), and its
+    variables that replicate counted in one line, named in process 0's log file."""
     make = functools.partial(nodes, task, cfg, tx)
+    if evaluating:
+        make = functools.partial(_without_optimizer, make)
     abstract_nodes = nnx.eval_shape(make)
     for module in modules(abstract_nodes):
         module.eval()
@@ -103,7 +108,7 @@ def plan(task: Any, cfg: Any, mesh: Mesh, tx: Any, *, evaluating: bool = False) 
     for note in notes:  # a dimension kept whole because an earlier one of the variable took its mesh axis
         on_process_zero(log.info, "--rule %s: %s", cfg.rule, note)
     if fallbacks and evaluating:
-        _warn_model_fallbacks(cfg.rule, fallbacks)
+        _warn_evaluation_fallbacks(cfg, mesh, fallbacks)
     elif fallbacks:  # one warning for the run, from process 0
         message = sharding.fallback_warning(f"--rule {cfg.rule}", fallbacks, mesh,
                                             sharding.rule_table(cfg.rule, logical_axes))
@@ -121,16 +126,20 @@ def plan(task: Any, cfg: Any, mesh: Mesh, tx: Any, *, evaluating: bool = False) 
                 params=params, init=jax.jit(create, out_shardings=shardings))
 
 
-def _warn_model_fallbacks(rule: str, fallbacks: list[str]) -> None:
-    """An evaluation's one line about the model's variables that replicate (its optimizer state is not
-    what it evaluates); the full list at debug level."""
-    model = [f for f in fallbacks if f.startswith("model/")]
-    if not model:
-        return
-    warn_on_process_zero(f"{len(model)} variable(s) of the model fell back to replicated under --rule {rule} on "
-                         f"this mesh (first: {model[0]}); the training run's warning names each with the "
-                         "annotation that fits", where=__name__)
-    on_process_zero(log.debug, "--rule %s: replicated: %s", rule, "; ".join(model))
+def _without_optimizer(make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The nodes `make` builds but the optimizer: what an evaluation of a checkpoint restores."""
+    return {name: node for name, node in make().items() if name != "optimizer"}
+
+
+def _warn_evaluation_fallbacks(cfg: Any, mesh: Mesh, fallbacks: list[str]) -> None:
+    """An evaluation's one line about the variables it reads that replicate on its mesh, with their count; the
+    list in process 0's log file (the training run's own warning showed each with the annotation that fits)."""
+    where = rundir.process_log(storage.run_path(cfg.run_dir), 0)
+    warn_on_process_zero(f"{len(fallbacks)} variable(s) the evaluation reads fell back to replicated under --rule "
+                         f"{cfg.rule} on the mesh {dict(mesh.shape)} (it reads no optimizer state); the list in {where}",
+                         where=__name__)
+    on_process_zero(logging.getLogger(FILE_ONLY).info, "--rule %s: fell back to replicated on the mesh %s:\n  %s",
+                    cfg.rule, dict(mesh.shape), "\n  ".join(fallbacks))
 
 
 __all__ = ["Plan", "count_params", "modules", "nodes", "placed", "plan"]

@@ -27,13 +27,14 @@ from flax import nnx
 
 from job.core import rundir, storage, values
 from job.core.errors import BAD_INPUT_EXIT_CODE, ConfigError
+from job.observe import process_log
 from job.parallel import sharding
 from job.parallel.mesh import slice_sizes
 from job.parallel.multihost import on_process_zero
 from job.runs import resume
 from job.runs.checkpoint import Checkpointer
 from job.runtime.distributed import initialize
-from job.train import config, loop, state
+from job.train import config, entry, loop, state
 from job.train import task as tasks
 from job.train.config import TrainConfig
 from job.train.config import model_axis as model_axis_of
@@ -98,7 +99,8 @@ def eval_command(argv: list[str]) -> int:
     p.add_argument("--model-axis", type=values.for_argparse(values.whole, fix="pass --model-axis 1", minimum=1),
                    default=None, help="the model axis here (default: the run's, else the largest that divides both "
                                       "it and this job's devices)")
-    args = p.parse_args(argv)
+    with entry.parsing():  # a usage error: printed by process 0 only
+        args = p.parse_args(argv)
     try:
         cfg, chosen = saved_config(args.run_dir)
     except ConfigError as exc:
@@ -130,8 +132,14 @@ def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None, *
                         model_axis: int | None = None) -> int:
     """`python -m job eval`: restore step `step` (default the newest) of cfg.run_dir on this topology (its
     model axis `model_axis`, else as `eval_mesh` picks) and evaluate every eval split as the run does;
-    process 0 writes RUN_DIR/eval-STEP.json. Returns 0."""
-    initialize()
+    process 0 writes RUN_DIR/eval-STEP.json. Every node of the state but the optimizer is read. Each process's
+    output is also appended to its file in RUN_DIR/logs, as a run's is. Returns 0."""
+    info = initialize()
+    with process_log.teed(cfg.run_dir, info.process_id):
+        return _evaluate(cfg, task, step, model_axis)
+
+
+def _evaluate(cfg: TrainConfig, task: Task, step: int | None, model_axis: int | None) -> int:
     run_dir = storage.run_path(cfg.run_dir)
     mesh, cfg = eval_mesh(cfg, model_axis)
     run_plan = loop.plan_run(cfg, task, mesh, evaluating=True)
@@ -139,7 +147,7 @@ def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None, *
     checkpoints = Checkpointer(rundir.checkpoints(run_dir), cfg.ckpt)
     try:
         chosen = checkpoints.saved_step(step)
-        restored = checkpoints.restore(chosen, run_plan.planned.abstract)
+        restored = checkpoints.restore(chosen, run_plan.planned.abstract, partial=True)  # no optimizer state
     finally:
         checkpoints.close()
     with sharding.mesh_context(mesh, loop.run_rules(cfg, task)):
@@ -163,7 +171,8 @@ def export_command(argv: list[str]) -> int:
     orbax checkpoint at OUT that `orbax.checkpoint.StandardCheckpointer().restore(OUT)` reads."""
     p = run_dir_parser("export")
     p.add_argument("out", help="the folder to write (must not exist)")
-    args = p.parse_args(argv)
+    with entry.parsing():  # a usage error: printed by process 0 only
+        args = p.parse_args(argv)
     try:
         model, cfg = load_model(args.run_dir, args.step)
     except ConfigError as exc:

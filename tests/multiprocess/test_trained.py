@@ -129,7 +129,8 @@ def test_a_tensor_parallel_run_is_evaluated_and_sampled_on_devices_its_model_axi
 def test_eval_on_three_processes_of_a_two_by_two_fsdp_tensor_run_says_its_fallbacks_in_one_line(
         tmp_path: Path) -> None:
     """Three devices split none of the model's widths: the run's warning listed every variable, optimizer state
-    included; the evaluation, which evaluates the model, counts the model's in one line."""
+    included; the evaluation reads no optimizer state, counts what it reads in one line and lists it in process
+    0's log file, and every process's output goes to its own file as a run's does."""
     run_dir = tmp_path / "run"
     train(2, 2, run_dir, "--steps", "2", "--log-every", "1", "--eval-every", "2", "--rule", "fsdp_tensor",
           "--mesh", "data=2,model=2", *SMALL)
@@ -137,7 +138,17 @@ def test_eval_on_three_processes_of_a_two_by_two_fsdp_tensor_run_says_its_fallba
                timeout=300)
     assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
     said = [line for line in (proc.stdout + proc.stderr).splitlines() if "fell back" in line]
-    assert len(said) == 1 and "variable(s) of the model fell back" in said[0] and "optimizer" not in said[0], said
+    assert len(said) == 1 and said[0].startswith("[rank 0]"), said
+    assert "variable(s) the evaluation reads fell back to replicated under --rule fsdp_tensor" in said[0], said
+    assert "optimizer/" not in said[0] and f"the list in {run_dir / 'logs' / 'process-0.log'}" in said[0], said
+    count = int(said[0].split("UserWarning: ")[1].split()[0])
+    for rank in range(3):  # each process's evaluation appended to its own file, after the run's
+        evaluation = (run_dir / "logs" / f"process-{rank}.log").read_text().split("\n--- ")[-1]  # its last part
+        assert evaluation.partition("\n")[0].endswith(f"eval --run-dir {run_dir}"), evaluation
+        assert ("eval of step 2 on eval: " in evaluation) == (rank == 0), evaluation  # process 0 logs
+        listed = [line for line in evaluation.splitlines() if line.startswith("  model/")]
+        assert len(listed) == (count if rank == 0 else 0), evaluation
+        assert "optimizer/" not in evaluation, evaluation
 
 
 def test_a_model_axis_that_does_not_divide_the_devices_names_the_users_flag_in_train_and_eval(

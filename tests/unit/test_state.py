@@ -4,6 +4,7 @@ its shards, train and eval modes, a task's own logical axes, and gradient accumu
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import sys
@@ -26,6 +27,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from job import sharding as sh  # noqa: E402
 from job.errors import ConfigError  # noqa: E402
+from job.observe.process_log import FILE_ONLY  # noqa: E402
 from job.train import state, steps  # noqa: E402
 
 
@@ -35,6 +37,7 @@ class Cfg:
     seed: int = 0
     model: object = None
     ema: object = None
+    run_dir: str = "runs/x"
 
 
 class Net(nnx.Module):
@@ -90,22 +93,31 @@ def test_the_init_gives_the_values_of_an_eager_build(mesh42: Mesh) -> None:
                                rtol=1e-6)
 
 
-def test_an_evaluation_warns_in_one_line_about_the_models_fallbacks_only(mesh42: Mesh) -> None:
+def test_an_evaluation_reads_no_optimizer_state_and_warns_in_one_line_with_the_list_in_the_log_file(
+        mesh42: Mesh, caplog: pytest.LogCaptureFixture) -> None:
     """Without the task's "gates" axis the two kernels (and their Adam moments) replicate: the run's warning
-    names all of them; an evaluation (python -m job eval) counts the model's in one line."""
+    names all of them; an evaluation (python -m job eval) plans no optimizer and counts the model's in one line,
+    their list going to the process's log file (the console outside job.observe.process_log.teed)."""
+    caplog.set_level(logging.INFO, logger=FILE_ONLY)
     task = FakeTask(logical_axes={})
-    said = {}
+    said, planned = {}, {}
     for evaluating in (False, True):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            state.plan(task, Cfg(), mesh42, optax.adam(1e-3), evaluating=evaluating)
+            planned[evaluating] = state.plan(task, Cfg(), mesh42, optax.adam(1e-3), evaluating=evaluating)
         said[evaluating] = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
     assert len(said[False]) == 1 and "optimizer/" in said[False][0]
+    assert "optimizer" in planned[False].abstract and "optimizer" not in planned[True].abstract
+    assert sorted(planned[True].abstract) == ["model"]
     [line] = said[True]
-    assert "\n" not in line and "optimizer" not in line
-    named = len(re.findall(r"^\s*model/", said[False][0], re.MULTILINE))  # the run's warning, a line a variable
-    assert named >= 2 and line.startswith(f"{named} variable(s) of the model fell back to replicated under --rule "
-                                          "fsdp_tensor")
+    assert "\n" not in line and "optimizer/" not in line
+    assert line == ("6 variable(s) the evaluation reads fell back to replicated under --rule fsdp_tensor on the mesh "
+                    "{'data': 4, 'model': 2} (it reads no optimizer state); the list in runs/x/logs/process-0.log")
+    [listed] = [r.getMessage() for r in caplog.records if r.name == FILE_ONLY]
+    assert listed.startswith("--rule fsdp_tensor: fell back to replicated on the mesh {'data': 4, 'model': 2}:\n")
+    entries = listed.splitlines()[1:]
+    assert len(entries) == 6 and all(entry.startswith("  model/") for entry in entries), listed
+    assert "  model/up/kernel: unknown logical axis 'gates'" in listed and f"  model/bn/scale: {sh.UNANNOTATED}" in listed
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
