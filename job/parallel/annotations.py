@@ -2,15 +2,21 @@
 
 A variable without an annotation is told by its name inside its layer: `scale` (a norm's), `bias` beside a
 `scale` (a norm's), `embedding` (nnx.Embed's), `kernel` (nnx.Linear's, nnx.Conv's), `bias` (theirs); any other
-is a parameter of the model's own. `hints(paths)` gives one line per kind present, with its count:
+is a parameter of the model's own. `grouped(paths)` gives, for each kind present, one line with its count and
+the argument that annotates it where the layer is built, then its paths:
 
-    hints(["blocks/0/ln1/scale", "blocks/0/ln1/bias", "blocks/1/ln1/scale", "blocks/1/ln1/bias"])
-    # ['- 2 norm scale(s) (nnx.LayerNorm, nnx.RMSNorm, nnx.BatchNorm): scale_metadata=job.sharding.axes("embed")',
-    #  '- 2 norm bias(es) (nnx.LayerNorm, nnx.BatchNorm): bias_metadata=job.sharding.axes("embed")']
+    grouped(["blocks/0/ln1/scale", "blocks/0/ln1/bias", "blocks/1/ln1/scale", "blocks/1/ln1/bias"])
+    # ['- 2 norm scale(s) without an annotation (nnx.LayerNorm, nnx.RMSNorm, nnx.BatchNorm): '
+    #  'scale_metadata=job.sharding.axes("embed")',
+    #  '    blocks/0/ln1/scale, blocks/1/ln1/scale',
+    #  '- 2 norm bias(es) without an annotation (nnx.LayerNorm, nnx.BatchNorm): '
+    #  'bias_metadata=job.sharding.axes("embed")',
+    #  '    blocks/0/ln1/bias, blocks/1/ln1/bias']
 """
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 # kind -> (what it is, the layers it belongs to, the argument that annotates it there)
@@ -19,7 +25,7 @@ KINDS: dict[str, tuple[str, str, str]] = {
                    'scale_metadata=job.sharding.axes("embed")'),
     "norm_bias": ("norm bias(es)", "nnx.LayerNorm, nnx.BatchNorm", 'bias_metadata=job.sharding.axes("embed")'),
     "embedding": ("embedding table(s)", "nnx.Embed", 'embedding_metadata=job.sharding.axes("vocab", "embed")'),
-    "kernel": ("kernel(s)", "nnx.Linear; an nnx.Conv's is axes(None, None, \"in\", \"out\")",
+    "kernel": ("kernel(s)", "nnx.Linear; an nnx.Conv's is axes(None, None, \"embed\", \"mlp\")",
                'kernel_metadata=job.sharding.axes("embed", "mlp")'),
     "bias": ("bias(es)", "nnx.Linear, nnx.Conv",
              'bias_metadata=job.sharding.axes("mlp") (the name of its kernel\'s last dimension)'),
@@ -37,15 +43,22 @@ def kind_of(path: str, paths: frozenset[str]) -> str:
     return name if name in ("embedding", "kernel") else "param"
 
 
-def hints(paths: Sequence[str]) -> list[str]:
-    """One line per kind of layer among the unannotated `paths`, in KINDS' order: its count, the layers it
-    belongs to and the argument that annotates it where the layer is built."""
+def grouped(paths: Sequence[str], width: int = 116) -> list[str]:
+    """The unannotated `paths` by kind of layer, in KINDS' order: for each kind present, a line with its count, the
+    layers it belongs to and the argument that annotates it where the layer is built, then its paths (indented,
+    wrapped at `width`)."""
     every = frozenset(paths)
-    counts = dict.fromkeys(KINDS, 0)
+    kinds: dict[str, list[str]] = {kind: [] for kind in KINDS}
     for path in paths:
-        counts[kind_of(path, every)] += 1
-    return [f"- {count} {KINDS[kind][0]} ({KINDS[kind][1]}): {KINDS[kind][2]}"
-            for kind, count in counts.items() if count]
+        kinds[kind_of(path, every)].append(path)
+    lines: list[str] = []
+    for kind, found in kinds.items():
+        if found:
+            what, layers, argument = KINDS[kind]
+            lines.append(f"- {len(found)} {what} without an annotation ({layers}): {argument}")
+            lines += textwrap.wrap(", ".join(found), width, initial_indent="    ", subsequent_indent="    ",
+                                   break_long_words=False, break_on_hyphens=False)
+    return lines
 
 
-__all__ = ["KINDS", "hints", "kind_of"]
+__all__ = ["KINDS", "grouped", "kind_of"]

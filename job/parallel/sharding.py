@@ -32,7 +32,7 @@ from flax import nnx
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from job.core.errors import ConfigError
-from job.parallel.annotations import hints
+from job.parallel.annotations import grouped
 from job.parallel.mesh import check_model_axis, equal_slices, hybrid_mesh, spans_slices
 from job.parallel.trees import is_array, path_str
 
@@ -362,20 +362,22 @@ def placement(state: Any, mesh: Mesh, rule: str = "replicated",
     return shardings, fallbacks
 
 
-def fallback_warning(what: str, fallbacks: Sequence[str], mesh: Mesh,
+def fallback_warning(what: str, fallbacks: Sequence[str], mesh: Mesh | AbstractMesh,
                      table: Mapping[str, MeshAxes]) -> str:
-    """The one warning that lists every variable placed replicated against its annotation, then, for those without
-    one, where each kind of layer takes it (job/parallel/annotations.py)."""
+    """The one warning about every variable placed replicated: those without an annotation grouped by kind of
+    layer, each kind with the argument that annotates it where the layer is built (job/parallel/annotations.py),
+    then those whose annotation cannot apply on this mesh, each with why."""
     bare = [entry.rpartition(": ")[0] for entry in fallbacks if entry.endswith(f": {UNANNOTATED}")]
-    where = hints(bare)
-    return (f"{what}: {len(fallbacks)} variable(s) fell back to replicated:\n  " + "\n  ".join(fallbacks)
-            + ("\nWhere each kind of layer takes its annotation (an argument of the layer where the model builds "
-               "it):\n" + "\n".join(where) if where else "")
-            + "\nFix: annotate with job.sharding.axes(...) using one name per dimension from "
-            f"{tuple(table)} (None for a dimension kept whole; a task declares more in Task.logical_axes), "
-            f"and sizes divisible by the mesh axes {dict(mesh.shape)}. Two dimensions may map to one mesh axis "
-            "(the first takes it, the later stays whole); a name must map to an axis of the mesh (--mesh) or "
-            f"one of {KNOWN_AXES}")
+    unusable = [entry for entry in fallbacks if not entry.endswith(f": {UNANNOTATED}")]
+    lines = [f"{what}: {len(fallbacks)} variable(s) fell back to replicated on the mesh {dict(mesh.shape)}:",
+             *grouped(bare)]
+    if unusable:
+        lines += [f"- {len(unusable)} annotated, but the annotation cannot apply here:", *(f"    {e}" for e in unusable)]
+    return "\n".join(lines) + (
+        "\nFix: annotate where the layer is built, as shown, with job.sharding.axes(...): one name per dimension "
+        f"from {tuple(table)} (None for a dimension kept whole; a task declares more in Task.logical_axes), and "
+        f"sizes divisible by the mesh axes {dict(mesh.shape)}. Two dimensions may map to one mesh axis (the first "
+        f"takes it, the later stays whole); a name must map to an axis of the mesh (--mesh) or one of {KNOWN_AXES}")
 
 
 def shard_model(node: Any, mesh: Mesh, rule: str = "replicated") -> Any:

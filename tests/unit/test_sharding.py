@@ -63,6 +63,13 @@ def specs(node: object) -> dict[str, P]:
     return {k: s.spec for k, s in sh.sharding_of(node).items()}
 
 
+def named(warning: str) -> set[str]:
+    """Every variable a fallback warning names: its paths listed under a kind of layer, and each entry whose
+    annotation cannot apply (PATH: why)."""
+    listed = [line.strip() for line in warning.splitlines() if line.startswith("    ")]
+    return {path for line in listed for path in ([line.split(": ")[0]] if ": " in line else line.split(", "))}
+
+
 def shard_quietly(node: object, mesh: Mesh, rule: str) -> list[str]:
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
@@ -232,12 +239,11 @@ def test_shard_model_specs_and_single_warning(rule: str, mesh42: Mesh) -> None:
         assert s.mesh == mesh42 and len(s.device_set) == 8
     fell = [m for m in msgs if "fell back" in m]
     assert len(fell) == 1
-    named = {line.split(":")[0].strip() for line in fell[0].splitlines()[1:] if line.startswith("  ")}
-    assert named == BAD[rule]
+    assert named(fell[0]) == BAD[rule]
     assert "1 names ('embed',) for an array of rank 2" in fell[0]
     assert "unknown logical axis 'bogus'" in fell[0]
     assert ("not divisible by mesh size 4" in fell[0]) == (rule == "fsdp")
-    assert (f"plain: {sh.UNANNOTATED}" in fell[0]) == (rule != "replicated")
+    assert ("parameter(s) of the model's own without an annotation" in fell[0]) == (rule != "replicated")
     assert f"{len(BAD[rule])} variable(s) fell back to replicated" in fell[0]
     assert len([m for m in msgs if "experimental" in m]) == (rule != "replicated")
     assert len(msgs) == 1 + (rule != "replicated")
@@ -271,9 +277,10 @@ def test_unannotated_params_are_named_in_the_one_fallback_warning(rule: str, mes
     msgs = shard_quietly(mixed, mesh42, rule)
     assert len(msgs) == 2 and "experimental" in msgs[0]
     lines = msgs[1].splitlines()
-    assert lines[0] == f"shard_model(rule={rule!r}): 1 variable(s) fell back to replicated:"
-    assert [line for line in lines if line.startswith("  ")] == [f"  scale: {sh.UNANNOTATED}"]
-    assert lines[-1].startswith("Fix: annotate with job.sharding.axes(...)")
+    assert lines[0] == (f"shard_model(rule={rule!r}): 1 variable(s) fell back to replicated on the mesh "
+                        "{'data': 4, 'model': 2}:")
+    assert lines[1].startswith("- 1 norm scale(s) without an annotation") and lines[2] == "    scale"
+    assert lines[-1].startswith("Fix: annotate where the layer is built, as shown, with job.sharding.axes(...)")
     got = specs(mixed)
     assert got["scale"] == P() and got["whole"] == P() and got["temperature"] == P()
     assert got["kernel"] == (P("data") if rule == "fsdp" else P(None, "model"))
@@ -295,23 +302,56 @@ def test_the_fallback_warning_groups_unannotated_layers_by_kind_with_the_argumen
     msgs = shard_quietly(Unannotated(nnx.Rngs(0)), mesh42, "fsdp")
     [fell] = [m for m in msgs if "fell back" in m]
     lines = fell.splitlines()
-    assert lines[0] == "shard_model(rule='fsdp'): 7 variable(s) fell back to replicated:"
-    assert "  ln/scale: " + sh.UNANNOTATED in lines  # every path is still listed
-    start = lines.index("Where each kind of layer takes its annotation (an argument of the layer where the model "
-                        "builds it):")
-    assert lines[start + 1:-1] == [
-        '- 2 norm scale(s) (nnx.LayerNorm, nnx.RMSNorm, nnx.BatchNorm): scale_metadata=job.sharding.axes("embed")',
-        '- 1 norm bias(es) (nnx.LayerNorm, nnx.BatchNorm): bias_metadata=job.sharding.axes("embed")',
-        '- 1 embedding table(s) (nnx.Embed): embedding_metadata=job.sharding.axes("vocab", "embed")',
-        '- 2 kernel(s) (nnx.Linear; an nnx.Conv\'s is axes(None, None, "in", "out")): '
+    assert lines[1:-1] == [
+        '- 2 norm scale(s) without an annotation (nnx.LayerNorm, nnx.RMSNorm, nnx.BatchNorm): '
+        'scale_metadata=job.sharding.axes("embed")',
+        "    ln/scale, norm/scale",
+        '- 1 norm bias(es) without an annotation (nnx.LayerNorm, nnx.BatchNorm): bias_metadata=job.sharding.axes("embed")',
+        "    ln/bias",
+        '- 1 embedding table(s) without an annotation (nnx.Embed): '
+        'embedding_metadata=job.sharding.axes("vocab", "embed")',
+        "    embed/embedding",
+        '- 2 kernel(s) without an annotation (nnx.Linear; an nnx.Conv\'s is axes(None, None, "embed", "mlp")): '
         'kernel_metadata=job.sharding.axes("embed", "mlp")',
-        '- 1 bias(es) (nnx.Linear, nnx.Conv): bias_metadata=job.sharding.axes("mlp") (the name of its kernel\'s '
-        'last dimension)']
-    assert lines[-1].startswith("Fix: annotate with job.sharding.axes(...)")
+        "    conv/kernel, up/kernel",
+        '- 1 bias(es) without an annotation (nnx.Linear, nnx.Conv): bias_metadata=job.sharding.axes("mlp") (the name '
+        'of its kernel\'s last dimension)',
+        "    up/bias"]
+    assert lines[0].startswith("shard_model(rule='fsdp'): 7 variable(s) fell back to replicated on the mesh")
+    assert lines[-1].startswith("Fix: annotate where the layer is built")
     # the arguments shown are the layers' own: annotated so, nothing falls back
     annotated = nnx.LayerNorm(8, scale_metadata=sh.axes("embed"), bias_metadata=sh.axes("embed"), rngs=nnx.Rngs(0))
     assert not [m for m in shard_quietly(annotated, mesh42, "fsdp") if "fell back" in m]
     assert specs(annotated)["scale"] == P("data")
+
+
+class AsTheTableSays(nnx.Module):
+    """Every layer of docs/sharding.md's table annotated with the arguments it shows."""
+
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        ax = sh.axes
+        self.linear = nnx.Linear(8, 16, kernel_metadata=ax("embed", "mlp"), bias_metadata=ax("mlp"), rngs=rngs)
+        self.conv = nnx.Conv(8, 16, kernel_size=(3, 3), kernel_metadata=ax(None, None, "embed", "mlp"),
+                             bias_metadata=ax("mlp"), rngs=rngs)
+        self.embed = nnx.Embed(16, 8, embedding_metadata=ax("vocab", "embed"), rngs=rngs)
+        self.ln = nnx.LayerNorm(8, scale_metadata=ax("embed"), bias_metadata=ax("embed"), rngs=rngs)
+        self.bn = nnx.BatchNorm(8, scale_metadata=ax("embed"), bias_metadata=ax("embed"), rngs=rngs)
+        self.rms = nnx.RMSNorm(8, scale_metadata=ax("embed"), rngs=rngs)
+        self.attn = nnx.MultiHeadAttention(2, 8, decode=False, kernel_metadata=ax("embed", "heads", None),
+                                           bias_metadata=ax("heads", None),
+                                           out_kernel_metadata=ax("heads", None, "embed"),
+                                           out_bias_metadata=ax("embed"), rngs=rngs)
+
+
+def test_every_layer_annotated_as_the_docs_table_shows_splits_under_every_rule(mesh42: Mesh) -> None:
+    with nnx.use_eager_sharding(False):
+        _, abstract_state = nnx.split(nnx.eval_shape(lambda: AsTheTableSays(nnx.Rngs(0))))
+    for rule in sh.TRAIN_RULES:
+        shardings, fallbacks = sh.placement(abstract_state, mesh42, rule)
+        assert fallbacks == [], (rule, fallbacks)
+    got = {"/".join(map(str, p)): s.spec for p, s in nnx.to_flat_state(shardings)}  # fsdp_tensor's
+    assert got["conv/kernel"] == P(None, None, "data", "model") and got["ln/scale"] == P("data")
+    assert got["attn/query/kernel"] == P("data", "model") and got["attn/out/kernel"] == P("model", None, "data")
 
 
 def test_the_replicated_rule_says_nothing_about_unannotated_params(mesh42: Mesh) -> None:
