@@ -1,7 +1,8 @@
 """A state too big for one device: created as its shards, trained alike under every rule, accumulated
 over micro-batches, resumed on other topologies, and a user's own model (dropout, its own optimizer,
 axis name, extra state and train step, an EMA) from outside the package under fsdp and tensor, and a mesh
-axis a user's task declares (tests/user_tasks/own_axis.py).
+axis a user's task declares (tests/user_tasks/own_axis.py), and the one warning about a model without
+annotations (tests/user_tasks/normed.py).
 
 Each run goes through tests/scenarios/held.py, which records on every process the shape of the
 shards it holds right after the state was created and right after it was restored."""
@@ -163,3 +164,27 @@ def test_a_mesh_axis_a_users_task_declares_splits_what_the_task_maps_to_it(tmp_p
     assert "fell back" not in output and "mesh {'data': 2, 'width': 2}; rule tensor" in output, output
     for record in held_shapes(tmp_path, 2):  # its "hidden" over its own axis, width = 2, on every process
         assert record["init"]["shapes"]["model/blocks/0/qkv/kernel/value"] == [[32, 96], [32, 48]]
+
+
+def test_a_users_layer_norm_without_annotations_under_fsdp_gets_one_warning_showing_its_argument(
+        tmp_path: Path) -> None:
+    output = held_train(2, 2, tmp_path, "--task", "tests.user_tasks.normed:TASK", "--steps", "1", "--rule", "fsdp")
+    lines = output.splitlines()
+    [start] = [i for i, line in enumerate(lines) if "fell back" in line]  # one warning, from process 0 alone
+    assert lines[start].startswith("[rank 0] job.train.state:0: UserWarning: --rule fsdp: 6 variable(s) fell back "
+                                   "to replicated on the mesh {'data': 4, 'model': 1}:"), lines[start]
+    warning = [line.removeprefix("[rank 0] ") for line in lines[start:start + 10]]
+    assert warning[1:9] == [
+        '- 1 norm scale(s) without an annotation (nnx.LayerNorm, nnx.RMSNorm, nnx.BatchNorm): '
+        'scale_metadata=job.sharding.axes("embed")',
+        "    model/norm/scale",
+        '- 1 norm bias(es) without an annotation (nnx.LayerNorm, nnx.BatchNorm): bias_metadata=job.sharding.axes("embed")',
+        "    model/norm/bias",
+        '- 2 kernel(s) without an annotation (nnx.Linear; an nnx.Conv\'s is axes(None, None, "embed", "mlp")): '
+        'kernel_metadata=job.sharding.axes("embed", "mlp")',
+        "    model/hidden/kernel, model/out/kernel",
+        '- 2 bias(es) without an annotation (nnx.Linear, nnx.Conv): bias_metadata=job.sharding.axes("mlp") (the name '
+        "of its kernel's last dimension)",
+        "    model/hidden/bias, model/out/bias"], warning
+    assert warning[9].startswith("Fix: annotate where the layer is built"), warning
+    assert "warn_on_process_zero(" not in output and "warnings.warn" not in output, output  # no Python source line
