@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from tests.tpu import fake_gcloud
+from tests.tpu.fake_gcloud import state as fake_state
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -78,6 +79,10 @@ class Cloud:
     def tpu_calls(self) -> list[list[str]]:
         """The `gcloud compute tpus ...` calls: without the doctor's questions to `auth` and `config`."""
         return [c for c in self.calls() if c[:2] == ["compute", "tpus"]]
+
+    def home(self, name: str, worker: int) -> Path:
+        """The home folder of worker `worker` of slice `name` (in ZONE, the default project): what it was sent."""
+        return fake_state.Cloud(self.state).home(fake_state.DEFAULT_PROJECT, ZONE, name, worker)
 
     def verbs(self) -> list[str]:
         """Each call as "tpu-vm create", "tpu-vm ssh", ..."""

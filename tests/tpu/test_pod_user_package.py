@@ -1,10 +1,12 @@
 """A user's own package on the gcloud simulator: `mypkg/` in a fork of the template (beside job/, written as
-docs/training.md shows) trains on every worker of a multi-worker pod with only `--task mypkg.tasks:TASK`, stops
-with `make tpu-stop` and resumes; the same package outside the source folder is refused by `make tpu-doctor` and
-`make tpu-pod` before anything is created."""
+docs/training.md shows: a classifier with dropout and input jitter drawing from rng streams the model keeps, in
+three modules of its own package) trains on every worker of a multi-worker pod with only `--task mypkg.tasks:TASK`,
+reading its class centres from a data folder shipped with SHIP, stops with `make tpu-stop` and resumes; the same
+package outside the source folder is refused by `make tpu-doctor` and `make tpu-pod` before anything is created."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -21,6 +23,7 @@ from tests.tpu.harness import ROOT, ZONE, Cloud
 
 USER_PACKAGE = Path(__file__).with_name("user_package") / "mypkg"
 TASK = "mypkg.tasks:TASK"
+MODULES = ("mypkg/__init__.py", "mypkg/model.py", "mypkg/data.py", "mypkg/tasks.py")  # the package, whole
 
 
 @pytest.fixture
@@ -40,20 +43,23 @@ def make(cloud: Cloud, where: Path, target: str, *, env: dict[str, str] | None =
                           capture_output=True, text=True, timeout=300)
 
 
-def task_args(run_dir: Path, steps: int) -> str:
+def task_args(run_dir: Path, steps: int, *more: str) -> str:
     return (f"train --task {TASK} --run-dir {shlex.quote(str(run_dir))} --steps {steps} --ckpt.every 5 "
-            f"--log-every 5 --eval-every {steps}")
+            f"--log-every 5 --eval-every {steps} {shlex.join(more)}").rstrip()
 
 
 @pytest.mark.slow
 def test_a_users_package_trains_on_every_worker_stops_and_resumes(cloud: Cloud, fork: Path, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    slice_ = {"TPU_NAME": "pod-u", "ZONE": ZONE, "ACCELERATOR": "v4-16", "ARGS": task_args(run_dir, 2000)}
+    run_dir, centres = tmp_path / "run", ("--data.centres", "data/centres.json")  # relative: the workers' copy
+    (fork / "data").mkdir()
+    (fork / "data" / "centres.json").write_text(json.dumps([[3, 0, 0, 0], [0, 3, 0, 0], [0, 0, 3, 0]]))
+    slice_ = {"TPU_NAME": "pod-u", "ZONE": ZONE, "ACCELERATOR": "v4-16", "SHIP": "data",
+              "ARGS": task_args(run_dir, 2000, *centres)}
     doctor = make(cloud, fork, "tpu-doctor", **slice_)
     assert doctor.returncode == 0, explain(doctor)
     assert check_lines(doctor.stdout)["code"] == (
-        "ok    code: ships job, deploy, pyproject.toml, requirements.lock, README.md, mypkg (--task mypkg.tasks:TASK) "
-        "to every worker")
+        "ok    code: ships job, deploy, pyproject.toml, requirements.lock, README.md, data (SHIP), "
+        "mypkg (--task mypkg.tasks:TASK) to every worker")
     first = subprocess.Popen(cloud.make_argv("tpu-pod", **slice_), cwd=fork, env=cloud.env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -65,17 +71,21 @@ def test_a_users_package_trains_on_every_worker_stops_and_resumes(cloud: Cloud, 
         first.kill()
     assert re.search(r"the job was stopped by `tpu-stop` \(exit code (75|134)\): not restarting it", err), \
         f"exit {first.returncode}\n{out}\n{err}"
-    assert "shipping job, deploy, pyproject.toml, requirements.lock, README.md, mypkg (" in err
+    assert "shipping job, deploy, pyproject.toml, requirements.lock, README.md, data, mypkg (" in err
     with tarfile.open(cloud.local / "pod-u" / "code.tar.gz") as tar:
-        assert {"mypkg/__init__.py", "mypkg/tasks.py"} <= set(tar.getnames())
+        assert {*MODULES, "data/centres.json"} <= set(tar.getnames())
     saved = max(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
 
-    again = make(cloud, fork, "tpu-pod", **{**slice_, "ARGS": task_args(run_dir, saved + 5)})
+    again = make(cloud, fork, "tpu-pod", **{**slice_, "ARGS": task_args(run_dir, saved + 5, *centres)})
     assert again.returncode == 0, explain(again)
     assert f"resumed from step {saved}" in again.stdout, explain(again)
     done = summary(run_dir)
-    assert (done["completed"], done["final_step"], done["task"]) == (True, saved + 5, "sine"), done
-    for worker in (0, 1):  # every worker imported the user's module and joined the one cluster
+    assert (done["completed"], done["final_step"], done["task"]) == (True, saved + 5, "clusters"), done
+    assert done["eval_accuracy"] is not None and done["parameters"] == 4 * 32 + 32 + 32 * 3 + 3, done
+    for worker in (0, 1):  # every worker unpacked the user's package, imported it from there and joined the cluster
+        code = cloud.home("pod-u", worker) / "jax-cluster-job"
+        assert all((code / name).read_bytes() == (fork / name).read_bytes()
+                   for name in (*MODULES, "data/centres.json")), worker
         log = (cloud.local / "pod-u" / "logs" / f"worker-{worker}.log").read_text()
         assert "No module named" not in log and re.search(rf"process {worker} of 2 \(tpu\)", log), log
     assert [" ".join(c[2:4]) for c in cloud.calls()].count("tpu-vm create") == 1
@@ -90,7 +100,7 @@ def test_a_package_outside_the_source_folder_fails_the_doctor_and_the_pod_before
     doctor = make(cloud, fork, "tpu-doctor", env=env, **slice_)
     assert doctor.returncode == 2 and "1 check(s) failed" in doctor.stdout, explain(doctor)  # make's 2 for a failure
     found = check_lines(doctor.stdout)
-    assert found["run"].startswith("ok    run: task mypkg.tasks:TASK: global batch 8 splits over 8 devices")
+    assert found["run"].startswith("ok    run: task mypkg.tasks:TASK: global batch 16 splits over 8 devices")
     assert found["code"].startswith(f"FAIL  code: ARGS --task {TASK}: expected its top-level package mypkg at the "
                                     f"top of the source folder {fork}"), found["code"]
     assert f"found 'mypkg at {elsewhere / 'mypkg'}'. Fix: move (or copy) mypkg to {fork / 'mypkg'}" in found["code"]

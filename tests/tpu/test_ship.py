@@ -182,4 +182,4 @@ def test_the_archive_never_holds_secret_like_names_or_caches(checkout: Path, tmp
     cfg = ship.resolved(pod_request(checkout, "--task", TASK, local_dir=str(tmp_path / "l")))
     with tarfile.open(tpu_job.build_archive(cfg)) as tar:
         names = {n for n in tar.getnames() if n.startswith("mypkg/")}
-    assert names == {"mypkg/__init__.py", "mypkg/tasks.py"}
+    assert names == {f"mypkg/{module.name}" for module in USER_PACKAGE.glob("*.py")}
