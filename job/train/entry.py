@@ -22,13 +22,15 @@ import io
 import logging
 import os
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 from job.core.errors import BAD_INPUT_EXIT_CODE, ConfigError
 from job.runtime import cluster
 from job.train import task as tasks
 
 QUIET_LOGGERS = ("absl", "jax", "orbax", "fsspec", "gcsfs")
+PARSE_GRACE_S = 5.0  # a usage error: how long a process other than 0 waits for process 0 to print it and exit
 
 
 def setup_logging() -> None:
@@ -77,11 +79,8 @@ def _train(flags: list[str]) -> int:
     from job.train import config, loop
 
     chosen = tasks.load(tasks.task_name(flags))
-    if _process_zero():
+    with parsing():
         cfg = config.parse(flags, chosen)
-    else:  # every process parses the same flags: a usage error (tyro's box, exit 2) is printed by process 0 only
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            cfg = config.parse(flags, chosen)
     config.validate(cfg, chosen)  # bad input: one clear line and exit 2, before anything starts
     try:
         return loop.run(cfg, chosen, ["train", *flags])
@@ -89,6 +88,28 @@ def _train(flags: list[str]) -> int:
         if not _distributed() and not exc.reported:  # printed as job.initialize's exit hook prints it
             print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
             exc.reported = True
+        raise
+
+
+@contextlib.contextmanager
+def parsing() -> Iterator[None]:
+    """Around the parse of a command line that every process of a job parses alike (tyro, argparse): a usage
+    error (tyro's box, argparse's usage line; SystemExit 2) and --help are printed by process 0 only. Every other
+    process parses with its output kept and, on a usage error, waits PARSE_GRACE_S before it exits with the same
+    code: a launcher stops the others at the first exit, which is then process 0's, its message printed.
+
+        with entry.parsing():
+            args = parser.parse_args(argv)
+    """
+    if _process_zero():
+        yield
+        return
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            yield
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            time.sleep(PARSE_GRACE_S)
         raise
 
 
@@ -116,4 +137,4 @@ def _shutdown() -> None:
         jax.distributed.shutdown()
 
 
-__all__ = ["QUIET_LOGGERS", "command", "setup_logging", "train"]
+__all__ = ["PARSE_GRACE_S", "QUIET_LOGGERS", "command", "parsing", "setup_logging", "train"]

@@ -151,6 +151,22 @@ def test_bad_input_is_one_clear_error_before_training(flags: list[str], message:
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+@pytest.mark.parametrize(("command", "said"), [
+    (["train", "--stpes", "3"], "Unrecognized options: --stpes"),  # tyro's box
+    (["eval", "--run-dri", "x"], "error: the following arguments are required: --run-dir"),  # argparse's usage
+])
+def test_a_flag_typo_on_two_processes_is_printed_once_by_process_0_and_ends_the_job_with_2(
+        command: list[str], said: str) -> None:
+    proc = run(launcher_argv(2, [sys.executable, "-m", "job", *command], devices=1), timeout=120)
+    both = proc.stdout + proc.stderr
+    assert proc.returncode == 2, explain(proc)
+    assert both.count(said) == 1, explain(proc)
+    assert [line for line in both.splitlines() if said in line][0].startswith("[rank 0] "), explain(proc)
+    assert not [line for line in both.splitlines() if line.startswith("[rank 1] ")], explain(proc)  # rank 1: silent
+    # rank 1 waits entry.PARSE_GRACE_S: process 0, printing it, is the first to exit and the one the launcher names
+    assert "[launch] rank 0 exited with code 2" in both, explain(proc)
+
+
 def test_token_file_with_wrong_dtype_is_refused(tmp_path: Path) -> None:
     np.save(tmp_path / "floats.npy", np.zeros(1000, np.float32))
     proc = run([*JOB, "--run-dir", str(tmp_path / "run"), "--data.source", str(tmp_path / "floats.npy")], timeout=120)

@@ -3,6 +3,7 @@ what runs where, what comes back, and that both say "process 0 only" the same wa
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import jax
@@ -54,21 +55,27 @@ def test_the_public_multihost_hands_on_the_same_function() -> None:
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_a_flag_typo_prints_tyros_box_once_from_process_zero_and_every_process_exits_2(
-        rank: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from job.train import entry
+@pytest.mark.parametrize(("command", "argv", "says"), [("train", ["--stpes", "3"], "Unrecognized options: --stpes"),
+                                                     ("eval", ["--run-dri", "x"], "required: --run-dir")])
+def test_a_flag_typo_is_printed_by_process_zero_only_and_every_process_exits_2_the_others_after_a_grace(
+        rank: int, command: str, argv: list[str], says: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from job.train import entry, trained
 
     monkeypatch.setenv("JOB_LAUNCH_COORDINATOR", "127.0.0.1:1")  # as python -m job.launch starts process `rank`
     monkeypatch.setenv("JOB_LAUNCH_NUM_PROCESSES", "2")
     monkeypatch.setenv("JOB_LAUNCH_PROCESS_ID", str(rank))
+    monkeypatch.setattr(entry, "PARSE_GRACE_S", 0.5)  # how long process 1 gives process 0 to print it first
+    began = time.monotonic()
     with pytest.raises(SystemExit) as exited:
-        entry.train(["--stpes", "3"])
+        entry.train(argv) if command == "train" else trained.eval_command(argv)
+    took = time.monotonic() - began
     said = capsys.readouterr()
     assert exited.value.code == 2
     if rank == 0:
-        assert "--stpes" in said.err + said.out
+        assert says in said.err + said.out
     else:
-        assert said.err == said.out == ""
+        assert said.err == said.out == "" and took >= 0.5
 
 
 @pytest.mark.parametrize("index", [0, 1])
