@@ -1,5 +1,6 @@
 """`make rehearse` for real (python -m deploy.rehearse): the example LM and the classifier pass every check on 2 x 2
-and 1 x 4 local CPU processes, and a source that draws fresh randomness on every call fails with the reason."""
+and 1 x 4 local CPU processes; a source that draws fresh randomness on every call, and one seeded by the range a
+process asks for, fail with the reason."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy import row_contract
 from tests.launching import explain, run
 from tests.multiprocess.test_train import SMALL
 from tests.records import check_lines
@@ -58,3 +60,17 @@ def test_a_source_with_fresh_randomness_on_every_call_fails_saying_why_and_keeps
     assert "skip  eval: not run: it needs the 2 x 2 run, which failed" in out
     kept = Path(re.search(r"the rehearsal's runs are kept in (\S+)", proc.stdout).group(1))  # type: ignore[union-attr]
     assert kept.parent == tmp_path and "ConfigError: the task's rows" in (kept / "2x2.log").read_text()
+
+
+def test_a_users_source_seeded_by_the_range_start_fails_topology_naming_the_rule_and_the_first_row_and_field(
+        tmp_path: Path) -> None:
+    """np.random.default_rng([step, start]): a pure function of (split, step, start, stop), so every other check
+    passes; but process 1's range starts at row 8, which then differs from row 8 of the 1-process run."""
+    proc = rehearse(tmp_path, "train", "--task", "tests.user_tasks.range_seeded:TASK")
+    assert proc.returncode == 1, explain(proc)
+    lines = check_lines(proc.stdout)
+    assert lines["topology"].startswith("FAIL  topology: the train loss of step 1 differs: "), proc.stdout
+    assert (f"Fix: {row_contract.CONTRACT}; the task's rows break it at step 0, global row 8, field 'x': asked as "
+            "rows [0, 16) and as [8, 16) (the 2nd of 2 ranges) it differs: draw each row's randomness from its "
+            "global row index") in lines["topology"], lines["topology"]
+    assert [name for name, line in lines.items() if line.startswith("FAIL")] == ["topology"], proc.stdout

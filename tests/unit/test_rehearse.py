@@ -11,7 +11,6 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from deploy import rehearse, row_contract
@@ -20,6 +19,7 @@ from job.core import flags, rundir
 from tests.doubles import RecordingRunner
 from tests.records import check_lines
 from tests.unit.test_security import make_tpu, nul_split
+from tests.user_tasks import range_seeded, regression
 
 IMPURE = ("[rank 1] ConfigError: the task's rows: expected rows(split, step, start, stop) a pure function of its "
           "arguments, found \"process 0: rows('train', 0, 0, 8) asked twice\". Fix: draw the rows' randomness from "
@@ -137,25 +137,13 @@ def test_the_first_step_whose_loss_differs_on_1_x_4_is_named_with_both_values(
     assert f"the rehearsal's runs are kept in {folder}" in out and (folder / "1x4.log").is_file()
 
 
-class SeededByRange:
-    """A source seeded by the range a process asks for (`default_rng([step, start])`): a pure function of
-    (split, step, start, stop), yet another row on every topology."""
-
-    def rows(self, split: str, step: int, start: int, stop: int) -> dict[str, np.ndarray]:
-        noise = np.random.default_rng([step, start]).normal(size=(stop - start, 3))
-        return {"index": np.arange(start, stop), "x": noise}
-
-
-class SeededByRow:
-    def rows(self, split: str, step: int, start: int, stop: int) -> dict[str, np.ndarray]:
-        return {"x": np.stack([np.random.default_rng([step, row]).normal(size=3) for row in range(start, stop)])}
-
-
 def test_rows_seeded_by_the_range_asked_break_the_contract_at_a_named_row_and_field() -> None:
-    assert row_contract.first_difference(SeededByRange(), 8, 2) == (
+    # a user's sources: seeded by (step, start) of the range asked, a pure function of (split, step, start, stop);
+    # and seeded by (step, global row)
+    assert row_contract.first_difference(range_seeded.Rows(3), 8, 2) == (
         "step 0, global row 4, field 'x': asked as rows [0, 8) and as [4, 8) (the 2nd of 2 ranges) it differs")
-    assert row_contract.first_difference(SeededByRow(), 8, 2) is None
-    check = rehearse.topology({1: 4.0}, {1: 4.5}, 1, lambda: row_contract.first_difference(SeededByRange(), 8, 1))
+    assert row_contract.first_difference(regression.Rows(3), 8, 2) is None
+    check = rehearse.topology({1: 4.0}, {1: 4.5}, 1, lambda: row_contract.first_difference(range_seeded.Rows(3), 8, 1))
     assert check.line() == (
         "FAIL  topology: the train loss of step 1 differs: 4.0 on 2 x 2, 4.5 on 1 x 4 (expected within 1e-4 relative)."
         " Fix: a row's values are a function of split, step and its global row index, never of the range [start, "
@@ -163,6 +151,16 @@ def test_rows_seeded_by_the_range_asked_break_the_contract_at_a_named_row_and_fi
         "and as [4, 8) (the 2nd of 2 ranges) it differs: draw each row's randomness from its global row index "
         "(job.random.row_bits(seed, split_id, step, start, stop, width) gives row r the same words whatever range "
         "holds it)")
+
+
+@pytest.mark.parametrize(("task", "found"), [
+    ("range_seeded", "step 0, global row 8, field 'x': asked as rows [0, 16) and as [8, 16) (the 2nd of 2 ranges) it "
+                     "differs"),
+    ("regression", None),
+])
+def test_the_rows_checked_are_those_of_the_task_args_name(task: str, found: str | None, tmp_path: Path) -> None:
+    args = ("train", "--task", f"tests.user_tasks.{task}:TASK")
+    assert rehearse.Rehearsal(args, Shrink.of(args, 6), tmp_path, RecordingRunner()).rows() == found
 
 
 def test_a_loss_within_1e_4_relative_passes_the_topology_check_but_would_fail_a_bitwise_one() -> None:
