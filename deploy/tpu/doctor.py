@@ -25,6 +25,13 @@ run it first (`preflight`), and its first problem is one error (exit 2) before a
 zone's checks need an account and a project, so they are left out until those pass. The rest is the
 doctor's alone: the slice's own state, and writing (then deleting) an object in a gs:// run dir with this
 machine's credentials.
+
+Each question to a service has a bound (deploy/reach.py): one this machine cannot reach (offline, DNS, a
+firewall) is one FAIL line naming the service, where it was looked for and the fix, within about reach.FIRST_S,
+and nothing more is asked of that service; the fit compiles alongside, so the whole takes seconds:
+
+    FAIL  accelerator type: gcloud (the Cloud TPU API): expected an answer within 4 s, found 'none: cannot reach
+          tpu.googleapis.com:443: Temporary failure in name resolution'; not asked: runtime version, slice. Fix: ...
 """
 
 from __future__ import annotations
@@ -32,11 +39,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shlex
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 
+from deploy import reach
 from deploy.checks import Check, Devices, failed, report, run_check, run_skipped
 from deploy.runner import Runner
 from deploy.tpu import gcloud, ship, wheels
@@ -54,38 +64,50 @@ SHOWN = 8  # an error lists at most this many of the runtime versions a zone off
 # generations whose SIZE counts TensorCores two to a chip that JAX sees as one device (megacore); v2 and v3
 # count TensorCores too, each a device of its own
 MEGACORE = ("v4", "v5p")
+API_OVERRIDE = "CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU"  # gcloud's api_endpoint_overrides/tpu, from the environment
 
 
-BOUND_S = 10.0  # a check's answer, at most: a service this machine cannot reach is a FAIL line, not a wait
+# a check's answer, at most: every question to a service has its own bound (deploy/reach.py), within this one
+BOUND_S = reach.FIRST_S + reach.REACH_S + reach.PATIENT_S + 1
 # the storage clients' loggers, which print a traceback per retry when the network is refused: quiet while checking
 QUIET = ("gcsfs", "fsspec", "aiohttp", "google", "urllib3", "google_auth_httplib2")
+NETWORK_FIX = "then run make tpu-doctor again"
 
 
-@dataclasses.dataclass(frozen=True)
-class Probe:
-    """One check: `ask` returns what it found when all is well, raises ConfigError (or TpuError) when not.
-    It has BOUND_S to answer; after that it is a FAIL line naming `service` (and is left running aside)."""
+def tpu_api() -> reach.Service:
+    """The Cloud TPU API as gcloud reaches it: its endpoint (or the override gcloud reads from the environment),
+    through the environment's proxy."""
+    return reach.Service("gcloud (the Cloud TPU API)", os.environ.get(API_OVERRIDE) or "https://tpu.googleapis.com/",
+                         proxied=True, fix="connect this machine to a network that reaches it (DNS, firewall; gcloud "
+                         "takes a proxy from HTTPS_PROXY or gcloud config set proxy/address), " + NETWORK_FIX)
 
-    name: str  # on the check's line
-    ask: Callable[[TpuConfig, Runner], str]
-    service: str = ""  # what it reaches, named when it does not answer in time (default: gcloud)
 
-    def check(self, cfg: TpuConfig, runner: Runner, bound_s: float = BOUND_S) -> Check:
-        answer: list[Check] = []
-        worker = threading.Thread(target=lambda: answer.append(self._check(cfg, runner)), daemon=True,
-                                  name=f"doctor-{self.name}")
-        worker.start()
-        worker.join(bound_s)
-        if answer:
-            return answer[0]
-        service = self.service or "gcloud (Google Cloud's API)"
-        return Check(self.name, False, f"expected an answer from {service} within {bound_s:.0f} s, found none",
-                     fix="check this machine's network (proxy, DNS, firewall) reaches it, then run make tpu-doctor "
-                         "again")
+def cloud_storage() -> reach.Service:
+    """Cloud Storage as this machine's storage client (gcsfs) reaches it: directly, never through a proxy."""
+    return reach.Service("Cloud Storage", storage.endpoint(), proxied=False,
+                         fix="connect this machine to a network that reaches it (DNS, firewall: its client takes no "
+                         "proxy), " + NETWORK_FIX)
 
-    def _check(self, cfg: TpuConfig, runner: Runner) -> Check:
+
+class Started:
+    """One check running in a daemon thread from now on (a check that never ends keeps nothing alive); its line
+    when asked for. When it failed because a service did not answer, `down` names the service."""
+
+    def __init__(self, name: str, make: Callable[[], Check]) -> None:
+        self.name = name
+        self.down: reach.Service | None = None
+        self._began = time.monotonic()
+        self._answer: list[Check] = []
+        self._worker = threading.Thread(target=lambda: self._answer.append(self._check(make)), daemon=True,
+                                        name=f"doctor-{name}")
+        self._worker.start()
+
+    def _check(self, make: Callable[[], Check]) -> Check:
         try:
-            return Check(self.name, True, self.ask(cfg, runner))
+            return make()
+        except reach.Unreachable as e:
+            self.down = e.service
+            return failed(self.name, e)
         except ConfigError as e:
             return failed(self.name, e)
         except TpuError as e:
@@ -94,10 +116,50 @@ class Probe:
             return Check(self.name, False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
                          fix="run make tpu-doctor again; if it persists, check this machine's network")
 
+    def result(self, bound_s: float | None = BOUND_S) -> Check:
+        """Its line, within `bound_s` of its start (None: however long it takes)."""
+        self._worker.join(None if bound_s is None else max(0.0, self._began + bound_s - time.monotonic()))
+        if self._answer:
+            return self._answer[0]
+        return Check(self.name, False, f"expected an answer within {bound_s:.0f} s, found none",
+                     fix="check this machine's network (proxy, DNS, firewall), then run make tpu-doctor again")
 
-def _ask(runner: Runner, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    """A read-only gcloud question: asked even in a dry run."""
-    return runner.run(argv, check=False, capture=True, mutating=False)
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """One check: `ask` returns what it found when all is well, raises ConfigError (or TpuError) when not; a
+    question to a service that does not answer raises reach.Unreachable, within that question's bound."""
+
+    name: str  # on the check's line
+    ask: Callable[[TpuConfig, Runner], str]
+
+    def start(self, cfg: TpuConfig, runner: Runner) -> Started:
+        return Started(self.name, lambda: Check(self.name, True, self.ask(cfg, runner)))
+
+    def check(self, cfg: TpuConfig, runner: Runner) -> Check:
+        return self.start(cfg, runner).result()
+
+
+def _ask(runner: Runner, argv: Sequence[str], *, api: bool = True) -> subprocess.CompletedProcess[str]:
+    """A read-only gcloud question: asked even in a dry run. One that calls the Cloud TPU API (`api`) has
+    reach.FIRST_S to answer; then gcloud is stopped and, when the API is unreachable from here, the question is
+    reach.Unreachable at once (gcloud itself would retry for about 30 s); when it is reachable, the question is
+    asked again with reach.PATIENT_S. One that gcloud answers from its own configuration has both."""
+    bound = reach.FIRST_S if api else reach.FIRST_S + reach.PATIENT_S
+    try:
+        return runner.run(argv, check=False, capture=True, mutating=False, timeout=bound)
+    except subprocess.TimeoutExpired:
+        if not api:
+            raise ConfigError("gcloud", expected=f"an answer within {bound:g} s (from its own configuration)",
+                              found=f"none: {' '.join(argv[:3])} did not end",
+                              fix=f"run {shlex.join(argv)} here to see what it waits for") from None
+        found = tpu_api().problem()
+        if found is not None:
+            raise reach.Unreachable(tpu_api(), reach.FIRST_S, found) from None
+    try:
+        return runner.run(argv, check=False, capture=True, mutating=False, timeout=reach.PATIENT_S)
+    except subprocess.TimeoutExpired:
+        raise reach.Unreachable(tpu_api(), reach.PATIENT_S, reach.silent(tpu_api())) from None
 
 
 def _said(proc: subprocess.CompletedProcess[str]) -> str:
@@ -116,7 +178,7 @@ def require_gcloud(cfg: TpuConfig, runner: Runner) -> str:
 
 
 def active_account(cfg: TpuConfig, runner: Runner) -> str:
-    proc = _ask(runner, gcloud.active_account())
+    proc = _ask(runner, gcloud.active_account(), api=False)
     found = (proc.stdout or "").split()
     if proc.returncode == 0 and found:
         return found[0]
@@ -130,7 +192,7 @@ def active_account(cfg: TpuConfig, runner: Runner) -> str:
 def project(cfg: TpuConfig, runner: Runner) -> str:
     if cfg.project:
         return f"{cfg.project} (PROJECT)"
-    proc = _ask(runner, gcloud.configured_project())
+    proc = _ask(runner, gcloud.configured_project(), api=False)
     found = (proc.stdout or "").strip()
     if proc.returncode == 0 and found:
         return f"{found} (gcloud's configured project; PROJECT overrides it)"
@@ -249,12 +311,13 @@ def _bucket_url(cfg: TpuConfig) -> str | None:
 
 
 def bucket_access(cfg: TpuConfig, runner: Runner) -> str:
-    """Write and delete one object in the gs:// run dir (storage.probe) with this machine's credentials."""
+    """Write and delete one object in the gs:// run dir (storage.probe) with this machine's credentials, within the
+    bounds of a question to Cloud Storage (reach.bounded)."""
     url = _bucket_url(cfg) or ""
     problem = storage.url_problem(url)
-    for name in QUIET:
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    reason = problem or storage.probe(storage.run_path(url), f".job-doctor-{socket.gethostname()}-{os.getpid()}")
+    reason = problem or reach.bounded(
+        lambda: storage.probe(storage.run_path(url), f".job-doctor-{socket.gethostname()}-{os.getpid()}"),
+        cloud_storage())
     if reason is None:
         return (f"this machine can write {url} (the workers' service account is checked by make tpu-pod on every "
                 "worker before the job starts)")
@@ -266,25 +329,48 @@ def bucket_access(cfg: TpuConfig, runner: Runner) -> str:
 
 
 def checks(cfg: TpuConfig, runner: Runner, check_run: bool = True) -> Iterator[Check]:
-    """Every check, each as soon as it is made. Without gcloud nothing else is asked of it; the zone and the
-    slice only with an account and a project."""
+    """Every check, in this order, each as soon as it is made. The fit (compiling the train step takes longest:
+    deploy/tpu/fit.py) and the run dir's start once the checks made on this machine are done, and run alongside
+    gcloud's. Without gcloud nothing else is asked of it; the zone and the slice only with an account and a project,
+    and not after the Cloud TPU API did not answer one of them."""
     yield Probe("request", request).check(cfg, runner)
-    yield run(cfg, check_run)
+    yield run(cfg, check_run)  # in this thread: it imports the task (and with it numpy, jax, ...)
     yield Probe("code", ship.describe).check(cfg, runner)  # what reaches the workers: every task's package too
     if cfg.wheelhouse is not None:
         yield Probe("wheelhouse", lambda c, _: wheels.describe(c)).check(cfg, runner)
     tool = QUICK[0].check(cfg, runner)
     yield tool
+    fit.prepare(cfg, check_run)
+    fitting = Started(fit.NAME, lambda: fit.check(cfg, check_run))  # from here on, the rest waits for services
+    bucket = _bucket_url(cfg)
+    if bucket is not None:
+        for name in QUIET:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+        storage.load_client(bucket)
+    writing = Probe("run dir", bucket_access).start(cfg, runner) if bucket is not None else None
     if tool.ok:
         account = QUICK[1].check(cfg, runner)
         yield account
         where = QUICK[2].check(cfg, runner)
         yield where
         if account.ok and where.ok:
-            yield from (probe.check(cfg, runner) for probe in (*QUICK[3:], Probe("slice", slice_state)))
-    if _bucket_url(cfg) is not None:
-        yield Probe("run dir", bucket_access, "Cloud Storage").check(cfg, runner)
-    yield fit.check(cfg, check_run)  # last: compiling the train step for the slice takes longest (deploy/tpu/fit.py)
+            yield from _zone(cfg, runner)
+    if writing is not None:
+        yield writing.result()
+    yield fitting.result(None)
+
+
+def _zone(cfg: TpuConfig, runner: Runner) -> Iterator[Check]:
+    """The zone's checks and the slice's, until one finds the Cloud TPU API unreachable: its line names the others."""
+    probes = (*QUICK[3:], Probe("slice", slice_state))
+    for index, probe in enumerate(probes):
+        started = probe.start(cfg, runner)
+        found = started.result()
+        if started.down is not None:
+            rest = [later.name for later in probes[index + 1:]]
+            yield dataclasses.replace(found, detail=found.detail + (f"; not asked: {', '.join(rest)}" if rest else ""))
+            return
+        yield found
 
 
 def doctor(cfg: TpuConfig, runner: Runner, check_run: bool = True) -> int:

@@ -146,6 +146,22 @@ def _skipped(detail: str) -> Check:
 def check(cfg: TpuConfig, check_run: bool = True) -> Check:
     """The fit line of `python -m deploy.tpu doctor`: ARGS' train step compiled for the slice, HBM per chip needed
     against available; skipped, saying why, where it cannot be checked here."""
+    skipped = _not_compiled(cfg, check_run)
+    if skipped is not None:
+        return skipped
+    return _compiled(cfg, libtpu_version() or "")
+
+
+def prepare(cfg: TpuConfig, check_run: bool = True) -> None:
+    """Where the step will be compiled: import what compiles it (jax, flax, the loop) in the calling thread. The
+    doctor runs `check` in a thread of its own alongside its other checks, and two threads importing at once may
+    each find the other's modules half made (numpy's C extension refuses to load so)."""
+    if _not_compiled(cfg, check_run) is None:
+        from job.train import fit, memory, sweep_check, task  # noqa: F401 - imported here: see above
+
+
+def _not_compiled(cfg: TpuConfig, check_run: bool) -> Check | None:
+    """The fit line when the step is not compiled here, saying why; None when it is."""
     args = cfg.job_args
     if not check_run or not args:
         return _skipped(f"not checked: no ARGS given (with ARGS='train ...' the train step is compiled for "
@@ -156,11 +172,10 @@ def check(cfg: TpuConfig, check_run: bool = True) -> Check:
         return _skipped("not checked for a SWEEP (ARGS with one run's flags checks that run's fit)")
     if cfg.accel.generation.name not in GENERATIONS:
         return _skipped(f"not checked: the fit is compiled for {', '.join(GENERATIONS)}, not {cfg.accelerator}")
-    version = libtpu_version()
-    if version is None:
+    if libtpu_version() is None:
         return _skipped(f"skipped: libtpu is not installed here; {INSTALL} compiles the train step for "
                         f"{cfg.accelerator} on this machine")
-    return _compiled(cfg, version)
+    return None
 
 
 def _compiled(cfg: TpuConfig, version: str) -> Check:
@@ -199,5 +214,5 @@ def _compiled(cfg: TpuConfig, version: str) -> Check:
                  f"time by libtpu {version} in {math.ceil(found.seconds)} s)")
 
 
-__all__ = ["GENERATIONS", "INSTALL", "NAME", "Topology", "check", "devices", "larger", "libtpu_version", "target",
-           "topology"]
+__all__ = ["GENERATIONS", "INSTALL", "NAME", "Topology", "check", "devices", "larger", "libtpu_version", "prepare",
+           "target", "topology"]

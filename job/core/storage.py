@@ -72,6 +72,20 @@ def run_path(path: str | os.PathLike[str]) -> epath.Path:
     return epath.Path(path)
 
 
+def endpoint() -> str:
+    """Where this process's gs:// paths go: STORAGE_EMULATOR_HOST (an emulator, as gcsfs reads it), else Cloud
+    Storage's own endpoint."""
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST", "")
+    return emulator if emulator not in ("", "default") else "https://storage.googleapis.com"
+
+
+def load_client(path: str | os.PathLike[str]) -> None:
+    """Import the client of `path` (gcsfs for gs://) now, in the calling thread: a thread that would import it on
+    its first gs:// call, alongside another thread's imports, may find modules half made."""
+    if is_remote(path):
+        import gcsfs  # noqa: F401 - imported here: see above; etils.epath would, on the first call
+
+
 def make_dirs(path: epath.Path) -> None:
     """mkdir -p for a local folder; nothing for gs:// (objects need no folders, and gcsfs's
     mkdir would create a missing bucket in whatever project the credentials name)."""

@@ -13,7 +13,9 @@ worker that `job.initialize` sees as a TPU pod's worker (see `ssh.py`).
 Variables: FAKE_GCLOUD_STATE (required), FAKE_GCLOUD_PYTHON (the interpreter
 that runs it and the workers' python3), FAKE_GCLOUD_CREATE_SECONDS,
 FAKE_GCLOUD_QUEUE_SECONDS, FAKE_GCLOUD_PREEMPT_GRACE_SECONDS,
-FAKE_GCLOUD_DEVICES_PER_WORKER.
+FAKE_GCLOUD_DEVICES_PER_WORKER; and gcloud's own
+CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU: a command that calls the API connects
+there first and, when it cannot, retries and crashes as the real CLI does.
 """
 
 from pathlib import Path

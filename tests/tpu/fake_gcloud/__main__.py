@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import sys
+import time
+import urllib.parse
 from pathlib import Path
 
 from tests.tpu.fake_gcloud import commands, ssh
@@ -103,6 +106,42 @@ def _signed_in(cloud: Cloud, parsed: Parsed) -> Parsed:
     return dataclasses.replace(parsed, flags={**parsed.flags, "project": project})
 
 
+# The Cloud TPU API's endpoint from gcloud's environment (api_endpoint_overrides/tpu): when set, a command that
+# calls the API connects there first, as the real CLI does; unset, the simulated API is always reachable.
+API_OVERRIDE = "CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU"
+RETRY_WAITS_S = (1, 2, 4, 8, 16)  # gcloud 528's retries of a connection that fails (apitools: 2 ** attempt)
+RESOURCES = {"accelerator-types": "acceleratorTypes", "versions": "runtimeVersions",
+             "queued-resources": "queuedResources"}
+
+
+def _reach_api(parsed: Parsed) -> str | None:
+    """A command that calls the API, with API_OVERRIDE set: connect to it; when that fails, retry as gcloud does
+    (about 30 s) and then crash: its ConnectionError's message, for stderr and exit code 1 (as measured on gcloud
+    528 with the endpoint a closed port, and with no network at all). None when it connects."""
+    endpoint = os.environ.get(API_OVERRIDE)
+    if parsed.form.path[0] != "compute" or not endpoint:
+        return None
+    url = urllib.parse.urlsplit(endpoint)
+    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    for wait in (*RETRY_WAITS_S, None):
+        try:
+            socket.create_connection((host, port), timeout=10).close()
+            return None
+        except OSError as exc:
+            error = exc
+        if wait is not None:
+            time.sleep(wait)
+    group = parsed.form.path[3] if parsed.form.path[2] == "tpu-vm" else parsed.form.path[2]
+    path = (f"/v2/projects/{parsed.get('project')}/locations/{parsed.get('zone')}/"
+            f"{RESOURCES.get(group, 'nodes')}?alt=json")
+    pool = "HTTPSConnectionPool" if url.scheme == "https" else "HTTPConnectionPool"
+    return (f"ERROR: gcloud crashed (ConnectionError): {pool}(host='{host}', port={port}): Max retries exceeded "
+            f"with url: {path} (Caused by NewConnectionError('<urllib3.connection.HTTPConnection object>: Failed to "
+            f"establish a new connection: [Errno {error.errno}] {error.strerror}'))\n\nIf you would like to report "
+            "this issue, please run the following command:\n  gcloud feedback\n\nTo check gcloud for common "
+            "problems, please run the following command:\n  gcloud info --run-diagnostics")
+
+
 def main(argv: list[str]) -> int:
     cloud = Cloud.from_env()
     cloud.record_call(argv)
@@ -110,6 +149,10 @@ def main(argv: list[str]) -> int:
         parsed = parse(argv)
         _require_zone(parsed)
         parsed = _signed_in(cloud, parsed)
+        crashed = _reach_api(parsed)
+        if crashed is not None:
+            print(crashed, file=sys.stderr, flush=True)
+            return 1
         handler = HANDLERS.get(parsed.form.path[-2:])
         return handler(cloud, parsed) if handler else _on_workers(cloud, parsed)
     except UsageError as e:
