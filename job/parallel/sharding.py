@@ -398,11 +398,10 @@ def shard_model(node: Any, mesh: Mesh, rule: str = "replicated") -> Any:
         raise ConfigError("sharding rule", expected=f"one of {sorted(RULES)}", found=rule,
                           fix="pass rule='replicated' (safe), 'fsdp' or 'tensor'")
     if rule != "replicated":
-        warnings.warn(f"sharding rule {rule!r} is experimental; 'replicated' is the tested default",
-                      UserWarning, stacklevel=2)
+        _warn(f"sharding rule {rule!r} is experimental; 'replicated' is the tested default")
     if any(t == AxisType.Explicit for t in mesh.axis_types):
-        warnings.warn(f"mesh has Explicit axes {mesh.axis_types}; these helpers expect Auto axes. "
-                      "Fix: build the mesh with job.sharding.make_mesh", UserWarning, stacklevel=2)
+        _warn(f"mesh has Explicit axes {mesh.axis_types}; these helpers expect Auto axes. "
+              "Fix: build the mesh with job.sharding.make_mesh")
     placed = 0
     state = nnx.state(node)
     shardings, fallbacks = placement(state, mesh, rule)
@@ -414,9 +413,14 @@ def shard_model(node: Any, mesh: Mesh, rule: str = "replicated") -> Any:
         placed += 1
     log.debug("shard_model: placed %s variables with rule %s", placed, rule)
     if fallbacks:
-        warnings.warn(fallback_warning(f"shard_model(rule={rule!r})", fallbacks, mesh, rule_table(rule)),
-                      UserWarning, stacklevel=2)
+        _warn(fallback_warning(f"shard_model(rule={rule!r})", fallbacks, mesh, rule_table(rule)))
     return node
+
+
+def _warn(message: str) -> None:
+    """A UserWarning of shard_model on this process, headed `job.sharding:0: UserWarning:` without a Python source
+    line under it: the message names the call and the fix."""
+    warnings.warn_explicit(message, UserWarning, "job.sharding", 0)  # the public face's name
 
 
 def _batch_spec(mesh: Mesh) -> PartitionSpec:

@@ -354,6 +354,17 @@ def test_every_layer_annotated_as_the_docs_table_shows_splits_under_every_rule(m
     assert got["attn/query/kernel"] == P("data", "model") and got["attn/out/kernel"] == P("model", None, "data")
 
 
+def test_shard_models_warnings_are_the_message_alone_without_a_python_source_line(mesh42: Mesh) -> None:
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        sh.shard_model(nnx.LayerNorm(8, rngs=nnx.Rngs(0)), mesh42, "fsdp")
+    assert [w.category for w in rec] == [UserWarning, UserWarning]
+    for w in rec:  # as Python prints them: a header and the message, no line of code under it
+        shown = warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line)
+        assert shown == f"job.sharding:0: UserWarning: {w.message}\n"
+    assert 'scale_metadata=job.sharding.axes("embed")' in str(rec[1].message)
+
+
 def test_the_replicated_rule_says_nothing_about_unannotated_params(mesh42: Mesh) -> None:
     mixed = Mixed(nnx.Rngs(0))
     assert shard_quietly(mixed, mesh42, "replicated") == []
