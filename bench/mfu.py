@@ -45,8 +45,9 @@ NAME = "mfu"
 TITLE = "6. GPU and TPU: model FLOPs utilisation, GPT-2-small-sized example LM"
 GOAL = ">= 45%"
 
+# the gpt2-small preset's model (job/tasks/lm/presets.py): bf16, its blocks unrolled
 GPT2_SMALL = {"vocab_size": 50304, "seq_len": 1024, "dim": 768, "heads": 12, "layers": 12, "mlp_dim": 3072,
-              "dtype": "bfloat16"}
+              "dtype": "bfloat16", "scan": False}
 M400 = {**GPT2_SMALL, "dim": 1024, "heads": 16, "layers": 24, "mlp_dim": 4096}  # 406M parameters
 TINY = {"vocab_size": 256, "seq_len": 128, "dim": 128, "heads": 4, "layers": 2, "mlp_dim": 512,
         "dtype": "bfloat16"}

@@ -10,7 +10,9 @@ Runs, one after another, each in its own process (a chip is held by one program 
    `jax.jit` step of the same model, interleaved;
 3. the preset on real text, `--data.source CORPUS/stdlib.npy` (`python -m bench.corpus CORPUS` makes it
    offline: the Python standard library's sources through a byte-level BPE);
-4. a ~400M configuration (dim 1024, 24 layers) through the loop, remat and attention left to auto;
+4. a ~400M configuration (dim 1024, 24 layers) through the loop, the preset's global batch of 16 as two
+   micro-batches of 8 (`--accum-steps 2`, for which remat auto keeps the projections: dots), attention auto;
+   `mfu400m`: its template step against the hand-written one (remat auto at batch 16: full);
 5. `python -m bench.ckpt worker --size gpt2-small`: the checkpoint of gpt2-small's train state (2.6 GB with its
    AdamW state) from HBM: the time the loop is blocked, the whole save against numpy writing the same bytes
    (`jax.device_get` + `np.save`), and the restore;
@@ -122,7 +124,7 @@ def section_lines(title: str, record: dict) -> list[str]:
     return lines + [f"- {note}" for note in record["notes"]] + [""]
 
 
-def report(env: dict, runs: dict, mfu_record: dict | None, skipped: list[str], argv: list[str],
+def report(env: dict, runs: dict, mfu_records: list[dict], skipped: list[str], argv: list[str],
            ckpt_record: dict | None = None) -> str:
     kind = env["device_kind"]
     lines = ["# The example LM on a TPU chip", "",
@@ -138,9 +140,9 @@ def report(env: dict, runs: dict, mfu_record: dict | None, skipped: list[str], a
     for run in runs.values():
         lines += [f"**{run['name']}**: train loss (accuracy) by step: {curve(run['train'], 100)}", "",
                   f"eval loss (accuracy): {curve(run['eval'], 100)}", ""]
-    if mfu_record:
+    for record in mfu_records:
         lines += section_lines("Template step against a hand-written `jax.jit` step (`python -m bench.mfu`)",
-                               mfu_record)
+                               record)
     if ckpt_record:
         lines += section_lines("The checkpoint from HBM (`python -m bench.ckpt worker --size gpt2-small`)",
                                ckpt_record)
@@ -174,7 +176,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--budget-s", type=float, default=3600.0, help="stop starting steps after this long")
     p.add_argument("--text-steps", type=int, default=1000)
     p.add_argument("--steps", type=int, default=0, help="the synthetic run's steps (0: the preset's 1,000)")
-    p.add_argument("--only", default="synthetic,mfu,text,400m", help="the steps to run, comma-separated")
+    p.add_argument("--only", default="synthetic,mfu,text,400m,mfu400m,ckpt,largest", help="the steps to run, comma-separated")
     p.add_argument("--logs", type=Path, default=None, help="where each step's output goes (default: a temp folder)")
     args = p.parse_args(argv)
     began = time.monotonic()
@@ -185,9 +187,9 @@ def main(argv: list[str]) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     runs: dict[str, dict] = {}
     skipped: list[str] = []
-    mfu_record = None
+    mfu_records: list[dict] = []
     ckpt_record = None
-    plan = [("synthetic", 100 + 0.2 * (args.steps or 1000)), ("mfu", 100), ("text", 60 + 0.2 * args.text_steps),
+    plan = [("synthetic", 100 + 0.2 * (args.steps or 1000)), ("mfu", 100), ("mfu400m", 120), ("text", 60 + 0.2 * args.text_steps),
             ("400m", 150), ("ckpt", 120), ("largest", 200)]
     for step, needs in plan:
         if step not in args.only.split(","):
@@ -199,14 +201,16 @@ def main(argv: list[str]) -> int:
             flags = ["--preset", "gpt2-small", *(["--steps", str(args.steps)] if args.steps else [])]
             runs[step] = summarize(train(step, flags, work / step, left(), logs), GPT2_SMALL,
                                    env["device_kind"])
-        elif step == "mfu":
-            out = subprocess.run([sys.executable, "-m", "bench.mfu", "worker", "--quick"], cwd=ROOT, text=True,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=left(), check=False)
-            (logs / "mfu.log").write_text(out.stdout)
+        elif step in ("mfu", "mfu400m"):
+            size = "400m" if step == "mfu400m" else "gpt2-small"
+            out = subprocess.run([sys.executable, "-m", "bench.mfu", "worker", "--quick", "--size", size], cwd=ROOT,
+                                 text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=left(),
+                                 check=False)
+            (logs / f"{step}.log").write_text(out.stdout)
             found = records(out.stdout)
-            mfu_record = found[-1] if found else None
+            mfu_records += found[-1:]
             if not found:
-                skipped.append(f"mfu: exited {out.returncode} without a record (see mfu.log)")
+                skipped.append(f"{step}: exited {out.returncode} without a record (see {step}.log)")
         elif step == "text":
             if not args.corpus:
                 skipped.append("text: no --corpus (python -m bench.corpus DIR makes one)")
@@ -215,7 +219,8 @@ def main(argv: list[str]) -> int:
                      "--steps", str(args.text_steps)]
             runs[step] = summarize(train(step, flags, work / step, left(), logs), GPT2_SMALL, env["device_kind"])
         elif step == "400m":
-            flags = ["--preset", "gpt2-small", *M400_FLAGS, "--steps", "60", "--eval-every", "1000"]
+            flags = ["--preset", "gpt2-small", *M400_FLAGS, "--accum-steps", "2", "--steps", "60",
+                     "--eval-every", "1000"]
             runs[step] = summarize(train(step, flags, work / step, left(), logs), M400, env["device_kind"])
         elif step == "ckpt":
             out = subprocess.run([sys.executable, "-m", "bench.ckpt", "worker", "--size", "gpt2-small"], cwd=ROOT,
@@ -233,8 +238,8 @@ def main(argv: list[str]) -> int:
             else:
                 runs[step] = largest
         print(f"[bench tpu] {step} done, {left():.0f} s left", file=sys.stderr, flush=True)
-    args.out.write_text(report(env, runs, mfu_record, skipped, argv, ckpt_record))
-    (logs / "runs.json").write_text(json.dumps({"env": env, "runs": runs, "mfu": mfu_record}, default=str))
+    args.out.write_text(report(env, runs, mfu_records, skipped, argv, ckpt_record))
+    (logs / "runs.json").write_text(json.dumps({"env": env, "runs": runs, "mfu": mfu_records}, default=str))
     print(f"wrote {args.out}", flush=True)
     return 0
 

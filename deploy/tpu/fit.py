@@ -1,7 +1,7 @@
 """The doctor's fit check: the run's train step compiled ahead of time for the slice ACCELERATOR names, on the
 machine that runs the doctor (libtpu, no TPU), before the slice exists.
 
-    make tpu-doctor ACCELERATOR=v5litepod-1 ARGS='train --preset gpt2-small --model.remat none'
+    make tpu-doctor ACCELERATOR=v5litepod-1 ARGS='train --preset gpt2-small --model.scan --model.remat none'
     ok    fit: the train step needs 5.49 GiB of HBM per chip, 15.75 GiB available (v5litepod-1: 1 chip, ...)
     FAIL  fit: the train step's memory on v5litepod-1: 1 chip (TPU v5 lite): expected at most 15.75 GiB per
           device (what it has), found '29.26 GiB per device (compiled ahead of time: RESOURCE_EXHAUSTED: ...)'.
