@@ -2,9 +2,10 @@
 
 SIGTERM, SIGUSR1 or SIGUSR2 sets a flag in the process that receives it. At every step boundary the processes
 share their flags through one tiny collective, so they all see the request at the same step, save a checkpoint
-there, and exit with REQUEUE_EXIT_CODE (STOPPED_EXIT_CODE after Ctrl-C). With JOB_PREEMPTION_SYNC_POINT=1 the
-steps ask the coordination service's preemption sync point instead (jax's notifier holds SIGTERM and is told
-of the others): no collective per step. Schedulers and the deploy scripts treat 75 as "requeue me".
+there, and exit with REQUEUE_EXIT_CODE (STOPPED_EXIT_CODE after Ctrl-C). On TPU and GPU (or with
+JOB_PREEMPTION_SYNC_POINT=1) the steps ask the coordination service's preemption sync point instead (jax's
+notifier holds SIGTERM and is told of the others): no collective per step. Schedulers and the deploy scripts
+treat 75 as "requeue me".
 """
 
 from __future__ import annotations
@@ -18,14 +19,20 @@ from types import FrameType
 import numpy as np
 
 from job.core import exits, internals
+from job.core.errors import ConfigError
 
 REQUEUE_EXIT_CODE = exits.REQUEUE  # EX_TEMPFAIL: saved, stopped on purpose, run me again
 STOPPED_EXIT_CODE = exits.STOPPED  # 128 + SIGINT: saved after Ctrl-C, stopped; the same command resumes
 # Ctrl-C: the first saves at the next step boundary and stops with STOPPED_EXIT_CODE, a second stops at once
 INTERRUPT = signal.SIGINT
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
-# "1": the steps stop at the coordination service's preemption sync point instead of a collective after each
+# "1": the steps stop at the coordination service's preemption sync point instead of a collective after each;
+# "0": the collective; unset or "auto": the sync point on TPU and GPU, the collective on CPU (sync_point_wanted)
 SYNC_POINT_ENV = "JOB_PREEMPTION_SYNC_POINT"
+# the backends whose steps stop at the sync point by default: a CPU cluster keeps the per-step collective, since
+# without it the hosts dispatch steps ahead, and a 2 x 2 CPU run on JAX 0.10.2 was seen to hang with both processes
+# waiting to start a step (the CPU client's wait for the previous program, stuck in its cross-process collective)
+SYNC_POINT_BACKENDS = ("tpu", "gpu")
 # a scheduler's notice (Slurm's --signal=USR2@SECONDS, scancel --signal=USR2): heard from before the processes
 # join, where SIGTERM keeps its default until they have (the launcher's stop ends a process waiting to join)
 NOTICES = (signal.SIGUSR1, signal.SIGUSR2)
@@ -137,12 +144,12 @@ class PreemptionGuard:
 
     def joined(self, env: Mapping[str, str] = os.environ) -> None:
         """After job.initialize: hear Ctrl-C's SIGINT from now on, and SIGTERM too unless the steps stop at the
-        coordination service's sync point (SYNC_POINT_ENV=1 in a multi-process run: jax's notifier holds SIGTERM).
+        coordination service's sync point (a multi-process run on TPU or GPU, or SYNC_POINT_ENV=1: jax's notifier
+        holds SIGTERM)."""
+        import jax  # python -m job and deploy/ import this module: they start without jax
 
-        The sync point is opt-in: without the collective after every step the hosts dispatch steps ahead, and
-        a 2 x 2 CPU run on JAX 0.10.2 was seen to hang with both processes waiting to start a step (the CPU
-        client's wait for the previous program, stuck in its collective) under a loaded machine."""
-        self.sync_point = env.get(SYNC_POINT_ENV) == "1" and internals.preemption_sync_manager() is not None
+        self.sync_point = (sync_point_wanted(env, jax.default_backend())
+                           and internals.preemption_sync_manager() is not None)
         self.take(*((INTERRUPT,) if self.sync_point else (signal.SIGTERM, INTERRUPT)))
 
     def should_stop(self, step: int | None = None) -> bool:
@@ -174,6 +181,17 @@ class PreemptionGuard:
         self.stopping = bool(np.any(every))
         self.interrupted = bool(np.any(every == 2))
         return self.stopping
+
+
+def sync_point_wanted(env: Mapping[str, str], backend: str) -> bool:
+    """Whether the steps should stop at the coordination service's sync point: SYNC_POINT_ENV "1" or "0", else
+    (unset, empty or "auto") on the backends of SYNC_POINT_BACKENDS."""
+    value = env.get(SYNC_POINT_ENV, "").strip().lower()
+    if value not in ("", "auto", "0", "1"):
+        raise ConfigError(SYNC_POINT_ENV, expected="1 (the sync point), 0 (a collective after each step) or auto",
+                          found=env[SYNC_POINT_ENV], fix=f"unset {SYNC_POINT_ENV} (auto: the sync point on TPU and "
+                          "GPU, the collective on CPU), or set it to 1 or 0")
+    return value == "1" or (value in ("", "auto") and backend in SYNC_POINT_BACKENDS)
 
 
 def _notice_posted() -> bool:

@@ -1,6 +1,6 @@
 """The preemption check between steps: a notice to one process stops every process at the same step, whichever
-signal it was: by a collective every step (the default), or with JOB_PREEMPTION_SYNC_POINT=1 through the
-coordination service's preemption sync point, where the check without a step (before the first, during
+signal it was: by a collective every step (the default on CPU: JOB_PREEMPTION_SYNC_POINT=0), or through the
+coordination service's preemption sync point (the default on TPU and GPU: JOB_PREEMPTION_SYNC_POINT=1 here), where the check without a step (before the first, during
 evaluation) also hears a SIGTERM that only jax's notifier caught."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.multiprocess
 @pytest.mark.parametrize(("way", "sig", "interrupted", "sync"), [
     ("step", "SIGTERM", False, "1"), ("step", "SIGUSR2", False, "1"), ("step", "SIGINT", True, "1"),
     ("collective", "SIGTERM", False, "1"), ("collective", "SIGINT", True, "1"),
-    ("step", "SIGTERM", False, "0"), ("step", "SIGINT", True, "0"),  # the default: a collective every step
+    ("step", "SIGTERM", False, "0"), ("step", "SIGINT", True, "0"),  # the CPU default: a collective every step
 ])
 def test_a_signal_to_one_process_stops_every_process_at_the_same_step(way: str, sig: str, interrupted: bool,
                                                                       sync: str) -> None:

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from job.runtime.preemption import REQUEUE_EXIT_CODE
+from job.core.errors import ConfigError
+from job.runtime.preemption import REQUEUE_EXIT_CODE, SYNC_POINT_ENV, sync_point_wanted
 
 # One process: a USR2 (or none), the guard's exit, then SIGTERM, as srun sends it to a task still ending
 # once a peer has left with 75 (srun --kill-on-bad-exit=1).
@@ -89,3 +90,20 @@ def test_a_signal_in_the_middle_of_a_log_line_is_heard_and_the_step_goes_on(tmp_
     assert "WARNING job.runtime.preemption: received SIGINT: will save and stop at the next step boundary" \
         in proc.stderr
     assert "step 6/10" in (tmp_path / "logs" / "process-0.log").read_text()
+
+
+@pytest.mark.parametrize(("value", "backend", "wanted"), [
+    (None, "tpu", True), (None, "gpu", True), (None, "cpu", False), ("auto", "tpu", True), ("", "cpu", False),
+    ("1", "cpu", True), ("0", "tpu", False), ("0", "gpu", False), (" AUTO ", "gpu", True),
+])
+def test_the_sync_point_is_the_default_on_tpu_and_gpu_and_either_way_can_be_forced(
+        value: str | None, backend: str, wanted: bool) -> None:
+    env = {} if value is None else {SYNC_POINT_ENV: value}
+    assert sync_point_wanted(env, backend) is wanted
+
+
+def test_a_sync_point_setting_that_is_none_of_the_three_is_one_error_naming_them() -> None:
+    with pytest.raises(ConfigError) as error:
+        sync_point_wanted({SYNC_POINT_ENV: "yes"}, "tpu")
+    text = str(error.value)
+    assert SYNC_POINT_ENV in text and "'yes'" in text and "auto" in text and "Fix:" in text
