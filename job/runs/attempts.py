@@ -186,7 +186,13 @@ def append(run_dir: str | os.PathLike[str], record: Ended) -> Ended | None:
     time. The record written; None, with one warning, where the run dir cannot be read or written: never raises."""
     target: object = run_dir
     try:
-        target = rundir.attempts(folder(run_dir))
+        where = folder(run_dir)
+        if isinstance(where, Path) and not where.is_dir():
+            log.warning("attempts: the run dir %s does not exist on this machine (the job stopped before making it, "
+                        "or it is a folder of the workers' own): how this attempt ended (exit %s, %s) is in this log "
+                        "only, not in `python -m job runs`", where, record.code, record.outcome.value)
+            return None
+        target = rundir.attempts(where)
         old = rundir.text(target)
         numbered = dataclasses.replace(record, attempt=len(_ended_lines(old)) + 1)
         rundir.append(target, numbered.to_json(), old)

@@ -265,6 +265,7 @@ class BucketError(Exception):
 
 def test_a_run_dir_append_that_raises_anything_is_one_warning_and_the_supervisor_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "run").mkdir()  # there, but its write refused
     supervisor = _supervised(tmp_path, "8", tmp_path / "run", monkeypatch)
 
     def refused(*args: object, **kwargs: object) -> None:
@@ -278,6 +279,16 @@ def test_a_run_dir_append_that_raises_anything_is_one_warning_and_the_supervisor
     assert "attempts.jsonl, found BucketError: 403 Forbidden" in warning and "Fix: " in warning, warning
     (copy,) = [r for r in rundir.records(tmp_path / "8-attempts.jsonl") if r["event"] == "ended"]
     assert (copy["job"], copy["attempt"], copy["outcome"]) == ("8", 1, "completed")  # the job's own record has it
+
+
+def test_a_run_dir_that_does_not_exist_here_is_said_as_such_and_nothing_is_made(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    missing = tmp_path / "never-made"  # the job stopped before making it, or it is the workers' own folder
+    with caplog.at_level(logging.WARNING):
+        assert attempts.append(missing, Ended("pod-a", 1.0, 2.0, 2, Outcome.FAILED, Action.NONE)) is None
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert f"the run dir {missing} does not exist on this machine" in warning and "(exit 2, failed)" in warning
+    assert "Fix: a run dir this machine can write" not in warning and not missing.exists()
 
 
 @pytest.mark.parametrize(("listed", "signalled"), [
