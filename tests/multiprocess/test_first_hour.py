@@ -115,6 +115,8 @@ def test_a_users_own_package_trains_tensor_parallel_stops_on_ctrl_c_resumes_bitw
     task = json.loads((run_dir / "provenance.json").read_text())["attempts"][-1]["task"]
     assert (task["spec"], task["package"], task["file"]) == ("mypkg.tasks:TASK", "mypkg",
                                                              str(tmp_path / "mypkg" / "tasks.py")), task
-    for process in (0, 1):  # both attempts of each process, in its own file
+    for process in (0, 1):  # both attempts of each process in its own file, and the evaluation's process 0 in its
         log = (run_dir / "logs" / f"process-{process}.log").read_text()
-        assert log.count(f"process {process} (pid ") == 2 and f"process {process} of 2 (local)" in log, log
+        assert log.count(f"process {process} (pid ") == 2 + (process == 0), log
+        assert f"process {process} of 2 (local)" in log, log
+        assert (" eval --run-dir " in log.split("\n--- ")[-1].partition("\n")[0]) == (process == 0), log
