@@ -372,7 +372,8 @@ def fallback_warning(what: str, fallbacks: Sequence[str], mesh: Mesh | AbstractM
     lines = [f"{what}: {len(fallbacks)} variable(s) fell back to replicated on the mesh {dict(mesh.shape)}:",
              *grouped(bare)]
     if unusable:
-        lines += [f"- {len(unusable)} annotated, but the annotation cannot apply here:", *(f"    {e}" for e in unusable)]
+        lines += [f"- {len(unusable)} annotated, but the annotation cannot apply here:",
+                  *(f"    {entry}" for entry in unusable)]
     return "\n".join(lines) + (
         "\nFix: annotate where the layer is built, as shown, with job.sharding.axes(...): one name per dimension "
         f"from {tuple(table)} (None for a dimension kept whole; a task declares more in Task.logical_axes), and "

@@ -136,8 +136,8 @@ def _warn_evaluation_fallbacks(cfg: Any, mesh: Mesh, fallbacks: list[str]) -> No
     list in process 0's log file (the training run's own warning showed each with the annotation that fits)."""
     where = rundir.process_log(storage.run_path(cfg.run_dir), 0)
     warn_on_process_zero(f"{len(fallbacks)} variable(s) the evaluation reads fell back to replicated under --rule "
-                         f"{cfg.rule} on the mesh {dict(mesh.shape)} (it reads no optimizer state); the list in {where}",
-                         where=__name__)
+                         f"{cfg.rule} on the mesh {dict(mesh.shape)} (it reads no optimizer state); the list in "
+                         f"{where}", where=__name__)
     on_process_zero(logging.getLogger(FILE_ONLY).info, "--rule %s: fell back to replicated on the mesh %s:\n  %s",
                     cfg.rule, dict(mesh.shape), "\n  ".join(fallbacks))
 

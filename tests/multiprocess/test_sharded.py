@@ -178,7 +178,8 @@ def test_a_users_layer_norm_without_annotations_under_fsdp_gets_one_warning_show
         '- 1 norm scale(s) without an annotation (nnx.LayerNorm, nnx.RMSNorm, nnx.BatchNorm): '
         'scale_metadata=job.sharding.axes("embed")',
         "    model/norm/scale",
-        '- 1 norm bias(es) without an annotation (nnx.LayerNorm, nnx.BatchNorm): bias_metadata=job.sharding.axes("embed")',
+        '- 1 norm bias(es) without an annotation (nnx.LayerNorm, nnx.BatchNorm): '
+        'bias_metadata=job.sharding.axes("embed")',
         "    model/norm/bias",
         '- 2 kernel(s) without an annotation (nnx.Linear; an nnx.Conv\'s is axes(None, None, "embed", "mlp")): '
         'kernel_metadata=job.sharding.axes("embed", "mlp")',

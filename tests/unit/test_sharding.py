@@ -306,7 +306,8 @@ def test_the_fallback_warning_groups_unannotated_layers_by_kind_with_the_argumen
         '- 2 norm scale(s) without an annotation (nnx.LayerNorm, nnx.RMSNorm, nnx.BatchNorm): '
         'scale_metadata=job.sharding.axes("embed")',
         "    ln/scale, norm/scale",
-        '- 1 norm bias(es) without an annotation (nnx.LayerNorm, nnx.BatchNorm): bias_metadata=job.sharding.axes("embed")',
+        '- 1 norm bias(es) without an annotation (nnx.LayerNorm, nnx.BatchNorm): '
+        'bias_metadata=job.sharding.axes("embed")',
         "    ln/bias",
         '- 1 embedding table(s) without an annotation (nnx.Embed): '
         'embedding_metadata=job.sharding.axes("vocab", "embed")',
