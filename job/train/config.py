@@ -156,12 +156,17 @@ def check_mesh_names(cfg: TrainConfig, task: Task) -> None:
     for name in axes:
         if name in known:
             continue
-        close = difflib.get_close_matches(name, known, n=1)
-        fixed = ",".join(f"{close[0] if n == name else n}={size}" for n, size in axes.items()) if close else ""
+        close = difflib.get_close_matches(name, [k for k in known if k not in axes], n=1)  # never one it has
+        declare = f"declare it in the task, e.g. logical_axes={{'mlp': {{'tensor': {name!r}}}}}"
+        if close:  # a typo: the name it meant; declaring the typo is no fix
+            fixed = ",".join(f"{close[0] if n == name else n}={size}" for n, size in axes.items())
+            fix = f"did you mean {close[0]!r}? --mesh {fixed}"
+        elif any(k in axes for k in difflib.get_close_matches(name, known, n=1)):  # a second of an axis it has
+            fix = f"drop {name}={axes[name]} (the mesh already has the axis it is close to), or {declare}"
+        else:
+            fix = declare
         raise ConfigError("--mesh", expected=f"axes that a rule maps a logical axis to: {', '.join(known)} (or one "
-                          "the task declares in Task.logical_axes)", found=f"axis {name!r} in {cfg.mesh!r}",
-                          fix=(f"did you mean {close[0]!r}? --mesh {fixed}; " if close else "")
-                          + f"or declare it in the task, e.g. logical_axes={{'mlp': {{'tensor': {name!r}}}}}")
+                          "the task declares in Task.logical_axes)", found=f"axis {name!r} in {cfg.mesh!r}", fix=fix)
 
 
 def model_axis(cfg: TrainConfig) -> int:

@@ -463,6 +463,21 @@ def test_a_mesh_axis_the_task_declares_is_accepted_and_one_nobody_maps_to_is_ref
     config.validate(dataclasses.replace(cfg, mesh="data=2,expert=2,sequence=1,model=1"), lm)  # the presets' axes
 
 
+@pytest.mark.parametrize(("mesh", "fix"), [
+    ("data=2,modle=2", "did you mean 'model'? --mesh data=2,model=2"),  # the name meant, nothing else
+    ("model=2,modle=2", "drop modle=2 (the mesh already has the axis it is close to), or declare it in the task, "
+                        "e.g. logical_axes={'mlp': {'tensor': 'modle'}}"),  # never a second model axis
+])
+def test_a_mesh_typo_is_told_the_name_it_meant_and_never_an_axis_the_mesh_already_has(mesh: str, fix: str) -> None:
+    from job.train import config
+    from job.train import task as tasks
+
+    lm = tasks.load("lm")
+    with pytest.raises(ConfigError) as raised:
+        config.validate(dataclasses.replace(config.defaults(lm), mesh=mesh), lm)
+    assert raised.value.fix == fix
+
+
 @pytest.mark.parametrize(("flags", "said"), [
     (("--mesh", "data=2,modle=2", "--rule", "tensor"),
      "found \"axis 'modle' in 'data=2,modle=2'\". Fix: did you mean 'model'? --mesh data=2,model=2"),
