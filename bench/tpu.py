@@ -9,7 +9,8 @@ Runs, one after another, each in its own process (a chip is held by one program 
 2. `python -m bench.mfu worker --size gpt2-small`: the template's train step against a hand-written
    `jax.jit` step of the same model, interleaved;
 3. the preset on real text, `--data.source CORPUS/stdlib.npy` (`python -m bench.corpus CORPUS` makes it
-   offline: the Python standard library's sources through a byte-level BPE);
+   offline, and this step runs it first where CORPUS has none: the Python standard library's sources through a
+   byte-level BPE; it needs the `tokenizers` extra);
 4. a ~400M configuration (dim 1024, 24 layers) through the loop, the preset's global batch of 16 as two
    micro-batches of 8 (`--accum-steps 2`, for which remat auto keeps the projections: dots), attention auto;
    `mfu400m`: its template step against the hand-written one (remat auto at batch 16: full);
@@ -172,7 +173,8 @@ def train_largest(work: Path, logs: Path, left: Callable[[], float], kind: str) 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.tpu")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "RESULTS-tpu.md")
-    p.add_argument("--corpus", type=Path, default=None, help="a folder with stdlib.npy (python -m bench.corpus)")
+    p.add_argument("--corpus", type=Path, default=None,
+                   help="a folder with stdlib.npy (python -m bench.corpus), made there first where it has none")
     p.add_argument("--budget-s", type=float, default=3600.0, help="stop starting steps after this long")
     p.add_argument("--text-steps", type=int, default=1000)
     p.add_argument("--steps", type=int, default=0, help="the synthetic run's steps (0: the preset's 1,000)")
@@ -215,6 +217,13 @@ def main(argv: list[str]) -> int:
             if not args.corpus:
                 skipped.append("text: no --corpus (python -m bench.corpus DIR makes one)")
                 continue
+            if not (args.corpus / "stdlib.npy").exists():  # made here, on the VM's own standard library
+                made = subprocess.run([sys.executable, "-m", "bench.corpus", str(args.corpus)], cwd=ROOT, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=left(), check=False)
+                (logs / "corpus.log").write_text(made.stdout)
+                if made.returncode != 0:
+                    skipped.append(f"text: python -m bench.corpus {args.corpus} exited {made.returncode} (corpus.log)")
+                    continue
             flags = ["--preset", "gpt2-small", "--data.source", str(args.corpus / "stdlib.npy"),
                      "--steps", str(args.text_steps)]
             runs[step] = summarize(train(step, flags, work / step, left(), logs), GPT2_SMALL, env["device_kind"])
