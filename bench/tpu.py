@@ -80,6 +80,14 @@ def train(name: str, flags: list[str], run_dir: Path, timeout_s: float, log_dir:
             "wall_s": time.monotonic() - began, "metrics": read_metrics(run_dir)}
 
 
+def run_logged(name: str, args: list[str], logs: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """`python -m ARGS` (a bench worker), its output kept in logs/NAME.log."""
+    out = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
+    (logs / f"{name}.log").write_text(out.stdout)
+    return out
+
+
 def summarize(run: dict, cfg: dict, kind: str) -> dict:
     """tokens/s (median over the log intervals after the first) and MFU; the train and eval curves."""
     rows = run["metrics"]
@@ -178,7 +186,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--budget-s", type=float, default=3600.0, help="stop starting steps after this long")
     p.add_argument("--text-steps", type=int, default=1000)
     p.add_argument("--steps", type=int, default=0, help="the synthetic run's steps (0: the preset's 1,000)")
-    p.add_argument("--only", default="synthetic,mfu,text,400m,mfu400m,ckpt,largest", help="the steps to run, comma-separated")
+    p.add_argument("--only", default="synthetic,mfu,text,400m,mfu400m,ckpt,largest",
+                   help="the steps to run, comma-separated")
     p.add_argument("--logs", type=Path, default=None, help="where each step's output goes (default: a temp folder)")
     args = p.parse_args(argv)
     began = time.monotonic()
@@ -191,8 +200,8 @@ def main(argv: list[str]) -> int:
     skipped: list[str] = []
     mfu_records: list[dict] = []
     ckpt_record = None
-    plan = [("synthetic", 100 + 0.2 * (args.steps or 1000)), ("mfu", 100), ("mfu400m", 120), ("text", 60 + 0.2 * args.text_steps),
-            ("400m", 150), ("ckpt", 120), ("largest", 200)]
+    plan = [("synthetic", 100 + 0.2 * (args.steps or 1000)), ("mfu", 100), ("mfu400m", 120),
+            ("text", 60 + 0.2 * args.text_steps), ("400m", 150), ("ckpt", 120), ("largest", 200)]
     for step, needs in plan:
         if step not in args.only.split(","):
             continue
@@ -205,10 +214,7 @@ def main(argv: list[str]) -> int:
                                    env["device_kind"])
         elif step in ("mfu", "mfu400m"):
             size = "400m" if step == "mfu400m" else "gpt2-small"
-            out = subprocess.run([sys.executable, "-m", "bench.mfu", "worker", "--quick", "--size", size], cwd=ROOT,
-                                 text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=left(),
-                                 check=False)
-            (logs / f"{step}.log").write_text(out.stdout)
+            out = run_logged(step, ["bench.mfu", "worker", "--quick", "--size", size], logs, left())
             found = records(out.stdout)
             mfu_records += found[-1:]
             if not found:
@@ -218,9 +224,7 @@ def main(argv: list[str]) -> int:
                 skipped.append("text: no --corpus (python -m bench.corpus DIR makes one)")
                 continue
             if not (args.corpus / "stdlib.npy").exists():  # made here, on the VM's own standard library
-                made = subprocess.run([sys.executable, "-m", "bench.corpus", str(args.corpus)], cwd=ROOT, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=left(), check=False)
-                (logs / "corpus.log").write_text(made.stdout)
+                made = run_logged("corpus", ["bench.corpus", str(args.corpus)], logs, left())
                 if made.returncode != 0:
                     skipped.append(f"text: python -m bench.corpus {args.corpus} exited {made.returncode} (corpus.log)")
                     continue
@@ -232,10 +236,7 @@ def main(argv: list[str]) -> int:
                      "--eval-every", "1000"]
             runs[step] = summarize(train(step, flags, work / step, left(), logs), M400, env["device_kind"])
         elif step == "ckpt":
-            out = subprocess.run([sys.executable, "-m", "bench.ckpt", "worker", "--size", "gpt2-small"], cwd=ROOT,
-                                 text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=left(),
-                                 check=False)
-            (logs / "ckpt.log").write_text(out.stdout)
+            out = run_logged(step, ["bench.ckpt", "worker", "--size", "gpt2-small"], logs, left())
             found = records(out.stdout)
             ckpt_record = found[-1] if found else None
             if not found:

@@ -311,7 +311,7 @@ class Training:
             at(done, "save")
             state = self.save(state, done)
         at(done, "sync")
-        with timer.part("steps"):  # a collective every step (or the opt-in sync point): part of what a step costs
+        with timer.part("steps"):  # the sync point (TPU, GPU) or a collective (CPU): part of a step's cost
             stop = interrupted or self.guard.should_stop(done)
         # after the step's last collective: every process has finished the step, its state is ready
         if self.checkpoints.local_due(done, persistent=saves or stop):  # a stop is saved by `train`

@@ -12,12 +12,11 @@ keeps (below); its margin (ACTIVATION_SHARE) was set against the compiler's own 
 from __future__ import annotations
 
 import logging
-import math
 
 import jax
 
 from job.multihost import on_process_zero
-from job.sharding import train_batch_axes
+from job.sharding import train_batch_size_divisor
 from job.tasks.lm import attention
 
 log = logging.getLogger(__name__)
@@ -62,7 +61,7 @@ def resolve(cfg: object, *, rows: int, length: int) -> str:
         on_process_zero(log.debug, "remat auto: none (%s: no device memory to fit)", where)
         return "none"
     mesh = jax.sharding.get_abstract_mesh()
-    shards = 1 if mesh.empty else math.prod(mesh.shape[a] for a in train_batch_axes(mesh))
+    shards = 1 if mesh.empty else train_batch_size_divisor(mesh)
     dim, mlp, layers = (getattr(cfg, f) for f in ("dim", "mlp_dim", "layers"))
     width = 2 if getattr(cfg, "dtype") == "bfloat16" else 4
     tokens = rows * length / shards
