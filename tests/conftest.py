@@ -11,7 +11,8 @@ import os
 
 # In-process unit tests see 8 CPU devices; must precede any jax import.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if os.environ.get("JOB_TESTS_CHIP") != "1":  # the TPU tier (tests/chip) runs on the chip, and its training commands too
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # gcsfs picks its client class when first imported: the Cloud Storage tier's emulator needs the plain one.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 # Every process the tests launch shares jax's compilation cache with process 0 (tests/site/sitecustomize.py).

@@ -145,3 +145,15 @@ def test_remat_auto_picks_what_fits_a_v5e_chip(monkeypatch: pytest.MonkeyPatch, 
 def test_remat_auto_keeps_everything_on_cpu() -> None:
     assert remat.resolve(GPT2_SMALL, rows=16, length=1024) == "none"
     assert remat.parameters(GPT2_SMALL) == 163_007_232
+
+
+def test_the_kernel_is_said_once_for_an_unrolled_stack_traced_for_train_and_eval(
+        caplog: pytest.LogCaptureFixture) -> None:
+    cfg = model.ModelConfig(**{**SMALL, "layers": 3, "seq_len": 72}, scan=False, attention="xla")  # a shape of its own
+    m = model.Transformer(cfg, rngs=nnx.Rngs(0))
+    tokens, mask = _batch(length=cfg.seq_len + 1)
+    with caplog.at_level("INFO", logger=attention.log.name):
+        jax.jit(lambda t, w: model.loss_fn(m, t, w)[0]).lower(tokens, mask)  # the train step's trace
+        jax.jit(lambda t, w: model.loss_fn(m, t, w)[0] * 2).lower(tokens, mask)  # and eval's
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("attention: ")]
+    assert said == ["attention: xla for queries (4, 72, 2, 16)"]

@@ -106,6 +106,13 @@ def choose(requested: str, *, length: int, dtype: str = "bfloat16", on: str | No
     return Kernel(requested)
 
 
+@functools.cache
+def _say_once(description: str, shape: tuple[int, ...]) -> None:
+    """The kernel chosen for a shape, said once a process: an unrolled stack traces attend once a layer, and the
+    train and eval steps trace it again."""
+    on_process_zero(log.info, "attention: %s for queries %s", description, shape)
+
+
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, requested: str = "auto") -> jax.Array:
     """Causal attention of q [B, L, heads, head_dim] over k, v of the same shape, by the kernel `requested`
     resolves to; the result has q's shape and dtype."""
@@ -114,7 +121,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, requested: str = "auto") ->
     sequence_axes = _axes_of(q_spec, 1)
     shards = math.prod(jax.sharding.get_abstract_mesh().shape[a] for a in sequence_axes)
     kernel = choose(requested, length=q.shape[1] // shards, dtype=jnp.dtype(q.dtype).name, shards=shards)
-    on_process_zero(log.info, "attention: %s for queries %s", kernel.describe(), tuple(q.shape))
+    _say_once(kernel.describe(), tuple(q.shape))
     if kernel.name not in PALLAS:
         if shards > 1 and kernel.name == "cudnn":
             raise ConfigError("--model.attention", expected="cudnn with the sequence whole on each device",
