@@ -201,7 +201,7 @@ def main(argv: list[str]) -> int:
     mfu_records: list[dict] = []
     ckpt_record = None
     plan = [("synthetic", 100 + 0.2 * (args.steps or 1000)), ("mfu", 100), ("mfu400m", 120),
-            ("text", 60 + 0.2 * args.text_steps), ("400m", 150), ("ckpt", 120), ("largest", 200)]
+            ("text", 60 + 0.2 * args.text_steps), ("400m", 150), ("ckpt", 120), ("largest", 420)]
     for step, needs in plan:
         if step not in args.only.split(","):
             continue
