@@ -57,7 +57,7 @@ def build_image(context: Path, tag: str, base: str, env: dict[str, str], timeout
     return Built(tag, seconds, log)
 
 
-def main() -> int:
+def build_ahead() -> int:
     """The stand-in base and the CPU image, as the tier's fixtures make them; 1 (with the reason) on a failure,
     which the tests then meet and report themselves."""
     env = engine_env()
@@ -74,4 +74,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(build_ahead())
