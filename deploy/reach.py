@@ -19,7 +19,7 @@ import threading
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from job.core.errors import ConfigError
 
@@ -29,6 +29,34 @@ FIRST_S = 4.0  # a question's answer, at first; a reachable service answers its 
 REACH_S = 3.0  # the endpoint's name resolved and a TCP connection made, at most
 PATIENT_S = 20.0  # then, when the endpoint does take connections: the rest of the answer, at most
 DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+class Background(Generic[T]):
+    """`work()` in a daemon thread from now on (one that never ends is left behind and keeps nothing alive): the
+    caller waits for it as long as it chooses, then takes its result or what it raised."""
+
+    def __init__(self, work: Callable[[], T], name: str) -> None:
+        self._answer: list[T] = []
+        self._failure: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, args=(work,), daemon=True, name=name)
+        self._thread.start()
+
+    def _run(self, work: Callable[[], T]) -> None:
+        try:
+            self._answer.append(work())
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread, by result()
+            self._failure.append(exc)
+
+    def wait(self, timeout_s: float | None) -> bool:
+        """Whether it has ended, having waited at most `timeout_s` (None: however long it takes)."""
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def result(self) -> T:
+        """What it returned, or what it raised raised here; only once wait() said it has ended."""
+        if self._failure:
+            raise self._failure[0]
+        return self._answer[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,19 +82,18 @@ class Service:
         """None when its endpoint (or its proxy) takes a TCP connection within `bound_s`; else why not, in a line."""
         host, port, via = self.address()
         where = f"{host}:{port}{via}"
-        found: list[str | None] = []
 
-        def connect() -> None:
+        def connect() -> str | None:
             try:
                 socket.create_connection((host, port), timeout=bound_s).close()
-                found.append(None)
+                return None
             except OSError as exc:  # name resolution, refused, unreachable, timed out
-                found.append(f"cannot reach {where}: {exc.strerror or exc}")
+                return f"cannot reach {where}: {exc.strerror or exc}"
 
-        worker = threading.Thread(target=connect, daemon=True, name=f"reach-{host}")  # resolving may not time out
-        worker.start()
-        worker.join(bound_s)
-        return found[0] if found else f"cannot reach {where}: no connection within {bound_s:g} s"
+        attempt = Background(connect, name=f"reach-{host}")  # resolving a name may not time out
+        if attempt.wait(bound_s):
+            return attempt.result()
+        return f"cannot reach {where}: no connection within {bound_s:g} s"
 
 
 class Unreachable(ConfigError):
@@ -87,28 +114,14 @@ def silent(service: Service) -> str:
 def bounded(ask: Callable[[], T], service: Service) -> T:
     """`ask()` run in a daemon thread (left behind if it does not end: it keeps nothing alive), its result within
     FIRST_S, else Unreachable once `service` proves unreachable, or after PATIENT_S more when it is reachable."""
-    answer: list[T] = []
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            answer.append(ask())
-        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
-            failure.append(exc)
-
-    worker = threading.Thread(target=run, daemon=True, name=f"bounded-{service.name}")
-    worker.start()
-    worker.join(FIRST_S)
-    if worker.is_alive():
+    asked = Background(ask, name=f"bounded-{service.name}")
+    if not asked.wait(FIRST_S):
         problem = service.problem()
         if problem is not None:
             raise Unreachable(service, FIRST_S, problem)
-        worker.join(PATIENT_S)
-    if failure:
-        raise failure[0]
-    if not answer:
-        raise Unreachable(service, FIRST_S + PATIENT_S, silent(service))
-    return answer[0]
+        if not asked.wait(PATIENT_S):
+            raise Unreachable(service, FIRST_S + PATIENT_S, silent(service))
+    return asked.result()
 
 
-__all__ = ["FIRST_S", "PATIENT_S", "REACH_S", "Service", "Unreachable", "bounded", "silent"]
+__all__ = ["FIRST_S", "PATIENT_S", "REACH_S", "Background", "Service", "Unreachable", "bounded", "silent"]

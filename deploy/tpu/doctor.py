@@ -42,7 +42,6 @@ import os
 import shlex
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -97,10 +96,7 @@ class Started:
         self.name = name
         self.down: reach.Service | None = None
         self._began = time.monotonic()
-        self._answer: list[Check] = []
-        self._worker = threading.Thread(target=lambda: self._answer.append(self._check(make)), daemon=True,
-                                        name=f"doctor-{name}")
-        self._worker.start()
+        self._running = reach.Background(lambda: self._check(make), name=f"doctor-{name}")
 
     def _check(self, make: Callable[[], Check]) -> Check:
         try:
@@ -118,9 +114,8 @@ class Started:
 
     def result(self, bound_s: float | None = BOUND_S) -> Check:
         """Its line, within `bound_s` of its start (None: however long it takes)."""
-        self._worker.join(None if bound_s is None else max(0.0, self._began + bound_s - time.monotonic()))
-        if self._answer:
-            return self._answer[0]
+        if self._running.wait(None if bound_s is None else max(0.0, self._began + bound_s - time.monotonic())):
+            return self._running.result()  # _check returns a line for every exception
         return Check(self.name, False, f"expected an answer within {bound_s:.0f} s, found none",
                      fix="check this machine's network (proxy, DNS, firewall), then run make tpu-doctor again")
 
@@ -261,7 +256,8 @@ QUICK = (Probe("gcloud", require_gcloud), Probe("account", active_account), Prob
 
 def preflight(cfg: TpuConfig, runner: Runner, known: Sequence[str] = ()) -> None:
     """The quick part, before anything is created: the first problem is raised (ConfigError, exit 2). `known`: the
-    answers of its first probes, asked already (a dry run asks gcloud, account and project first: deploy/tpu/preview.py)."""
+    answers of its first probes, asked already (a dry run asks gcloud, account and project first:
+    deploy/tpu/preview.py)."""
     found = [*known, *(probe.ask(cfg, runner) for probe in QUICK[len(known):])]
     log.info("checked before creating anything: %s", "; ".join(
         f"{probe.name} {text}" for probe, text in zip(QUICK[1:], found[1:], strict=True)))  # not gcloud's path

@@ -7,6 +7,7 @@ import dataclasses
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 
@@ -117,3 +118,18 @@ def test_a_gcloud_question_past_its_bound_is_asked_again_when_the_api_is_reachab
     with pytest.raises(doctor.ConfigError, match=r"gcloud: expected an answer within 24 s \(from its own "
                                                  r"configuration\), found 'none: gcloud auth list did not end'"):
         doctor._ask(SlowGcloud(), gcloud.active_account(), api=False)  # no network involved: one bound, no probe
+
+
+def test_background_work_gives_its_result_or_raises_its_error_here_and_a_stuck_one_is_left_behind() -> None:
+    done = reach.Background(lambda: "answer", name="quick")
+    assert done.wait(5) and done.result() == "answer"
+    broken = reach.Background(lambda: 1 / 0, name="broken")
+    assert broken.wait(5)
+    with pytest.raises(ZeroDivisionError):
+        broken.result()
+    release = threading.Event()
+    began = time.monotonic()
+    stuck = reach.Background(release.wait, name="stuck")
+    assert not stuck.wait(0.2) and time.monotonic() - began < 2  # the caller goes on; the thread is a daemon
+    release.set()
+    assert stuck.wait(5) and stuck.result() is True
