@@ -336,8 +336,7 @@ def checks(cfg: TpuConfig, runner: Runner, check_run: bool = True) -> Iterator[C
         yield Probe("wheelhouse", lambda c, _: wheels.describe(c)).check(cfg, runner)
     tool = QUICK[0].check(cfg, runner)
     yield tool
-    fit.prepare(cfg, check_run)
-    fitting = Started(fit.NAME, lambda: fit.check(cfg, check_run))  # from here on, the rest waits for services
+    fitting = Started(fit.NAME, fit.prepare(cfg, check_run))  # from here on, the rest waits for services
     bucket = _bucket_url(cfg)
     if bucket is not None:
         for name in QUIET:

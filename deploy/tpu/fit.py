@@ -20,7 +20,7 @@ import dataclasses
 import importlib.metadata
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from deploy.checks import Check, failed
@@ -146,18 +146,21 @@ def _skipped(detail: str) -> Check:
 def check(cfg: TpuConfig, check_run: bool = True) -> Check:
     """The fit line of `python -m deploy.tpu doctor`: ARGS' train step compiled for the slice, HBM per chip needed
     against available; skipped, saying why, where it cannot be checked here."""
+    return prepare(cfg, check_run)()
+
+
+def prepare(cfg: TpuConfig, check_run: bool = True) -> Callable[[], Check]:
+    """`check`, made ready in the calling thread: where the step will be compiled, what compiles it (jax, flax, the
+    loop) is imported here. The doctor runs the returned check in a thread of its own alongside its other checks,
+    and two threads importing at once may each find the other's modules half made (numpy's C extension refuses to
+    load so)."""
     skipped = _not_compiled(cfg, check_run)
     if skipped is not None:
-        return skipped
-    return _compiled(cfg, libtpu_version() or "")
+        return lambda: skipped
+    from job.train import fit, memory, sweep_check, task  # noqa: F401 - imported here: see above
 
-
-def prepare(cfg: TpuConfig, check_run: bool = True) -> None:
-    """Where the step will be compiled: import what compiles it (jax, flax, the loop) in the calling thread. The
-    doctor runs `check` in a thread of its own alongside its other checks, and two threads importing at once may
-    each find the other's modules half made (numpy's C extension refuses to load so)."""
-    if _not_compiled(cfg, check_run) is None:
-        from job.train import fit, memory, sweep_check, task  # noqa: F401 - imported here: see above
+    version = libtpu_version() or ""
+    return lambda: _compiled(cfg, version)
 
 
 def _not_compiled(cfg: TpuConfig, check_run: bool) -> Check | None:
