@@ -69,23 +69,24 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 def train(name: str, flags: list[str], run_dir: Path, timeout_s: float, log_dir: Path) -> dict:
     """`python -m job train FLAGS` into run_dir; its return code, wall time and metrics."""
-    command = [sys.executable, "-m", "job", "train", *flags, "--run-dir", str(run_dir)]
     began = time.monotonic()
-    with (log_dir / f"{name}.log").open("w") as log:
-        try:
-            code = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s).returncode
-        except subprocess.TimeoutExpired:
-            code = 124
-    return {"name": name, "command": "python -m job train " + shlex.join(flags), "code": code,
+    done = run_logged(name, ["job", "train", *flags, "--run-dir", str(run_dir)], log_dir, timeout_s)
+    return {"name": name, "command": "python -m job train " + shlex.join(flags), "code": done.returncode,
             "wall_s": time.monotonic() - began, "metrics": read_metrics(run_dir)}
 
 
 def run_logged(name: str, args: list[str], logs: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
-    """`python -m ARGS` (a bench worker), its output kept in logs/NAME.log."""
-    out = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
-    (logs / f"{name}.log").write_text(out.stdout)
-    return out
+    """`python -m ARGS`, its output written to logs/NAME.log as it comes (kept when it outlasts `timeout_s`: it is
+    stopped, exit 124, and the steps after it still run); its exit code and output."""
+    argv = [sys.executable, "-m", *args]
+    path = logs / f"{name}.log"
+    with path.open("w") as log:
+        try:
+            code = subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s,
+                                  check=False).returncode
+        except subprocess.TimeoutExpired:
+            code = 124
+    return subprocess.CompletedProcess(argv, code, path.read_text())
 
 
 def summarize(run: dict, cfg: dict, kind: str) -> dict:

@@ -18,6 +18,6 @@ import pytest
 def on_a_tpu() -> None:
     asked = subprocess.run([sys.executable, "-c", "import jax; print(jax.default_backend())"],
                            capture_output=True, text=True, timeout=300, check=False)
-    backend = asked.stdout.strip() or f"none ({asked.stderr.strip().splitlines()[-1:]})"
+    backend = asked.stdout.strip() or f"none ({(asked.stderr.strip().splitlines() or ['no output'])[-1]})"
     if backend != "tpu":
         pytest.skip(f"no TPU (jax backend: {backend}): the chip tier runs on a TPU VM")
