@@ -24,6 +24,7 @@ if _SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
 
 import fcntl  # noqa: E402
 import logging  # noqa: E402
+import resource  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
@@ -111,14 +112,29 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, AN
     return EngineAsOneUnit(config, log)
 
 
+# The CPU time each phase of a test took: its pytest process's and that of every process it started and waited
+# for (and theirs, as each waited for its own), not the Slurm or podman daemons' processes. Under two workers
+# on two cores the suite is bound by the CPU, so this, not the wall time, says what a test costs the run.
+CPU_MARK = pytest.StashKey[float]()
+CPU_PROPERTY = "cpu_s"
+
+
+def cpu_seconds() -> float:
+    """User and system CPU seconds of this process and of its children it waited for, so far."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outermost: pytest-timeout's clock starts once it holds the lock
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # noqa: ANN201, ARG001
     if "PYTEST_XDIST_WORKER" not in os.environ or not _uses_engine(item.nodeid):
+        item.stash[CPU_MARK] = cpu_seconds()
         yield
         return
     ENGINE_LOCK.parent.mkdir(parents=True, exist_ok=True)
     with ENGINE_LOCK.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        item.stash[CPU_MARK] = cpu_seconds()
         yield
 
 
@@ -126,6 +142,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  #
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # noqa: ANN201
     outcome = yield
     report = outcome.get_result()
+    if CPU_MARK in item.stash:  # this phase's CPU, since the last phase's report (a new list: not the item's)
+        now = cpu_seconds()
+        report.user_properties = [*report.user_properties, (CPU_PROPERTY, now - item.stash[CPU_MARK])]
+        item.stash[CPU_MARK] = now
     if REQUIRE_ALL_TIERS and report.skipped and not hasattr(report, "wasxfail"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
@@ -205,7 +225,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 
 
 def _tier_times(terminalreporter) -> None:  # noqa: ANN001 - pytest's TerminalReporter
+    """Each tier's wall time and CPU time (CPU_MARK's), summed over its tests' phases and the workers."""
     seconds: dict[str, float] = {}
+    cpu: dict[str, float] = {}
     tests: dict[str, set[str]] = {}
     for reports in terminalreporter.stats.values():
         for report in reports:
@@ -214,13 +236,17 @@ def _tier_times(terminalreporter) -> None:  # noqa: ANN001 - pytest's TerminalRe
                 continue
             tier = nodeid.split("/")[1] if nodeid.count("/") > 1 else "tests"
             seconds[tier] = seconds.get(tier, 0.0) + report.duration
+            cpu[tier] = cpu.get(tier, 0.0) + dict(getattr(report, "user_properties", [])).get(CPU_PROPERTY, 0.0)
             tests.setdefault(tier, set()).add(nodeid)
     if not seconds:
         return
-    terminalreporter.section("time per tier (its tests' time, summed over the workers)")
+    terminalreporter.section("time per tier (its tests' time, summed over the workers; CPU: theirs and their "
+                             "processes')")
     for tier in sorted(seconds, key=seconds.get, reverse=True):
-        terminalreporter.write_line(f"{tier:<14} {seconds[tier]:7.0f} s  {len(tests[tier]):5d} tests")
-    terminalreporter.write_line(f"{'all':<14} {sum(seconds.values()):7.0f} s  {sum(map(len, tests.values())):5d} tests")
+        terminalreporter.write_line(f"{tier:<14} {seconds[tier]:7.0f} s  {cpu[tier]:7.0f} s CPU  "
+                                    f"{len(tests[tier]):5d} tests")
+    terminalreporter.write_line(f"{'all':<14} {sum(seconds.values()):7.0f} s  {sum(cpu.values()):7.0f} s CPU  "
+                                f"{sum(map(len, tests.values())):5d} tests")
 
 
 def _fault_matrix(terminalreporter) -> None:  # noqa: ANN001 - pytest's TerminalReporter
