@@ -127,14 +127,13 @@ def cpu_seconds() -> float:
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outermost: pytest-timeout's clock starts once it holds the lock
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # noqa: ANN201, ARG001
+    item.stash[CPU_MARK] = cpu_seconds()  # waiting for the lock below takes no CPU
     if "PYTEST_XDIST_WORKER" not in os.environ or not _uses_engine(item.nodeid):
-        item.stash[CPU_MARK] = cpu_seconds()
         yield
         return
     ENGINE_LOCK.parent.mkdir(parents=True, exist_ok=True)
     with ENGINE_LOCK.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        item.stash[CPU_MARK] = cpu_seconds()
         yield
 
 
