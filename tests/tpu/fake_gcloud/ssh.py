@@ -25,8 +25,10 @@ coordinator port (one network), so a multislice job forms one cluster.
 FAKE_GCLOUD_WORKER_ENV (a JSON object) adds variables to every worker: the
 simulated cloud's service endpoints (a Cloud Storage emulator). A worker is a
 process the tests start: it compiles as they do (tests/site/sitecustomize.py,
-JOB_TESTS_COMPILE and JOB_TESTS_CACHE_KEYS), and nothing else of this
-machine's environment reaches it.
+JOB_TESTS_COMPILE and JOB_TESTS_CACHE_KEYS) into their compilation cache
+(tests/launching.py: each worker's own home would hold a cache no other worker
+and no later test reads), and nothing else of this machine's environment
+reaches it.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from job.core.ports import free_port
+from tests.launching import COMPILATION_CACHE
 from tests.tpu.fake_gcloud.commands import CloudError, where
 from tests.tpu.fake_gcloud.grammar import Parsed
 from tests.tpu.fake_gcloud.state import Cloud
@@ -146,8 +149,11 @@ def _port(cloud: Cloud, parsed: Parsed, record: dict[str, Any]) -> int:
 def worker_env(cloud: Cloud, record: dict[str, Any], worker: int, port: int, home: Path) -> dict[str, str]:
     user = getpass.getuser()
     tests_site = {name: os.environ[name] for name in TESTS_SITE_ENV if name in os.environ}
+    if tests_site:
+        tests_site = {"PYTHONPATH": str(TESTS_SITE), **{k: os.environ.get(k, v) for k, v in COMPILATION_CACHE.items()},
+                      **tests_site}
     return {
-        **({"PYTHONPATH": str(TESTS_SITE), **tests_site} if tests_site else {}),
+        **tests_site,
         **json.loads(os.environ.get(WORKER_ENV, "{}")),
         VM_ENV: f"{cloud.root}/{record['project']}/{record['zone']}/{record['name']}/worker-{worker}",
         "HOME": str(home), "USER": user, "LOGNAME": user, "SHELL": "/bin/bash", "LANG": "C.UTF-8",
