@@ -36,11 +36,16 @@ COMPILATION_CACHE = {
 }
 
 
+def compilation_cache_env() -> dict[str, str]:
+    """COMPILATION_CACHE's variables, each as this process's environment sets it where it does."""
+    return {k: os.environ.get(k, v) for k, v in COMPILATION_CACHE.items()}
+
+
 def child_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONFAULTHANDLER"] = "1"  # a rank stopped with SIGABRT prints its Python stack (stop_with_stacks)
-    env.update({k: v for k, v in COMPILATION_CACHE.items() if k not in os.environ})
+    env.update(compilation_cache_env())
     env.update(extra)
     return env
 

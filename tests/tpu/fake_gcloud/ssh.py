@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from job.core.ports import free_port
-from tests.launching import COMPILATION_CACHE
+from tests.launching import compilation_cache_env
 from tests.tpu.fake_gcloud.commands import CloudError, where
 from tests.tpu.fake_gcloud.grammar import Parsed
 from tests.tpu.fake_gcloud.state import Cloud
@@ -149,11 +149,8 @@ def _port(cloud: Cloud, parsed: Parsed, record: dict[str, Any]) -> int:
 def worker_env(cloud: Cloud, record: dict[str, Any], worker: int, port: int, home: Path) -> dict[str, str]:
     user = getpass.getuser()
     tests_site = {name: os.environ[name] for name in TESTS_SITE_ENV if name in os.environ}
-    if tests_site:
-        tests_site = {"PYTHONPATH": str(TESTS_SITE), **{k: os.environ.get(k, v) for k, v in COMPILATION_CACHE.items()},
-                      **tests_site}
     return {
-        **tests_site,
+        **({"PYTHONPATH": str(TESTS_SITE), **compilation_cache_env(), **tests_site} if tests_site else {}),
         **json.loads(os.environ.get(WORKER_ENV, "{}")),
         VM_ENV: f"{cloud.root}/{record['project']}/{record['zone']}/{record['name']}/worker-{worker}",
         "HOME": str(home), "USER": user, "LOGNAME": user, "SHELL": "/bin/bash", "LANG": "C.UTF-8",
