@@ -28,7 +28,7 @@ SLURM_ENV := /var/tmp/jax-job-slurm/env.sh
 # ARGS given on the command line reach the job as shell-style words (never run); otherwise deploy.slurm.submit's default
 SLURM_ARGS = $(if $(filter command line,$(origin ARGS)),--args=$(call quote,ARGS))
 
-.PHONY: help venv run-local test-local test-unit test-smoke lint bench rerun plot runs lock clean slurm-up slurm-down submit-slurm doctor
+.PHONY: help venv run-local test-local test-unit test-smoke coverage lint bench rerun plot runs lock clean slurm-up slurm-down submit-slurm doctor
 
 help: ## list every target
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -82,6 +82,15 @@ test-unit: $(BIN)/.installed ## only the fast single-process tests (under a minu
 
 test-smoke: $(BIN)/.installed ## the unit tier and a multi-process smoke (train, bitwise resume, one fault): CI's second Python
 	$(BIN)/python -m pytest $(TEST_WORKERS) tests/unit tests/multiprocess -m "smoke or not multiprocess" $(PYTEST_ARGS)
+
+# coverage's data files (one per process), combined into COVERAGE_DIR/data; the report is printed and kept beside them
+COVERAGE_DIR ?= $(CURDIR)/.coverage-data
+coverage: $(BIN)/.installed ## line coverage of job/ and deploy/ over the whole suite, every process the tests start measured
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[coverage]'
+	rm -rf $(COVERAGE_DIR) && mkdir -p $(COVERAGE_DIR)
+	COVERAGE_FILE=$(COVERAGE_DIR)/data $(BIN)/coverage run -m pytest $(TEST_WORKERS) $(PYTEST_ARGS); status=$$?; \
+	    COVERAGE_FILE=$(COVERAGE_DIR)/data $(BIN)/coverage combine --quiet $(COVERAGE_DIR) && \
+	    COVERAGE_FILE=$(COVERAGE_DIR)/data $(BIN)/coverage report | tee $(COVERAGE_DIR)/report.txt | tail -n 3; exit $$status
 
 # mypy reads pyproject.toml's [tool.mypy] (job/ and deploy/, for Python 3.11); its cache beside the venv whose
 # libraries it read (ignored by git, removed with the venv)
