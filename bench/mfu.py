@@ -25,7 +25,7 @@ optimizer state, as `job.train.loop.run` steps) and the hand-written `jax.jit` s
 of bench/step.py, with the same `job.train.steps.make_optimizer` transform, are
 timed, interleaved. Attention and remat are the model's own flags
 (`--model.attention`, `--model.remat`; auto: splash attention on a TPU, cuDNN on
-a GPU, and the remat policy job/tasks/lm/remat.py picks). Rows hold seq_len + 1
+a GPU, and the remat policy the loop would choose by compiling: job/train/remat_auto.py). Rows hold seq_len + 1
 tokens, so seq_len positions train, as the lm task's rows do.
 """
 
@@ -147,27 +147,35 @@ def worker(argv: list[str]) -> None:
         sharding.shard_model(model, mesh)
         sharding.shard_model(optimizer, mesh)
         graphdef, state = nnx.split({"model": model, "optimizer": optimizer})
-        jitted = jit_train_step(task.loss, graphdef, state)  # a fresh jit per attention implementation
+
+        def compile_under(policy: str) -> tuple:  # noqa: ANN202 - as the loop chooses remat auto
+            fresh = jit_train_step(task.loss, graphdef, state)  # a fresh jit per policy and attention
+            with sharding.mesh_context(mesh), choosing(policy):
+                lowered = fresh.lower(state, batch)
+            return fresh, remat_auto.need_of(lowered.compile, memory.device_limit([device]))[1], lowered.as_text()
+
+        choice = remat_auto.choose(compile_under, limit=memory.device_limit([device]))
         template = {"state": state}
-        with sharding.mesh_context(mesh):
-            template["state"], metrics = jitted(state, batch)
+        with sharding.mesh_context(mesh), choosing(choice.policy):
+            template["state"], metrics = choice.step(state, batch)
             jax.block_until_ready(metrics)
         graphdef_b, params_b = nnx.split(task.build(cfg, nnx.Rngs(0)))
         baseline = {"p": params_b, "s": tx.init(params_b)}
         step = handwritten_step(graphdef_b, task.loss, tx)
-        baseline["p"], baseline["s"], metrics = step(baseline["p"], baseline["s"], batch)
+        with choosing(choice.policy):
+            baseline["p"], baseline["s"], metrics = step(baseline["p"], baseline["s"], batch)
         jax.block_until_ready(metrics)
-        return jitted, template, step, baseline
+        return choice.step, template, step, baseline, choice.policy
 
-    from job.tasks.lm import attention as kernels
-    from job.tasks.lm import remat
+    from job.kernels import self_attention as kernels
+    from job.kernels.rematerialize import choosing
+    from job.train import memory, remat_auto
 
     errors: list[str] = []
     compile_start = time.perf_counter()
-    jitted, template, step, baseline = build()
+    jitted, template, step, baseline, policy = build()
     compile_s = time.perf_counter() - compile_start
     attention = kernels.choose(args.attention, length=cfg.seq_len, dtype=cfg.dtype).describe()
-    policy = remat.resolve(cfg, rows=args.batch, length=cfg.seq_len)
 
     def run_template() -> float:
         state = template["state"]

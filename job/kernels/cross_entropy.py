@@ -18,7 +18,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from job.sharding import constrain
+from job.parallel.sharding import constrain
 
 CHUNK_BYTES = 256 * 2**20  # float32 logits of one chunk, summed over the batch (every device's share)
 LOGITS = ("batch", "length", "vocab")

@@ -27,7 +27,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from job.core.errors import ConfigError
 from job.parallel import sharding
-from job.train import loop, memory
+from job.kernels.rematerialize import choosing
+from job.train import loop, memory, remat_auto
 from job.train.config import TrainConfig
 from job.train.memory import Need, Remedy
 from job.train.task import Task
@@ -106,14 +107,32 @@ def measure(cfg: TrainConfig, task: Task, devices: Sequence[Any], hbm: int | Non
     sharding.check_global_batch(cfg.data.global_batch, cfg.accum_steps, mesh)
     batch = abstract_batch(row, cfg.data.global_batch, sharding.batch_sharding(mesh))
     planned = loop.plan_run(cfg, task, mesh).planned  # outside the mesh's context, as the loop builds it
+    beside = _state_bytes_per_device(planned.abstract) if cfg.ckpt.background else 0
+
+    def compile_under(policy: str) -> tuple[None, Need, str]:
+        step = loop.train_step_of(cfg, task, planned, mesh)  # jitted afresh: traced under `policy`
+        with choosing(policy):
+            lowered = step.lower(planned.abstract, batch)
+        return None, remat_auto.need_of(lowered.compile, hbm)[1], lowered.as_text()
+
     with sharding.mesh_context(mesh, loop.run_rules(cfg, task)):  # the model picks its kernels by the mesh's platform
-        try:
-            compiled = loop.train_step_of(cfg, task, planned, mesh).lower(planned.abstract, batch).compile()
-        except jax.errors.JaxRuntimeError as exc:
-            if not memory.is_out_of_memory(exc):
-                raise
-            return memory.from_message(str(exc), hbm)
-    return memory.from_compiled(compiled, hbm)
+        choice = remat_auto.choose(compile_under, limit=hbm, beside=beside)  # remat auto, as the loop chooses it
+    need = choice.need
+    return need if choice.fits or not need.fits else dataclasses.replace(need, fits=False)
+
+
+def _state_bytes_per_device(abstract: Any) -> int:
+    """The bytes of the state's largest share on one device (a background save's on-device copy)."""
+    per: dict[Any, int] = {}
+    for leaf in jax.tree.leaves(abstract):
+        sharding_ = getattr(leaf, "sharding", None)
+        if sharding_ is None:
+            continue
+        shard = sharding_.shard_shape(leaf.shape)
+        size = int(np.prod(shard)) * np.dtype(leaf.dtype).itemsize
+        for device in sharding_.device_set:
+            per[device] = per.get(device, 0) + size
+    return max(per.values(), default=0)
 
 
 def _tries(cfg: TrainConfig, task: Task, target: Target, larger: Sequence[Target],
@@ -123,8 +142,8 @@ def _tries(cfg: TrainConfig, task: Task, target: Target, larger: Sequence[Target
     data_parallel = sharding.train_batch_size_divisor(mesh)
     makers: Mapping[str, Callable[[], Iterable[tuple[Remedy, Target]]]] = {
         "remat": lambda: ((r, target) for r in memory.remat(cfg, task)),
-        "accum_steps": lambda: ((r, target) for r in memory.accum_steps(cfg, data_parallel)),
-        "global_batch": lambda: ((r, target) for r in memory.global_batch(cfg, data_parallel)),
+        "accum_steps": lambda: ((r, target) for r in memory.accum_steps(cfg, data_parallel, task)),
+        "global_batch": lambda: ((r, target) for r in memory.global_batch(cfg, data_parallel, task)),
         "more_devices": lambda: ((memory.more_devices(cfg, len(target.devices), len(t.devices) // len(target.devices),
                                                       t.name), t) for t in larger),
     }

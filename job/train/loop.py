@@ -35,7 +35,7 @@ from job.parallel import sharding
 from job.parallel.fingerprint import fingerprint
 from job.parallel.multihost import barrier, coordination_client, on_process_zero
 from job.parallel.rows import row_span
-from job.runs import attempts, provenance, resume
+from job.runs import attempts, headroom, provenance, resume
 from job.runs.tiers import Checkpoints, Origin
 from job.runtime import compile_cache, preflight
 from job.runtime.cluster import ClusterInfo, node_name
@@ -44,7 +44,8 @@ from job.runtime.distributed import initialize
 from job.runtime.preemption import NOTICES, REQUEUE_EXIT_CODE, PreemptionGuard
 from job.runtime.rollcall import Answer, Progress, leave, roll_call
 from job.runtime.watchdog import Watchdog
-from job.train import memory, optimizers
+from job.kernels.rematerialize import choosing
+from job.train import memory, optimizers, remat_auto
 from job.train import state as state_plan
 from job.train.batches import Prefetch, global_batch, impurity, to_global
 from job.train.config import TrainConfig, to_dict, to_json
@@ -113,6 +114,7 @@ class Training:
         # set by restore, read by open_records
         self.changed: list[resume.Change] = []  # the config fields changed since the saved run
         self.compile_s = 0.0  # this process's own time compiling the steps ahead (the barrier's wait excluded)
+        self.remat = "none"  # what remat auto stands for in this run: chosen by compiling (choose_remat)
         self.progress = Progress()  # where the loop is: the hang watchdog's roll call reads it
         self.answered = 0  # processes that answered the watchdog's roll call: process 0 waits for them to leave
 
@@ -218,14 +220,38 @@ class Training:
               leaked_tracer_note()):  # as steps are called
             began = time.perf_counter()
             batch = first_batch(built.source, built.batch_sharding, step=start, size=cfg.data.global_batch)
-            with memory.one_error(cfg, self.task, built.mesh, "compiling the train step"):  # the bytes, the flags
-                built.train_step.lower(state, batch).compile()
-            built.evaluator.compile(state)
+            self.remat = self.choose_remat(built, state, batch)
+            with choosing(self.remat):
+                built.evaluator.compile(state)
             self.compile_s = time.perf_counter() - began
             barrier("compiled", cfg.compile_timeout_s, fix=(
                 f"read those processes' logs: still compiling after --compile-timeout-s {cfg.compile_timeout_s:g}"
                 " (pass a larger one), or they died or hung"))
         return batch
+
+    def choose_remat(self, built: Built, state: nnx.State, batch: dict[str, jax.Array]) -> str:
+        """The policy remat `auto` stands for in this run, chosen by compiling the train step (job/train/remat_auto.py;
+        `built.train_step` becomes the step compiled under it); one error with the bytes and the flags where
+        nothing fits."""
+        cfg, devices = self.cfg, list(built.mesh.devices.flat)
+        limit = memory.device_limit(devices)
+        beside = max(headroom.copy_bytes(state).values(), default=0) if cfg.ckpt.background else 0
+
+        def compile_under(policy: str) -> tuple[jax.stages.Wrapped, memory.Need, str]:
+            step = train_step_of(cfg, self.task, built.planned, built.mesh)  # jitted afresh: traced under `policy`
+            with choosing(policy):
+                lowered = step.lower(state, batch)
+            compiled, need = remat_auto.need_of(lowered.compile, limit)
+            return step, need, lowered.as_text()
+
+        choice = remat_auto.choose(compile_under, limit=limit, beside=beside)
+        if not choice.fits:  # as XLA's own out-of-memory: one error, the bytes, the flags that may fit
+            memory.raise_out_of_memory(cfg, self.task, built.mesh, choice.need, "compiling the train step")
+        if len(choice.tried) > 1 or choice.policy != "none":
+            on_process_zero(log.info, "%s", choice.line())
+        built.train_step = choice.step
+        self.checkpoints.reserve(choice.need.program or 0)  # a save's copy leaves the step room to load again
+        return choice.policy
 
     def train(self, built: Built, start: int, state: nnx.State,
               made: dict[int, dict[str, jax.Array]]) -> tuple[int, nnx.State]:
@@ -240,7 +266,7 @@ class Training:
                                 size=cfg.data.global_batch)
 
         with (contextlib.ExitStack() as stack, sharding.mesh_context(built.mesh, run_rules(cfg, self.task)),
-              leaked_tracer_note()):
+              choosing(self.remat), leaked_tracer_note()):
             stack.callback(self.profiler.stop)
             # however the loop ends (an error, too), the records so far are written; a full disk there is
             # a warning, not an error over the one that ended the loop (a failed save's CheckpointError)

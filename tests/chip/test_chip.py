@@ -17,7 +17,7 @@ SIZES = dict(vocab_size=256, seq_len=512, dim=128, heads=2, mlp_dim=256)
 # run in a process of its own, as every test here: this pytest process never holds the chip (conftest.py)
 COMPARE = f"""
 import json, jax, jax.numpy as jnp
-from tests.unit.test_attention import loss_and_grads
+from tests.unit.test_kernels import loss_and_grads
 loss_x, grads_x = loss_and_grads("xla", **{SIZES!r})
 loss_s, grads_s = loss_and_grads("splash", **{SIZES!r})
 worst = max(jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), grads_x, grads_s)))

@@ -1,6 +1,7 @@
-"""The example LM's attention kernels, its chunked head cross-entropy and remat's automatic choice, on CPU:
-the TPU kernel (splash) through Pallas' interpret mode against XLA's attention, alone and split over a
-(data, sequence) mesh; the loss and its gradients against optax's cross-entropy of whole logits."""
+"""The library's kernels (job.kernels), on CPU: the TPU kernel (splash) through Pallas' interpret mode against
+XLA's attention, with as many kv heads as query heads, grouped and one, with segment ids, padded up to a
+tile, alone and split over (data, sequence) and (data, model) meshes; the chunked head cross-entropy and its
+gradients against optax's cross-entropy of whole logits; remat by name, and `auto` chosen by compiling."""
 
 from __future__ import annotations
 
@@ -15,7 +16,12 @@ from flax import nnx
 
 from job import sharding as sh
 from job.errors import ConfigError
-from job.tasks.lm import attention, cross_entropy, model, remat
+from job.kernels import cross_entropy
+from job.kernels import rematerialize as remat
+from job.kernels import self_attention as attention
+from job.tasks.lm import model
+from job.train import remat_auto
+from job.train.memory import Need
 
 SMALL = dict(vocab_size=64, seq_len=128, dim=32, heads=2, layers=2, mlp_dim=64)
 # splash in interpret mode against XLA, float32 (measured: 0 on the loss, 9e-8 on the gradients)
@@ -40,7 +46,7 @@ def loss_and_grads(kernel: str, **sizes: int) -> tuple[jax.Array, nnx.State]:
 @pytest.mark.parametrize(("requested", "platform", "length", "dtype", "expected"), [
     ("auto", "tpu", 1024, "bfloat16", attention.Kernel("splash", 512)),
     ("auto", "tpu", 384, "bfloat16", attention.Kernel("splash", 128)),
-    ("auto", "tpu", 1023, "bfloat16", attention.Kernel("xla")),  # no tile divides it
+    ("auto", "tpu", 1023, "bfloat16", attention.Kernel("splash", 512, padded=1024)),  # no tile divides it: padded
     ("auto", "gpu", 1024, "bfloat16", attention.Kernel("cudnn")),
     ("auto", "gpu", 1024, "float32", attention.Kernel("xla")),  # cuDNN takes bf16/fp16
     ("auto", "cpu", 1024, "bfloat16", attention.Kernel("xla")),
@@ -53,13 +59,17 @@ def test_each_backend_gets_its_kernel_and_auto_falls_back_where_no_tile_divides(
     assert attention.choose(requested, length=length, dtype=dtype, on=platform) == expected
 
 
+def test_a_length_no_tile_divides_is_padded_for_splash_anywhere_but_refused_when_split() -> None:
+    assert attention.choose("splash", length=1000, on="tpu") == attention.Kernel("splash", 512, padded=1024)
+    assert attention.choose("auto", length=200, on="tpu", shards=2) == attention.Kernel("xla")
+
+
 def test_a_sequence_split_too_fine_for_a_tile_names_the_whole_seq_len_that_fits() -> None:
     with pytest.raises(ConfigError, match="pass --model.seq-len 256, or --model.attention xla"):
         attention.choose("splash", length=64, on="tpu", shards=2)
 
 
 @pytest.mark.parametrize(("requested", "platform", "length", "says"), [
-    ("splash", "tpu", 1023, "pass --model.seq-len 1024"),
     ("flash", "cpu", 1024, "flash on a TPU"),
     ("cudnn", "tpu", 1024, "cudnn on a GPU"),
     ("ring", "tpu", 1024, "one of auto, xla, splash, flash, cudnn"),
@@ -124,27 +134,132 @@ def test_a_gpt2_small_chunk_holds_at_most_256_mib_of_logits_not_the_batchs_3_gib
     assert 1024 % c == 0 and 16 * c * 50304 * 4 <= 256 * 2**20 < 16 * 2 * c * 50304 * 4
 
 
-GPT2_SMALL = model.ModelConfig(vocab_size=50304, seq_len=1024, dim=768, heads=12, layers=12, mlp_dim=3072,
-                               dtype="bfloat16")
-M400 = dataclasses.replace(GPT2_SMALL, dim=1024, heads=16, layers=24, mlp_dim=4096)
+def _qkv(heads: int, kv_heads: int, length: int = 256, rows: int = 2, dim: int = 16, seed: int = 0) -> tuple:
+    rng = np.random.default_rng(seed)
+    q = jnp.asarray(rng.normal(size=(rows, length, heads, dim)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(rows, length, kv_heads, dim)), jnp.float32) for _ in range(2))
+    return q, k, v
 
 
-@pytest.mark.parametrize(("cfg", "rows", "expected"), [
-    # measured on a v5e chip: none needs 16.08 GiB at batch 16 (does not fit), dots fits; the 406M model's
-    # dots needs 16.11 GiB at batch 16
-    (GPT2_SMALL, 16, "dots"), (GPT2_SMALL, 2, "none"), (M400, 16, "full"),
+def _reference(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array | None = None) -> jax.Array:
+    """Causal attention with every kv head repeated to the queries', by hand, in float32."""
+    group = q.shape[2] // k.shape[2]
+    k, v = (jnp.repeat(x, group, axis=2) for x in (k, v))
+    scores = jnp.einsum("blhd,bmhd->bhlm", q, k) / np.sqrt(q.shape[-1])
+    length = q.shape[1]
+    allowed = jnp.tril(jnp.ones((length, length), bool))[None, None]
+    if segments is not None:
+        allowed = allowed & (segments[:, None, :, None] == segments[:, None, None, :])
+    weights = jax.nn.softmax(jnp.where(allowed, scores, -jnp.inf), axis=-1)
+    return jnp.einsum("bhlm,bmhd->blhd", weights, v)
+
+
+@pytest.mark.parametrize("kernel", ["xla", "splash"])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (12, 4), (4, 1)])
+def test_attention_with_grouped_kv_heads_equals_repeating_them_by_hand(kernel: str, heads: int, kv_heads: int) -> None:
+    q, k, v = _qkv(heads, kv_heads)
+    np.testing.assert_allclose(attention.attention(q, k, v, kernel=kernel), _reference(q, k, v), atol=1e-6)
+
+
+@pytest.mark.parametrize("kernel", ["xla", "splash"])
+def test_segment_ids_keep_each_packed_row_and_its_padding_to_itself(kernel: str) -> None:
+    q, k, v = _qkv(4, 2)
+    segments = jnp.asarray(np.repeat([[1, 2, 3, 0]], 64, axis=1).reshape(1, -1).repeat(2, 0), jnp.int32)
+    got = attention.attention(q, k, v, segment_ids=segments, kernel=kernel)
+    np.testing.assert_allclose(got, _reference(q, k, v, segments), atol=1e-6)
+    alone = attention.attention(q[:, 64:128], k[:, 64:128], v[:, 64:128], kernel="xla")  # segment 2 by itself
+    np.testing.assert_allclose(got[:, 64:128], alone, atol=1e-6)
+
+
+def test_splash_pads_a_length_no_tile_divides_and_gives_the_unpadded_result() -> None:
+    q, k, v = _qkv(4, 2, length=200)
+    np.testing.assert_allclose(attention.attention(q, k, v, kernel="splash"), _reference(q, k, v), atol=1e-6)
+
+
+@pytest.mark.parametrize(("rule", "axes"), [("replicated", ("data", "sequence")), ("fsdp", ("data", "sequence")),
+                                            ("tensor", ("data", "model")), ("fsdp_tensor", ("data", "model"))])
+def test_splash_in_shard_map_equals_xla_with_grouped_heads_under_every_rule(rule: str, axes: tuple) -> None:
+    """12 query heads over 4 kv heads, the rows split over data, the queries over sequence or the heads over
+    model (2 kv heads a device); one kv head over model=2 is repeated to 2, one a device."""
+    mesh = jax.make_mesh((2, 2), axes, axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=jax.devices()[:4])
+    for heads, kv_heads in ((12, 4), (4, 1)):
+        q, k, v = _qkv(heads, kv_heads)
+        expected = _reference(q, k, v)
+        with sh.mesh_context(mesh, sh.rule_table(rule)):
+            for kernel in ("splash", "xla"):
+                got = jax.jit(lambda q, k, v: attention.attention(q, k, v, kernel=kernel))(q, k, v)
+                np.testing.assert_allclose(got, expected, atol=1e-6, err_msg=f"{kernel} {heads}/{kv_heads}")
+
+
+def test_attention_refuses_shapes_it_cannot_take_naming_them() -> None:
+    q, k, v = _qkv(4, 3)
+    with pytest.raises(ConfigError, match="kv_heads dividing the query heads"):
+        attention.attention(q, k, v)
+    q, k, v = _qkv(4, 2)
+    with pytest.raises(ConfigError, match=r"segment_ids \[B, L\]"):
+        attention.attention(q, k, v, segment_ids=jnp.zeros((2, 5), jnp.int32))
+
+
+def test_remat_by_name_gives_the_same_gradients_and_refuses_an_unknown_name() -> None:
+    cfg = model.ModelConfig(**SMALL)
+    tokens, mask = _batch()
+    grads = {}
+    for policy in ("none", "dots", "full", "auto"):
+        m = model.Transformer(dataclasses.replace(cfg, remat=policy), rngs=nnx.Rngs(0))
+        grads[policy] = nnx.grad(lambda m: model.loss_fn(m, tokens, mask)[0])(m)
+    for policy in ("dots", "full", "auto"):
+        for a, b in zip(jax.tree.leaves(grads["none"]), jax.tree.leaves(grads[policy])):
+            np.testing.assert_allclose(a, b, atol=1e-6)
+    with pytest.raises(ConfigError, match="--model.remat: expected one of none, full, dots, dots_all, auto"):
+        remat.remat(lambda block, x: x, "dot")
+    assert remat.name(True) == "full" and remat.name(False) == "none"
+
+
+def test_remat_auto_stands_for_what_the_run_chose_and_none_elsewhere() -> None:
+    assert remat.resolve("auto") == "none"
+    with remat.choosing("dots"):
+        assert remat.resolve("auto") == "dots" and remat.resolve("full") == "full"
+    assert remat.resolve("auto") == "none"
+
+
+GIB = 2**30
+
+
+def _compiles(needs: dict[str, float | None], texts: dict[str, str] | None = None) -> tuple[list[str], object]:
+    """A stand-in for compiling the step under each policy: GiB needed (None: XLA's out-of-memory)."""
+    asked: list[str] = []
+
+    def compile_under(policy: str) -> tuple[str, Need, str]:
+        asked.append(policy)
+        gib = needs[policy]
+        need = (Need(False, None, 16 * GIB, "RESOURCE_EXHAUSTED") if gib is None
+                else Need(True, int(gib * GIB), 16 * GIB, program=int(gib * GIB) // 2))
+        return f"step-{policy}", need, (texts or {}).get(policy, policy)
+
+    return asked, compile_under
+
+
+@pytest.mark.parametrize(("needs", "beside", "chosen", "asked"), [
+    ({"none": 10, "dots": 6, "full": 3}, 0, "none", ["none"]),  # fits as it is: one compile
+    ({"none": None, "dots": 9, "full": 3}, 0, "dots", ["none", "dots"]),  # XLA's out-of-memory, then dots
+    ({"none": 13, "dots": 9, "full": 3}, 6 * GIB, "full", ["none", "dots", "full"]),  # room for the copy
+    ({"none": 13, "dots": 14, "full": 14}, 6 * GIB, "none", ["none", "dots", "full"]),  # none leaves room: fits alone
 ])
-def test_remat_auto_picks_what_fits_a_v5e_chip(monkeypatch: pytest.MonkeyPatch, cfg: model.ModelConfig,
-                                               rows: int, expected: str) -> None:
-    monkeypatch.setattr(attention, "platform", lambda: "tpu")
-    monkeypatch.setattr(remat, "device_memory", lambda: remat.HBM["TPU v5 lite"])
-    assert remat.resolve(cfg, rows=rows, length=1024) == expected
-    assert remat.resolve(dataclasses.replace(cfg, remat="full"), rows=rows, length=1024) == "full"  # asked: kept
+def test_remat_auto_takes_the_first_policy_whose_compiled_step_fits_with_room_beside_it(
+        needs: dict, beside: int, chosen: str, asked: list) -> None:
+    called, compile_under = _compiles(needs)
+    choice = remat_auto.choose(compile_under, limit=16 * GIB, beside=beside)
+    assert (choice.policy, choice.step, called) == (chosen, f"step-{chosen}", asked)
+    assert choice.line().startswith(f"remat auto: {chosen} (")
 
 
-def test_remat_auto_keeps_everything_on_cpu() -> None:
-    assert remat.resolve(GPT2_SMALL, rows=16, length=1024) == "none"
-    assert remat.parameters(GPT2_SMALL) == 163_007_232
+def test_remat_auto_compiles_once_where_memory_is_unknown_or_the_model_does_not_read_it() -> None:
+    called, compile_under = _compiles({"none": 100, "dots": 1, "full": 1})
+    assert remat_auto.choose(compile_under, limit=None).policy == "none" and called == ["none"]  # a CPU
+    called, compile_under = _compiles({"none": None, "dots": None, "full": None},
+                                      {p: "same" for p in ("none", "dots", "full")})
+    choice = remat_auto.choose(compile_under, limit=16 * GIB)
+    assert (choice.fits, called) == (False, ["none", "dots"])  # dots compiled to none's program: no further try
 
 
 def test_the_kernel_is_said_once_for_an_unrolled_stack_traced_for_train_and_eval(
@@ -156,4 +271,4 @@ def test_the_kernel_is_said_once_for_an_unrolled_stack_traced_for_train_and_eval
         jax.jit(lambda t, w: model.loss_fn(m, t, w)[0]).lower(tokens, mask)  # the train step's trace
         jax.jit(lambda t, w: model.loss_fn(m, t, w)[0] * 2).lower(tokens, mask)  # and eval's
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("attention: ")]
-    assert said == ["attention: xla for queries (4, 72, 2, 16)"]
+    assert said == ["attention: xla for queries (4, 72, 2, 16), 2 kv heads"]

@@ -38,9 +38,9 @@ PUBLIC = {"job/__init__.py", "job/__main__.py", "job/launch.py", "job/multihost.
 DEPRECATED = {"job/batches.py", "job/entry.py", "job/trained.py", "job/values.py"}
 FACES = {"job.multihost": "job.parallel.multihost", "job.sharding": "job.parallel.sharding",
          "job.task": "job.train.task", "job.errors": "job.core.errors", "job.random": "job.train.random"}
-ROLES = {"core", "observe", "parallel", "runs", "runtime", "train"}
+ROLES = {"core", "kernels", "observe", "parallel", "runs", "runtime", "train"}
 # the rooms from the ground up, the example tasks on top: each imports only its own floor and those below
-FLOORS = ("core", "parallel", "runtime", "runs", "observe", "train", "tasks")
+FLOORS = ("core", "parallel", "kernels", "runtime", "runs", "observe", "train", "tasks")
 # Programs written as a user writes them (each its own `loss`, `optimizer`), not test helpers.
 STANDALONE = {"tests/user_tasks", "tests/scenarios"}
 

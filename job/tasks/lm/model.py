@@ -30,12 +30,13 @@ from jax.ad_checkpoint import checkpoint_name
 
 from job.core import values
 from job.errors import ConfigError, as_config_error
+from job import kernels
+from job.kernels import rematerialize as remat
+from job.kernels import self_attention as attention
 from job.sharding import LAYERS_AXIS, SEQUENCE_AXIS, axes, constrain, partitioned, rule_table
-from job.tasks.lm import attention, remat
-from job.tasks.lm.cross_entropy import head_cross_entropy
 
 DTYPES = ("float32", "bfloat16")
-REMAT_POLICIES = remat.POLICIES  # --model.remat: what a block keeps for the backward pass (job/tasks/lm/remat.py)
+REMAT_POLICIES = remat.POLICIES  # --model.remat: what a block keeps for the backward pass (job/kernels/remat.py)
 MAX_SIZE = 2**31 - 1  # any model size above this is a typo (and overflows int32 shapes)
 # how activations are laid out (job.sharding.constrain): the residual stream, the MLP's hidden layer, the logits,
 # and attention's [B, L, heads, head_dim] queries (split along the sequence) and keys and values (whole along it)
@@ -92,7 +93,7 @@ class Attention(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs) -> None:
         self.heads = cfg.heads
-        self.kernel = cfg.attention  # --model.attention: resolved per trace (job/tasks/lm/attention.py)
+        self.kernel = cfg.attention  # --model.attention: resolved per trace (job/kernels/attention.py)
         self.q = _linear(cfg, cfg.dim, cfg.dim, ("embed", "heads"), rngs)
         self.k = _linear(cfg, cfg.dim, cfg.dim, ("embed", "heads"), rngs)
         self.v = _linear(cfg, cfg.dim, cfg.dim, ("embed", "heads"), rngs)
@@ -109,7 +110,7 @@ class Attention(nnx.Module):
         v = constrain(self._split(self.v(x)), KEYS_VALUES)
         # "xla" (jax's default today), named: its mask is built from the global [L, L] shape, and cuDNN's
         # kernel refuses queries split along the sequence
-        y = checkpoint_name(attention.attend(q, k, v, self.kernel), attention.RESIDUALS)
+        y = checkpoint_name(kernels.attention(q, k, v, kernel=self.kernel), attention.RESIDUALS)
         return self.out(constrain(y, QUERIES).reshape(x.shape))
 
 
@@ -175,7 +176,7 @@ class Transformer(nnx.Module):
         _check_sequence_split(t)
         # positions by global index: under the mesh the arrays are global, each device adds its slice's rows
         x = constrain(self.embed(tokens) + self.pos[:t].astype(self.cfg.dtype), RESIDUAL)
-        block_fn = _block_call(remat.resolve(self.cfg, rows=tokens.shape[0], length=t))
+        block_fn = kernels.remat(_call, self.cfg.remat)  # auto: the policy the run chose by compiling
         if isinstance(self.blocks, nnx.List):  # --model.no-scan: unrolled
             for block in self.blocks:
                 x = block_fn(block, x)
@@ -221,14 +222,6 @@ def _call(block: Block, x: jax.Array) -> jax.Array:
     return block(x)
 
 
-def _block_call(name: str) -> Callable[[Block, jax.Array], jax.Array]:
-    """How one block runs: as it is, or under nnx.remat with the named policy (what it keeps for the
-    gradient; the rest is recomputed in the backward pass)."""
-    if name == "none":
-        return _call
-    return nnx.remat(_call, policy=REMAT_POLICIES[name])
-
-
 remat_name = remat.name  # the name a fork has imported from here
 
 
@@ -241,7 +234,7 @@ def loss_fn(model: Transformer, tokens: jax.Array, mask: jax.Array) -> tuple[jax
     weights = mask[:, 1:].astype(jnp.float32)
     count = weights.sum()
     denom = jnp.maximum(count, 1.0)
-    total, correct = head_cross_entropy(model.features(tokens[:, :-1]), model.head.kernel[...], targets, weights)
+    total, correct = kernels.head_cross_entropy(model.features(tokens[:, :-1]), model.head.kernel[...], targets, weights)
     loss = total / denom
     return loss, {"loss": loss, "accuracy": correct / denom, "tokens": count}
 
@@ -326,10 +319,7 @@ def validate(cfg: ModelConfig, *, rule: str, model_axis: int) -> None:
     if not isinstance(cfg.scan, bool):
         raise ConfigError("--model.scan", expected="True or False", found=cfg.scan, fix="pass --model.scan or "
                           "--model.no-scan")
-    if not isinstance(cfg.remat, (str, bool)) or remat_name(cfg.remat) not in (*REMAT_POLICIES, "auto"):
-        raise ConfigError("--model.remat", expected=f"auto or one of {', '.join(REMAT_POLICIES)}", found=cfg.remat,
-                          fix="pass --model.remat auto (the most the memory holds), full (least memory) or dots "
-                              "(keeps the projections' outputs)")
+    remat.check(cfg.remat)
     if cfg.attention not in attention.KERNELS:
         raise ConfigError("--model.attention", expected=f"one of {', '.join(attention.KERNELS)}",
                           found=cfg.attention, fix="pass --model.attention auto (the backend's fastest kernel)")
