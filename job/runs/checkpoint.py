@@ -96,6 +96,7 @@ class Checkpointer:
         self.directory = path if storage.is_remote(path) else path.absolute()
         self.background = cfg.background
         self.room: Callable[[list[jax.Device]], headroom.Room] = headroom.room
+        self.reserved = 0  # bytes per device the train step's program takes when it loads (set by the loop)
         self._copying: bool | None = None  # whether the last background save copied the state (logged on change)
         processes = jax.process_count()
         self.options = ocp.CheckpointManagerOptions(
@@ -162,7 +163,7 @@ class Checkpointer:
     def _copy_fits(self, step: int, state: Any) -> bool:
         """Collective: whether every process has room for the on-device copy now; said on a change."""
         needed = headroom.copy_bytes(state)
-        fit = headroom.fits(needed, self.room(list(needed)))
+        fit = headroom.fits(needed, headroom.beside_program(self.room(list(needed)), self.reserved))
         mine = fit.row()
         rows = mine[None] if jax.process_count() == 1 else np.asarray(multihost_utils.process_allgather(mine))
         copying = bool(np.all(rows[:, 0] == 1))

@@ -10,6 +10,9 @@ device memory. Before each such save this compares the bytes of that copy with w
   (MemAvailable, within the memory limit of this process's cgroup: job.runtime.host), against
   this process's copy times the processes of the run on this host, which all copy at the same moment.
 
+What is free on a device is counted less what the train step's program reserves when it loads
+again (the loop passes its compiled figure): a copy that fits between two steps but not beside the
+next step's program would fail that step (`RuntimeProgramAllocationFailure`) with the save under way.
 The copy is taken when it fits in HEADROOM of what is free everywhere, or when nothing says
 what is free. The numbers are read between two steps; the functions here take them as
 arguments, so the rule is tested without devices.
@@ -105,6 +108,14 @@ def room(devices: Iterable[jax.Device]) -> Room:
     free = {device: device_free(device) for device in devices}
     host = host_available() if any(value is None for value in free.values()) else None
     return Room(free, host, processes_on_host(os.environ, jax.process_count()))
+
+
+def beside_program(room: Room, reserved: int) -> Room:
+    """`room` less `reserved` bytes on each device that says what is free: what the train step's program takes
+    when it loads again (its temporaries, code and new outputs: `compiled.memory_analysis()`), not in use
+    between two steps."""
+    return dataclasses.replace(room, devices={device: None if free is None else max(0, free - reserved)
+                                              for device, free in room.devices.items()})
 
 
 def fits(needed: Mapping[jax.Device, int], room: Room, headroom: float = HEADROOM) -> Fit:

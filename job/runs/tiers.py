@@ -113,6 +113,11 @@ class Checkpoints:
         """The persistent tier's newest step."""
         return self.persistent.latest_step()
 
+    def reserve(self, program_bytes: int) -> None:
+        """Keep `program_bytes` per device free beside a background save's on-device copy: what the train step's
+        program takes when it loads again (job/runs/headroom.py)."""
+        self.persistent.reserved = program_bytes
+
     def save(self, step: int, state: Any) -> None:
         """Start the persistent save of `step` (collective; returns before the write ends when async)."""
         self.persistent.save(step, state)

@@ -11,11 +11,13 @@ learning rate, ...) before anything starts. The resolved config is saved as
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import io
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_type_hints
 
 from job.core import rundir
@@ -302,6 +304,20 @@ def parse(args: list[str], task: Task) -> TrainConfig:
         return parsed
     return tyro.cli(kind, args=args, default=preset(task, parsed.preset), prog="python -m job train",
                     description=__doc__.split("\n")[0], registry=registry)
+
+
+def parse_onto(cfg: TrainConfig, task: Task, flags: Sequence[str]) -> TrainConfig | None:
+    """`cfg` with `flags` applied by the command line's own parser for `task`, as if typed after the run's own
+    flags: what a fix offered to the user does. None where the parser refuses them (a value the field's type
+    does not take: `--model.remat full` for a boolean remat); nothing is printed."""
+    import tyro  # only to parse, as in `parse`
+
+    kind = TrainConfig[task.model_config, task.data_config]  # type: ignore[name-defined]  # run-time classes, for tyro
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            return tyro.cli(kind, args=list(flags), default=cfg, prog="python -m job train", registry=_registry())
+    except SystemExit:
+        return None
 
 
 def _registry() -> Any:

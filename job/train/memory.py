@@ -71,6 +71,9 @@ class Need:
     needed: int | None  # bytes per device: memory_analysis()'s peak where it compiled, else the compiler's figure
     available: int | None  # bytes per device: the compiler's figure, or the device's memory limit; None: unknown
     said: str = ""  # where it did not fit: the compiler's (or the allocator's) words, shortened
+    # bytes per device the program reserves beyond its arguments when it loads (temporaries, code, new outputs):
+    # what must stay free between steps for it to run again; None: not known
+    program: int | None = None
 
     def found(self, what: str = "") -> str:
         """'29.26 GiB per device (compiling the train step: RESOURCE_EXHAUSTED: ...)'."""
@@ -114,9 +117,10 @@ def from_compiled(compiled: jax.stages.Compiled, available: int | None) -> Need:
     if stats is None:
         return Need(True, None, available)
     peak = getattr(stats, "peak_memory_in_bytes", 0)
-    needed = peak or (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
-                      + stats.temp_size_in_bytes + stats.generated_code_size_in_bytes)
-    return Need(available is None or needed <= available, needed, available)
+    program = (stats.output_size_in_bytes - stats.alias_size_in_bytes + stats.temp_size_in_bytes
+               + stats.generated_code_size_in_bytes)
+    needed = peak or stats.argument_size_in_bytes + program
+    return Need(available is None or needed <= available, needed, available, program=program)
 
 
 def device_limit(devices: Sequence[Any]) -> int | None:
@@ -154,43 +158,63 @@ class Remedy:
         return dataclasses.replace(self, need=need)
 
 
+def offered(cfg: TrainConfig, task: Task, flags: Sequence[str]) -> TrainConfig | None:
+    """The run's config with `flags`, read by the command line's own parser for `task` and passing the run's
+    checks; None where either refuses them (a fix is offered only where it parses for the model at hand)."""
+    changed = config.parse_onto(cfg, task, flags)
+    if changed is None or changed == cfg:
+        return None
+    try:
+        config.validate(changed, task)
+    except ConfigError:
+        return None
+    return changed
+
+
+# the flags that make a model's blocks keep less, each tried as the command line reads it: a policy name where
+# the task's remat field is a string (the example's, job.kernels), the on flag where it is a boolean
+REMAT_FLAGS = ((f"--model.{REMAT_FIELD}", "dots"), (f"--model.{REMAT_FIELD}", "full"), (f"--model.{REMAT_FIELD}",))
+
+
 def remat(cfg: TrainConfig, task: Task) -> Iterator[Remedy]:
-    """--model.remat dots, then full, where the task's model config has that field and its validation takes
-    the value (the example LM's; a user's model may name it otherwise, or not have it)."""
+    """--model.remat dots, then full (or --model.remat, for a boolean), where the task's model config has that
+    field and its parser and validation take the value (the example LM's; a user's model may name it otherwise,
+    or not have it)."""
     model: Any = cfg.model  # the task's own config class
     if REMAT_FIELD not in {f.name for f in dataclasses.fields(model)}:
         return
-    for value in REMAT_VALUES:
-        if getattr(model, REMAT_FIELD) == value:
+    for flags in REMAT_FLAGS:
+        changed = offered(cfg, task, flags)
+        if changed is None:
             continue
-        changed = dataclasses.replace(cfg, model=dataclasses.replace(model, **{REMAT_FIELD: value}))
-        try:
-            config.validate(changed, task)
-        except ConfigError:
-            continue
+        value = getattr(changed.model, REMAT_FIELD)
         why = ("each layer keeps its matmuls' outputs, recomputes the rest" if value == "dots" else
                "each layer keeps only its input, recomputes the rest")
-        yield Remedy((f"--model.{REMAT_FIELD}", value), changed, why)
+        yield Remedy(flags, changed, why)
 
 
-def accum_steps(cfg: TrainConfig, data_parallel: int) -> Iterator[Remedy]:
+def accum_steps(cfg: TrainConfig, data_parallel: int, task: Task) -> Iterator[Remedy]:
     """--accum-steps 2x, 4x, 8x, 16x the run's: the same global batch in smaller micro-batches, where they split."""
     for factor in (2, 4, 8, 16):
         k = cfg.accum_steps * factor
         if k <= MAX_ACCUM and cfg.data.global_batch % (k * data_parallel) == 0:
             rows = cfg.data.global_batch // k
-            yield Remedy(("--accum-steps", str(k)), dataclasses.replace(cfg, accum_steps=k),
-                         f"the same batch of {cfg.data.global_batch} as {k} micro-batches of {rows}", shrink=factor)
+            flags = ("--accum-steps", str(k))
+            changed = offered(cfg, task, flags)
+            if changed is not None:
+                yield Remedy(flags, changed, f"the same batch of {cfg.data.global_batch} as {k} micro-batches of "
+                             f"{rows}", shrink=factor)
 
 
-def global_batch(cfg: TrainConfig, data_parallel: int) -> Iterator[Remedy]:
+def global_batch(cfg: TrainConfig, data_parallel: int, task: Task) -> Iterator[Remedy]:
     """--data.global-batch a half, a quarter, ... of the run's, where it still splits over the devices."""
     for factor in (2, 4, 8, 16):
         size = cfg.data.global_batch // factor
         if size >= 1 and cfg.data.global_batch % factor == 0 and size % (data_parallel * cfg.accum_steps) == 0:
-            yield Remedy(("--data.global-batch", str(size)),
-                         dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, global_batch=size)),
-                         "fewer rows a step: a change of the training itself", shrink=factor)
+            flags = ("--data.global-batch", str(size))
+            changed = offered(cfg, task, flags)
+            if changed is not None:
+                yield Remedy(flags, changed, "fewer rows a step: a change of the training itself", shrink=factor)
 
 
 def fsdp_rule(cfg: TrainConfig) -> str:
@@ -213,7 +237,8 @@ def suggested(cfg: TrainConfig, task: Task, devices: int, data_parallel: int, ne
     over = MARGIN * need.needed / need.available if need.needed and need.available else 2.0
     factor = 2 ** max(1, math.ceil(math.log2(max(over, 1.0))))  # how many times fewer rows a device must hold
     found = []
-    for kind in (list(remat(cfg, task)), list(accum_steps(cfg, data_parallel)), list(global_batch(cfg, data_parallel))):
+    for kind in (list(remat(cfg, task)), list(accum_steps(cfg, data_parallel, task)),
+                 list(global_batch(cfg, data_parallel, task))):
         if kind:  # the first of its kind that shrinks enough, else the one that shrinks most (remat: the least memory)
             found.append(next((r for r in kind if r.shrink >= factor), kind[-1]))
     return [*found, more_devices(cfg, devices, factor)]
@@ -253,16 +278,21 @@ def one_error(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh, when: str) 
     except jax.errors.JaxRuntimeError as exc:
         if not is_out_of_memory(exc):
             raise
-        devices = list(mesh.devices.flat)
-        need = from_message(str(exc), device_limit(devices))
-        remedies = suggested(cfg, task, len(devices), train_batch_size_divisor(mesh), need)
-        hint = ("make tpu-doctor ACCELERATOR=... ARGS='train ...' compiles each for a TPU slice, with no TPU"
-                if devices[0].platform == "tpu" else "")
-        found = error(need, remedies, describe(devices), when, checked=False, unchecked=hint)
-        found.__suppress_context__ = True  # as `raise ... from None`: XLA's traceback is not shown under it
-        preflight.raise_together(found, "out_of_memory")
+        raise_out_of_memory(cfg, task, mesh, from_message(str(exc), device_limit(list(mesh.devices.flat))), when)
+
+
+def raise_out_of_memory(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh, need: Need, when: str) -> None:
+    """The one ConfigError of a train step that needs `need` on `mesh`'s devices, raised on every process
+    together: the bytes, and the flags that may fit."""
+    devices = list(mesh.devices.flat)
+    remedies = suggested(cfg, task, len(devices), train_batch_size_divisor(mesh), need)
+    hint = ("make tpu-doctor ACCELERATOR=... ARGS='train ...' compiles each for a TPU slice, with no TPU"
+            if devices[0].platform == "tpu" else "")
+    found = error(need, remedies, describe(devices), when, checked=False, unchecked=hint)
+    found.__suppress_context__ = True  # as `raise ... from None`: XLA's traceback is not shown under it
+    preflight.raise_together(found, "out_of_memory")
 
 
 __all__ = ["GIB", "Need", "Remedy", "accum_steps", "describe", "device_limit", "error", "from_compiled",
-           "from_message", "fsdp_rule", "gib", "global_batch", "is_out_of_memory", "more_devices", "one_error",
-           "remat", "suggested"]
+           "from_message", "fsdp_rule", "gib", "global_batch", "is_out_of_memory", "more_devices", "offered",
+           "one_error", "raise_out_of_memory", "remat", "suggested"]

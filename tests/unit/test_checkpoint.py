@@ -153,6 +153,37 @@ def test_a_device_that_reports_its_memory_gets_the_copy_only_where_it_fits_with_
     assert not headroom.fits({roomy: 7 * GIB}, found).fits  # more than the roomy device has
 
 
+def test_the_copy_leaves_room_for_the_train_steps_program_to_load_again() -> None:
+    """The chip's case (a user's model at batch 8, remat off): 14.0 GiB free between steps, a 1.7 GiB copy, and a
+    step whose program reserves 13.8 GiB when it loads: the copy would leave it 12.3, so it is not made."""
+    mib = 2**20
+    device = _Device(16128 * mib, 1792 * mib)  # 15.75 GiB, 14.0 of it free
+    between_steps = headroom.room([device])
+    assert headroom.fits({device: 1741 * mib}, between_steps).fits  # what was asked before: it fitted
+    beside = headroom.beside_program(between_steps, 14131 * mib)
+    assert beside.devices == {device: 205 * mib}
+    assert not headroom.fits({device: 1741 * mib}, beside).fits
+    assert headroom.beside_program(headroom.Room({0: None}, GIB, 1), GIB).devices == {0: None}  # a CPU: as it is
+
+
+def test_a_checkpointer_told_the_programs_size_writes_from_the_live_state_where_the_copy_would_crowd_it(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    checkpoints = Checkpointer(tmp_path / "ck", CheckpointConfig())
+    checkpoints.room = lambda devices: headroom.Room({d: 14 * GIB for d in devices}, host=None, processes_on_host=1)
+    checkpoints.reserved = 13 * GIB  # the step's program: 1 GiB is left for the copy
+    caplog.set_level(logging.INFO, logger=checkpoint.__name__)
+    checkpoints.save(1, _state(1.0))
+    checkpoints.wait()
+    checkpoints.reserved = 14 * GIB  # nothing left beside it
+    checkpoints.save(2, _state(2.0))
+    checkpoints.wait()
+    said = _saved_way(caplog)
+    assert said[0].startswith("checkpoint save 1: copied on the devices") and "1.0 GiB free" in said[0]
+    assert said[1].startswith("checkpoint save 2: written from the live state") and "of the 0 B free" in said[1]
+    np.testing.assert_array_equal(np.asarray(checkpoints.restore(2, _state())["w"]), np.asarray(_state(2.0)["w"]))
+    checkpoints.close()
+
+
 def test_cpu_devices_share_the_hosts_available_memory_with_every_process_on_it() -> None:
     meminfo = "MemTotal:       25165824 kB\nMemFree:         1048576 kB\nMemAvailable:    8388608 kB\n"
     assert host.mem_available(meminfo) == 8 * GIB
