@@ -1,0 +1,33 @@
+"""A user's model in its own package (tests/user_tasks/llama_fast.py) calling the library's kernels, with 12
+query heads over 4 kv heads, trains on 2 processes x 2 devices under every rule: the same losses under each,
+as the same model on the same batches must give (the tensor rules on `--mesh data=2,model=2`: 6 query and 2 kv
+heads a device)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.launching import train
+from tests.records import records, summary
+
+pytestmark = pytest.mark.multiprocess
+
+SMALL = ("--task", "tests.user_tasks.llama_fast:TASK", "--model.dim", "96", "--model.heads", "12",
+         "--model.kv-heads", "4", "--steps", "12", "--log-every", "4", "--eval-every", "12")
+RULES = {"replicated": (), "fsdp": (), "tensor": ("--mesh", "data=2,model=2"),
+         "fsdp_tensor": ("--mesh", "data=2,model=2")}
+
+
+def test_a_users_grouped_query_model_trains_on_several_processes_under_every_rule(tmp_path: Path) -> None:
+    losses = {}
+    for rule, mesh in RULES.items():
+        proc = train(2, 2, tmp_path / rule, *SMALL, "--rule", rule, *mesh)
+        result = summary(tmp_path / rule)
+        assert result["completed"] is True and result["final_step"] == 12, (rule, result)
+        assert "for queries (8, 32, 12, 8), 4 kv heads" in proc.stderr, rule  # the library's attention, grouped
+        losses[rule] = [r["loss"] for r in records(tmp_path / rule) if r["split"] == "train"]
+        assert losses[rule][-1] < losses[rule][0] - 0.3, (rule, losses[rule])  # it learns
+    for rule, seen in losses.items():
+        assert seen == pytest.approx(losses["replicated"], abs=1e-4), rule
