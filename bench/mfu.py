@@ -152,9 +152,9 @@ def worker(argv: list[str]) -> None:
             fresh = jit_train_step(task.loss, graphdef, state)  # a fresh jit per policy and attention
             with sharding.mesh_context(mesh), choosing(policy):
                 lowered = fresh.lower(state, batch)
-            return fresh, remat_auto.need_of(lowered.compile, memory.device_limit([device]))[1], lowered.as_text()
+            return fresh, remat_auto.need_of(lowered.compile, device_memory.limit(device))[1], lowered.as_text()
 
-        choice = remat_auto.choose(compile_under, limit=memory.device_limit([device]))
+        choice = remat_auto.choose(compile_under, limit=device_memory.limit(device))
         template = {"state": state}
         with sharding.mesh_context(mesh), choosing(choice.policy):
             template["state"], metrics = choice.step(state, batch)
@@ -169,7 +169,8 @@ def worker(argv: list[str]) -> None:
 
     from job.kernels import self_attention as kernels
     from job.kernels.rematerialize import choosing
-    from job.train import memory, remat_auto
+    from job.runtime import device_memory
+    from job.train import remat_auto
 
     errors: list[str] = []
     compile_start = time.perf_counter()

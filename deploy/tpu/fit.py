@@ -185,7 +185,7 @@ def _compiled(cfg: TpuConfig, version: str) -> Check:
     # jax, flax and the task: only when the fit is checked (the doctor's other checks start without them)
     from job.train import fit, sweep_check
     from job.train import task as tasks
-    from job.train.memory import gib
+    from job.runtime.device_memory import gib
 
     shape = topology(cfg.accel, cfg.slices)
     try:

@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 from job.runtime.cluster import environment
+from job.runtime import device_memory
 from job.runtime.host import host_available
 
 # The copy must fit in 90% of what is free: the other 10% is slack for the allocator's
@@ -81,17 +82,6 @@ def copy_bytes(tree: Any) -> dict[jax.Device, int]:
     return needed
 
 
-def device_free(device: jax.Device) -> int | None:
-    """bytes_limit - bytes_in_use from the device's `memory_stats()`; None where the backend does not say."""
-    try:
-        stats = device.memory_stats()
-    except Exception:  # noqa: BLE001 - a backend without the call: unknown, as on CPU
-        return None
-    if not stats or "bytes_limit" not in stats or "bytes_in_use" not in stats:
-        return None
-    return max(0, int(stats["bytes_limit"]) - int(stats["bytes_in_use"]))
-
-
 def processes_on_host(env: Mapping[str, str], process_count: int) -> int:
     """How many of the run's processes share this host (each copying its state at the same moment).
 
@@ -105,7 +95,7 @@ def processes_on_host(env: Mapping[str, str], process_count: int) -> int:
 
 def room(devices: Iterable[jax.Device]) -> Room:
     """What is free now on these devices (and, for those that do not say, on the host)."""
-    free = {device: device_free(device) for device in devices}
+    free = {device: device_memory.free(device) for device in devices}
     host = host_available() if any(value is None for value in free.values()) else None
     return Room(free, host, processes_on_host(os.environ, jax.process_count()))
 

@@ -30,15 +30,14 @@ from job.parallel import sharding
 from job.kernels.rematerialize import choosing
 from job.train import loop, memory, remat_auto
 from job.train.config import TrainConfig
-from job.train.memory import Need, Remedy
+from job.runtime import device_memory
+from job.runtime.device_memory import Need
+from job.train.memory import Remedy
 from job.train.task import Task
 
 log = logging.getLogger("job.train")
 
 KINDS = ("remat", "accum_steps", "global_batch", "more_devices")  # the kinds of flag `check` tries, in this order
-# a program no device holds (the outer product of 2**19 float32s, sorted: 1 TiB of temporaries): the compiler's
-# refusal names what one device has
-_TOO_BIG = 1 << 19
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,18 +68,6 @@ class Fit:
     def error(self) -> ConfigError:
         """The one error of a step that does not fit (job/train/memory.py's, as the loop raises it)."""
         return memory.error(self.need, self.remedies, str(self.target), "compiled ahead of time", checked=True)
-
-
-def available(device: Any) -> int | None:
-    """The bytes one device holds, as its compiler says when a program is too big for it; None if it does not
-    say (a CPU device, another message)."""
-    mesh = jax.sharding.Mesh(np.array([device]), ("one",))
-    small = jax.ShapeDtypeStruct((_TOO_BIG,), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec()))
-    try:
-        jax.jit(lambda x: jnp.sort(jnp.outer(x, x), axis=0)[:1]).lower(small).compile()
-    except jax.errors.JaxRuntimeError as exc:
-        return memory.from_message(str(exc)).available if memory.is_out_of_memory(exc) else None
-    return None
 
 
 def first_row(cfg: TrainConfig, task: Task) -> Mapping[str, Any]:
@@ -159,7 +146,7 @@ def check(cfg: TrainConfig, task: Task, target: Target, larger: Sequence[Target]
     task's `first_row`, when read already."""
     began = time.perf_counter()
     row = first_row(cfg, task) if row is None else row
-    hbm = available(target.devices[0])
+    hbm = device_memory.compiler_limit(target.devices[0])
     need = measure(cfg, task, target.devices, hbm, row)
     remedies: list[Remedy] = []
     if not need.fits:
@@ -168,7 +155,7 @@ def check(cfg: TrainConfig, task: Task, target: Target, larger: Sequence[Target]
             if kind in done:
                 continue
             try:
-                found = measure(remedy.cfg, task, where.devices, hbm if where is target else available(where.devices[0]),
+                found = measure(remedy.cfg, task, where.devices, hbm if where is target else device_memory.compiler_limit(where.devices[0]),
                                 row)
             except ConfigError:  # it cannot be laid out there (a batch the devices do not split): not a fit
                 continue
@@ -180,4 +167,4 @@ def check(cfg: TrainConfig, task: Task, target: Target, larger: Sequence[Target]
     return Fit(target, need, tuple(remedies), time.perf_counter() - began)
 
 
-__all__ = ["KINDS", "Fit", "Target", "abstract_batch", "available", "check", "first_row", "measure"]
+__all__ = ["KINDS", "Fit", "Target", "abstract_batch", "check", "first_row", "measure"]

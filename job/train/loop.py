@@ -37,7 +37,7 @@ from job.parallel.multihost import barrier, coordination_client, on_process_zero
 from job.parallel.rows import row_span
 from job.runs import attempts, headroom, provenance, resume
 from job.runs.tiers import Checkpoints, Origin
-from job.runtime import compile_cache, preflight
+from job.runtime import compile_cache, device_memory, preflight
 from job.runtime.cluster import ClusterInfo, node_name
 from job.runtime.compile_cache import CacheEvents
 from job.runtime.distributed import initialize
@@ -234,10 +234,10 @@ class Training:
         `built.train_step` becomes the step compiled under it); one error with the bytes and the flags where
         nothing fits."""
         cfg, devices = self.cfg, list(built.mesh.devices.flat)
-        limit = memory.device_limit(devices)
+        limit = device_memory.limit(devices[0])
         beside = max(headroom.copy_bytes(state).values(), default=0) if cfg.ckpt.background else 0
 
-        def compile_under(policy: str) -> tuple[jax.stages.Wrapped, memory.Need, str]:
+        def compile_under(policy: str) -> tuple[jax.stages.Wrapped, device_memory.Need, str]:
             step = train_step_of(cfg, self.task, built.planned, built.mesh)  # jitted afresh: traced under `policy`
             with choosing(policy):
                 lowered = step.lower(state, batch)

@@ -8,10 +8,8 @@ the flags that would make it fit.
     '29.26 GiB per device (compiling the train step: RESOURCE_EXHAUSTED: ... HLO temporaries (29.26G) exceeds
     available HBM (15.75G) ...)'. Fix: flags that may fit (not checked here; ...): --model.remat full (...); ...
 
-XLA says it two ways: as it compiles (on TPU `RESOURCE_EXHAUSTED: ... CompileTimeHbmOom: ... HLO temporaries
-(29.26G) exceeds available HBM (15.75G)`) and when a buffer cannot be had (a first step: `RESOURCE_EXHAUSTED:
-Out of memory while trying to allocate N bytes`). `Need` holds what it said, or what `memory_analysis()` says of
-a program that compiled. `Remedy` is one change of flags: `suggested` names them from the figures (the loop:
+What XLA says of a program's memory, and what a device has, are read by job/runtime/device_memory.py (its
+`Need`). `Remedy` is one change of flags: `suggested` names them from the figures (the loop:
 compiling again there would hold the devices), job/train/fit.py compiles each for devices it does not have.
 """
 
@@ -20,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -29,108 +26,16 @@ import jax
 from job.core.errors import ConfigError
 from job.parallel.sharding import train_batch_size_divisor
 from job.runtime import preflight
+from job.runtime.device_memory import Need, from_message, gib, is_out_of_memory, limit
 from job.train import config
 from job.train.config import MAX_ACCUM, TrainConfig
 from job.train.task import Task
 
-GIB = 1 << 30
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
-_SIZE = r"([0-9]+(?:\.[0-9]+)?)\s*([KMGTP]?)(?:i?B)?"
-# (needed, available) as each of XLA's messages gives them; XLA writes sizes with 1024-based units ("15.75G")
-_SAID = (
-    re.compile(rf"HLO temporaries \({_SIZE}\) exceeds available HBM \({_SIZE}\)"),  # TPU, at compile time
-    re.compile(rf"Attempting to allocate {_SIZE}\. That was not possible\. There are {_SIZE} free"),  # TPU runtime
-)
-# TPU, at compile time, the other form: "Used 15.75G of 15.75G hbm. Exceeded hbm capacity by 6.69M." (the use capped
-# at the capacity), then "Total hbm usage >= 16.01G:" and the largest allocations
-_USED = re.compile(rf"Used {_SIZE} of {_SIZE} hbm")
-_TOTAL = re.compile(rf"Total hbm usage >= {_SIZE}")
-_EXCEEDED = re.compile(rf"Exceeded hbm capacity by {_SIZE}")
-_ALLOCATE = re.compile(r"trying to allocate ([0-9]+) bytes")  # the allocator of a GPU (or a CPU): one buffer
 REMAT_FIELD = "remat"  # a model config's field that says what each layer keeps for the backward pass
 REMAT_VALUES = ("dots", "full")  # tried in this order: the faster first (keeps the matmuls' outputs), then the least
 # the state does not shrink with the rows: a suggestion cuts them by MARGIN x what is over (GPT-2 small at 1.8x
 # a v5e chip: half the rows still needed 16.01 GiB of 15.75, a quarter 9.45)
 MARGIN = 1.25
-SHOWN = 200  # characters of the compiler's message in an error: its first sentence, the figures in it
-
-
-def gib(n: float) -> str:
-    return f"{n / GIB:.2f} GiB"
-
-
-def _bytes(number: str, unit: str) -> int:
-    return int(float(number) * _UNITS[unit])
-
-
-@dataclasses.dataclass(frozen=True)
-class Need:
-    """The memory of one program per device, as far as it is known."""
-
-    fits: bool  # False: the compiler or the allocator ran out
-    needed: int | None  # bytes per device: memory_analysis()'s peak where it compiled, else the compiler's figure
-    available: int | None  # bytes per device: the compiler's figure, or the device's memory limit; None: unknown
-    said: str = ""  # where it did not fit: the compiler's (or the allocator's) words, shortened
-    # bytes per device the program reserves beyond its arguments when it loads (temporaries, code, new outputs):
-    # what must stay free between steps for it to run again; None: not known
-    program: int | None = None
-
-    def found(self, what: str = "") -> str:
-        """'29.26 GiB per device (compiling the train step: RESOURCE_EXHAUSTED: ...)'."""
-        figure = "an unknown amount of memory" if self.needed is None else f"{gib(self.needed)} per device"
-        words = ": ".join(part for part in (what, self.said) if part)
-        return f"{figure} ({words})" if words else figure
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """XLA's error for a program that does not fit (at compile time or at a run), not any other runtime error."""
-    text = str(exc)
-    return isinstance(exc, jax.errors.JaxRuntimeError) and (
-        text.startswith("RESOURCE_EXHAUSTED") or "CompileTimeHbmOom" in text or "Out of memory" in text)
-
-
-def from_message(text: str, available: int | None = None) -> Need:
-    """What XLA's out-of-memory message says: the bytes needed and available where it names them (`available`,
-    the device's own limit, where it does not)."""
-    for pattern in _SAID:
-        match = pattern.search(text)
-        if match:
-            return Need(False, _bytes(*match.group(1, 2)), _bytes(*match.group(3, 4)), _shortened(text))
-    used, total, over = _USED.search(text), _TOTAL.search(text), _EXCEEDED.search(text)
-    if used:
-        capacity = _bytes(*used.group(3, 4))
-        needed = (_bytes(*total.group(1, 2)) if total else capacity + _bytes(*over.group(1, 2)) if over
-                  else _bytes(*used.group(1, 2)))
-        return Need(False, needed, capacity, _shortened(text))
-    one = _ALLOCATE.search(text)
-    return Need(False, int(one.group(1)) if one else None, available, _shortened(text))
-
-
-def _shortened(text: str) -> str:
-    first = " ".join(text.split("\n", 1)[0].split())
-    return first if len(first) <= SHOWN else first[:SHOWN - 3] + "..."
-
-
-def from_compiled(compiled: jax.stages.Compiled, available: int | None) -> Need:
-    """A program that compiled: its peak bytes per device (XLA's memory_analysis), against `available`."""
-    stats = compiled.memory_analysis()
-    if stats is None:
-        return Need(True, None, available)
-    peak = getattr(stats, "peak_memory_in_bytes", 0)
-    program = (stats.output_size_in_bytes - stats.alias_size_in_bytes + stats.temp_size_in_bytes
-               + stats.generated_code_size_in_bytes)
-    needed = peak or stats.argument_size_in_bytes + program
-    return Need(available is None or needed <= available, needed, available, program=program)
-
-
-def device_limit(devices: Sequence[Any]) -> int | None:
-    """The memory one device may use, as its runtime says (`memory_stats()["bytes_limit"]`); None where it does
-    not say (CPU, a device compiled for ahead of time)."""
-    try:
-        stats = devices[0].memory_stats()
-    except Exception:  # noqa: BLE001 - a device without the call, or a compile-only one: not known
-        return None
-    return int(stats["bytes_limit"]) if stats and stats.get("bytes_limit") else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,7 +183,7 @@ def one_error(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh, when: str) 
     except jax.errors.JaxRuntimeError as exc:
         if not is_out_of_memory(exc):
             raise
-        raise_out_of_memory(cfg, task, mesh, from_message(str(exc), device_limit(list(mesh.devices.flat))), when)
+        raise_out_of_memory(cfg, task, mesh, from_message(str(exc), limit(mesh.devices.flat[0])), when)
 
 
 def raise_out_of_memory(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh, need: Need, when: str) -> None:
@@ -293,6 +198,5 @@ def raise_out_of_memory(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh, n
     preflight.raise_together(found, "out_of_memory")
 
 
-__all__ = ["GIB", "Need", "Remedy", "accum_steps", "describe", "device_limit", "error", "from_compiled",
-           "from_message", "fsdp_rule", "gib", "global_batch", "is_out_of_memory", "more_devices", "offered",
+__all__ = ["Remedy", "accum_steps", "describe", "error", "fsdp_rule", "global_batch", "more_devices", "offered",
            "one_error", "raise_out_of_memory", "remat", "suggested"]

@@ -1,6 +1,6 @@
 """remat `auto`: the policy a run's blocks take, chosen by compiling the train step, the fastest first.
 
-    choice = remat_auto.choose(compile_under, limit=memory.device_limit(devices), beside=state_bytes)
+    choice = remat_auto.choose(compile_under, limit=device_memory.limit(device), beside=state_bytes)
     choice.policy, choice.step, choice.line()      # "dots", the jitted step to run, the log line
 
 `compile_under(policy)` jits the step afresh (the policy is read while it is traced, not part of jit's cache
@@ -24,7 +24,7 @@ from typing import Any
 import jax
 
 from job.kernels.rematerialize import CANDIDATES
-from job.train.memory import Need, from_compiled, from_message, gib, is_out_of_memory
+from job.runtime.device_memory import Need, from_compiled, from_message, gib, is_out_of_memory
 
 log = logging.getLogger("job.train")
 

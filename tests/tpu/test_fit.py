@@ -19,7 +19,8 @@ from deploy.tpu.accelerators import parse_accelerator
 from deploy.tpu.config import TpuConfig
 from job.train import config, fit, memory
 from job.train import task as tasks
-from job.train.memory import GIB
+from job.runtime import device_memory
+from job.runtime.device_memory import GIB
 from tests.tpu.harness import ZONE
 
 V5E_HBM = 15.75 * GIB  # what libtpu (and the real chip) says one v5e chip holds
@@ -107,9 +108,9 @@ def test_gpt2_small_without_remat_does_not_fit_a_v5e_chip_and_the_error_names_a_
     assert [r.flags for r in found.remedies] == [("--model.remat", "dots")]  # the first that fits ends its kind
     text = str(found.error())
     assert text.startswith("the train step's memory on v5litepod-1: 1 chip (TPU v5 lite): expected at most 15.75 GiB "
-                           f"per device (what it has), found '{memory.gib(found.need.needed)} per device (compiled "
+                           f"per device (what it has), found '{device_memory.gib(found.need.needed)} per device (compiled "
                            "ahead of time: RESOURCE_EXHAUSTED: ")
-    assert text.endswith(f"Fix: these fit, each compiled for it: --model.remat dots ({memory.gib(dots.need.needed)} "
+    assert text.endswith(f"Fix: these fit, each compiled for it: --model.remat dots ({device_memory.gib(dots.need.needed)} "
                          "per device)")
     assert doctor.failed("fit", found.error()).line() == f"FAIL  fit: {text}"  # the doctor's line: the same text
 
@@ -123,7 +124,7 @@ def test_under_fsdp_the_bytes_per_chip_shrink_as_a_multi_host_slice_grows(libtpu
     needs = {}
     for accelerator in ("v4-16", "v4-32"):  # 8 chips on 2 hosts, 16 on 4
         target = tpu_fit.target(parse_accelerator(accelerator))
-        needs[accelerator] = fit.measure(cfg, task, target.devices, fit.available(target.devices[0]))
+        needs[accelerator] = fit.measure(cfg, task, target.devices, device_memory.compiler_limit(target.devices[0]))
     assert all(need.fits and need.needed for need in needs.values()), needs
     small, large = needs["v4-16"].needed, needs["v4-32"].needed
     assert small is not None and large is not None and large < 0.75 * small, (small, large)

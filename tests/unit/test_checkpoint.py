@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from job.runs import checkpoint, headroom
 from job.runs.checkpoint import Checkpointer, CheckpointError
 from job.runs.config import CheckpointConfig
-from job.runtime import host
+from job.runtime import device_memory, host
 
 
 def _state(offset: float = 0.0) -> dict:
@@ -226,7 +226,7 @@ def test_a_cgroup_limit_caps_what_the_host_has_available(tmp_path: Path) -> None
 
 def test_free_memory_that_nothing_reports_keeps_the_copy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert headroom.fits({0: 64 * GIB}, headroom.Room({0: None}, None, 1)) == headroom.Fit(True, 64 * GIB, None, 1)
-    assert headroom.device_free(jax.devices()[0]) is None  # XLA:CPU does not report
+    assert device_memory.free(jax.devices()[0]) is None  # XLA:CPU does not report
     monkeypatch.setattr(host, "MEMINFO", tmp_path / "missing")
     assert host.host_available() is None
 

@@ -21,7 +21,7 @@ from job.kernels import rematerialize as remat
 from job.kernels import self_attention as attention
 from job.tasks.lm import model
 from job.train import remat_auto
-from job.train.memory import Need
+from job.runtime.device_memory import Need
 
 SMALL = dict(vocab_size=64, seq_len=128, dim=32, heads=2, layers=2, mlp_dim=64)
 # splash in interpret mode against XLA, float32 (measured: 0 on the loss, 9e-8 on the gradients)

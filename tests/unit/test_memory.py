@@ -13,7 +13,8 @@ from job.core.errors import ConfigError
 from job.parallel import sharding
 from job.train import config, memory
 from job.train import task as tasks
-from job.train.memory import GIB, Need
+from job.runtime import device_memory
+from job.runtime.device_memory import GIB, Need
 
 # as the chip said it (a TPU v5e, JAX 0.10.2), and as libtpu 0.0.50 says it compiling ahead of time
 ON_THE_CHIP = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (30.39G) "
@@ -39,18 +40,18 @@ AHEAD = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM
 ])
 def test_each_of_xlas_messages_gives_the_bytes_needed_and_available(text: str, needed: float, available: float | None
                                                                       ) -> None:
-    need = memory.from_message(text)
+    need = device_memory.from_message(text)
     assert not need.fits
     assert need.needed == pytest.approx(needed, rel=1e-3)  # the message gives 2 decimals
     assert need.available == (None if available is None else pytest.approx(available, rel=1e-3))
-    assert "\n" not in need.said and need.said.startswith("RESOURCE_EXHAUSTED") and len(need.said) <= memory.SHOWN
+    assert "\n" not in need.said and need.said.startswith("RESOURCE_EXHAUSTED") and len(need.said) <= device_memory.SHOWN
 
 
 def test_only_xlas_out_of_memory_counts_as_one() -> None:
-    assert memory.is_out_of_memory(jax.errors.JaxRuntimeError(AHEAD))
-    assert memory.is_out_of_memory(jax.errors.JaxRuntimeError("INTERNAL: Out of memory while trying to allocate 8 bytes"))
-    assert not memory.is_out_of_memory(jax.errors.JaxRuntimeError("INTERNAL: Mosaic failed to compile the kernel"))
-    assert not memory.is_out_of_memory(MemoryError("RESOURCE_EXHAUSTED"))  # Python's own: not the device's
+    assert device_memory.is_out_of_memory(jax.errors.JaxRuntimeError(AHEAD))
+    assert device_memory.is_out_of_memory(jax.errors.JaxRuntimeError("INTERNAL: Out of memory while trying to allocate 8 bytes"))
+    assert not device_memory.is_out_of_memory(jax.errors.JaxRuntimeError("INTERNAL: Mosaic failed to compile the kernel"))
+    assert not device_memory.is_out_of_memory(MemoryError("RESOURCE_EXHAUSTED"))  # Python's own: not the device's
 
 
 def gpt2_small(*flags: str) -> config.TrainConfig:
@@ -94,7 +95,7 @@ def test_remat_is_named_only_for_a_model_config_that_has_it_and_takes_the_value(
 
 def test_the_error_states_the_bytes_against_the_devices_and_the_flags() -> None:
     cfg, task = gpt2_small(), tasks.load("lm")
-    need = memory.from_message(AHEAD)
+    need = device_memory.from_message(AHEAD)
     named = memory.suggested(cfg, task, devices=1, data_parallel=1, need=need)
     error = memory.error(need, named, "1 device (TPU v5 lite)", "compiling the train step", checked=False,
                          unchecked="make tpu-doctor checks them")

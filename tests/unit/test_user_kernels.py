@@ -20,6 +20,7 @@ from job import kernels
 from job import sharding as sh
 from job.kernels import self_attention
 from job.tasks.lm.task import TASK as LM
+from job.runtime.device_memory import Need
 from job.train import config, memory
 from tests.user_tasks import llama, llama_fast
 
@@ -86,7 +87,7 @@ def _cfg(task: object, *flags: str) -> config.TrainConfig:
 
 def test_an_out_of_memory_offers_a_boolean_remat_only_the_flag_its_parser_takes() -> None:
     cfg = _cfg(llama.TASK, "--task", "tests.user_tasks.llama:TASK", "--model.no-remat")
-    need = memory.Need(False, 30 * 2**30, 16 * 2**30)
+    need = Need(False, 30 * 2**30, 16 * 2**30)
     offered = [r.flags for r in memory.suggested(cfg, llama.TASK, 1, 1, need)]
     assert ("--model.remat",) in offered
     assert not [f for f in offered if f[:1] == ("--model.remat",) and len(f) > 1], offered  # no 'full', no 'dots'
