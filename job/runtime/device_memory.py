@@ -29,6 +29,9 @@ _SIZE = r"([0-9]+(?:\.[0-9]+)?)\s*([KMGTP]?)(?:i?B)?"
 _SAID = (
     re.compile(rf"HLO temporaries \({_SIZE}\) exceeds available HBM \({_SIZE}\)"),  # TPU, at compile time
     re.compile(rf"Attempting to allocate {_SIZE}\. That was not possible\. There are {_SIZE} free"),  # TPU runtime
+    # TPU, loading a program whose temporaries no longer fit beside what is in use (seen on a v5e chip:
+    # "RuntimeProgramAllocationFailure: Attempting to reserve 13.81G at the bottom of memory ... 12.33G free")
+    re.compile(rf"Attempting to reserve {_SIZE} at the bottom of memory.*?{_SIZE} free", re.DOTALL),
 )
 # TPU, at compile time, the other form: "Used 15.75G of 15.75G hbm. Exceeded hbm capacity by 6.69M." (the use capped
 # at the capacity), then "Total hbm usage >= 16.01G:" and the largest allocations
@@ -70,10 +73,14 @@ class Need:
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
-    """XLA's error for a program that does not fit (at compile time or at a run), not any other runtime error."""
+    """XLA's error for a program that does not fit (at compile time, at a run, or as it loads: the TPU runtime's
+    RuntimeProgramAllocationFailure, which reaches the caller as a ValueError), not any other error."""
     text = str(exc)
+    if isinstance(exc, ValueError) and not isinstance(exc, jax.errors.JaxRuntimeError):
+        return "RuntimeProgramAllocationFailure" in text
     return isinstance(exc, jax.errors.JaxRuntimeError) and (
-        text.startswith("RESOURCE_EXHAUSTED") or "CompileTimeHbmOom" in text or "Out of memory" in text)
+        text.startswith("RESOURCE_EXHAUSTED") or "CompileTimeHbmOom" in text or "Out of memory" in text
+        or "RuntimeProgramAllocationFailure" in text)
 
 
 def from_message(text: str, available: int | None = None) -> Need:

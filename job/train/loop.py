@@ -313,8 +313,10 @@ class Training:
         with timer.part("input_wait"):
             next_batch = upcoming.get(step)
         at(done, "step")
-        # the first step allocates what compiling it planned: an out-of-memory there is one error too
-        fits = memory.one_error(cfg, self.task, built.mesh, "its first step") if first else contextlib.nullcontext()
+        # the first step allocates what compiling it planned, a later one loads its program again beside what a
+        # save holds: an out-of-memory there is one error too, once a save under way has finished
+        fits = memory.one_error(cfg, self.task, built.mesh, "its first step" if first else f"step {done}",
+                                before=self.checkpoints.wait)
         with fits, self.profiler.step(done) as outputs, timer.step():  # starting and ending a trace is not a step
             state, self.metrics = built.train_step(state, next_batch)
             at(done, "wait")

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -30,6 +31,8 @@ from job.runtime.device_memory import Need, from_message, gib, is_out_of_memory,
 from job.train import config
 from job.train.config import MAX_ACCUM, TrainConfig
 from job.train.task import Task
+
+log = logging.getLogger("job.train")
 
 REMAT_FIELD = "remat"  # a model config's field that says what each layer keeps for the backward pass
 REMAT_VALUES = ("dots", "full")  # tried in this order: the faster first (keeps the matmuls' outputs), then the least
@@ -174,15 +177,22 @@ def describe(devices: Sequence[Any]) -> str:
 
 
 @contextlib.contextmanager
-def one_error(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh, when: str) -> Iterator[None]:
-    """XLA's out-of-memory raised inside (compiling the train step, or its first run) leaves as one ConfigError,
+def one_error(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh, when: str,
+              before: Callable[[], None] | None = None) -> Iterator[None]:
+    """XLA's out-of-memory raised inside (compiling the train step, or running it) leaves as one ConfigError,
     which every process prints before any exits (the same program runs out on each): the bytes, and the flags
-    that may fit, named (compiling each would hold the devices again); on TPU, how to check them without one."""
+    that may fit, named (compiling each would hold the devices again); on TPU, how to check them without one.
+    `before` runs first (the loop's: a checkpoint save under way is let finish); what it raises is logged."""
     try:
         yield
-    except jax.errors.JaxRuntimeError as exc:
+    except (jax.errors.JaxRuntimeError, ValueError) as exc:
         if not is_out_of_memory(exc):
             raise
+        if before is not None:
+            try:
+                before()
+            except Exception as failed:  # noqa: BLE001 - the out-of-memory is the error to say; this one is logged
+                log.warning("while stopping for the out-of-memory: %s", failed)
         raise_out_of_memory(cfg, task, mesh, from_message(str(exc), limit(mesh.devices.flat[0])), when)
 
 

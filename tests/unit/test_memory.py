@@ -22,6 +22,11 @@ ON_THE_CHIP = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory r
 AHEAD = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total memory required for HLO "
          "temporaries (29.26G) exceeds available HBM (15.75G). HLO module: jit_train_step_fn.\nSee https://openxla.org")
 
+# a later step's program that no longer fits beside what is in use (a v5e chip, after a save's on-device copy); the
+# runtime raises it as a ValueError
+PROGRAM_LOAD = ("RuntimeProgramAllocationFailure: Attempting to reserve 13.81G at the bottom of memory. That was not "
+                "possible. There are 12.33G free, 0B reserved, and 0B reservable.")
+
 
 @pytest.mark.parametrize(("text", "needed", "available"), [
     (ON_THE_CHIP, 30.39 * GIB, 15.75 * GIB),
@@ -37,6 +42,7 @@ AHEAD = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM
     ("RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to allocate 1.50G. That was not possible. "
      "There are 800.00M free.", 1.5 * GIB, 800 * (1 << 20)),
     ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 2147483648 bytes.", 2 * GIB, None),
+    (PROGRAM_LOAD, 13.81 * GIB, 12.33 * GIB),
 ])
 def test_each_of_xlas_messages_gives_the_bytes_needed_and_available(text: str, needed: float, available: float | None
                                                                       ) -> None:
@@ -44,7 +50,8 @@ def test_each_of_xlas_messages_gives_the_bytes_needed_and_available(text: str, n
     assert not need.fits
     assert need.needed == pytest.approx(needed, rel=1e-3)  # the message gives 2 decimals
     assert need.available == (None if available is None else pytest.approx(available, rel=1e-3))
-    assert "\n" not in need.said and need.said.startswith("RESOURCE_EXHAUSTED") and len(need.said) <= device_memory.SHOWN
+    assert "\n" not in need.said and need.said.startswith(("RESOURCE_EXHAUSTED", "RuntimeProgramAllocationFailure"))
+    assert len(need.said) <= device_memory.SHOWN
 
 
 def test_only_xlas_out_of_memory_counts_as_one() -> None:
@@ -126,3 +133,17 @@ def test_the_loops_out_of_memory_leaves_as_one_config_error() -> None:
     assert "make tpu-doctor" not in str(caught.value)  # a CPU: the ahead-of-time check is for TPU slices
     with pytest.raises(jax.errors.JaxRuntimeError), memory.one_error(cfg, task, mesh, "its first step"):
         raise jax.errors.JaxRuntimeError("INTERNAL: something else")  # not an out-of-memory: as it was
+
+
+def test_a_program_that_cannot_load_at_a_later_step_lets_the_save_finish_then_is_one_error() -> None:
+    cfg, task = gpt2_small(), tasks.load("lm")
+    mesh = sharding.make_mesh(jax.devices()[:1])
+    order: list[str] = []
+    with pytest.raises(ConfigError) as caught, memory.one_error(cfg, task, mesh, "step 51",
+                                                                before=lambda: order.append("save finished")):
+        raise ValueError(PROGRAM_LOAD)
+    assert order == ["save finished"] and caught.value.__suppress_context__
+    assert "found '13.81 GiB per device (step 51: RuntimeProgramAllocationFailure" in str(caught.value)
+    with pytest.raises(ValueError, match="not ours"), memory.one_error(cfg, task, mesh, "step 2", before=order.clear):
+        raise ValueError("not ours")  # any other ValueError: as it was, the save left alone
+    assert order == ["save finished"]
