@@ -213,8 +213,11 @@ def _compiled(cfg: TpuConfig, version: str) -> Check:
     need = found.need
     per_chip = gib(need.needed) if need.needed is not None else "an unknown amount"
     of = f", {gib(need.available)} available" if need.available is not None else ""
+    more = larger(cfg.accel)
+    scaled = fit.scaling(run, task, slice_, target(more[0], cfg.slices), row=row) if more else None
+    note = f"; {scaled.line()}" if scaled is not None and not scaled.falls else ""
     return Check(NAME, True, f"the train step needs {per_chip} of HBM per chip{of} ({slice_}; compiled ahead of "
-                 f"time by libtpu {version} in {math.ceil(found.seconds)} s)")
+                 f"time by libtpu {version} in {math.ceil(found.seconds)} s){note}")
 
 
 __all__ = ["GENERATIONS", "INSTALL", "NAME", "Topology", "check", "devices", "larger", "libtpu_version", "prepare",

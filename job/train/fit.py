@@ -9,7 +9,9 @@ The step is the loop's own (`loop.train_step_of` over `loop.plan_run`'s state, o
 target's devices, compiled inside the run's mesh and rules), for the state's abstract shapes and shardings
 and a batch of the run's shapes: nothing is allocated. Where it does not fit, each kind of flag of
 `memory.Remedy` is compiled too (the first that fits of each kind is kept): --model.remat, --accum-steps,
---data.global-batch, and --rule fsdp on the larger targets.
+--data.global-batch, and --rule fsdp on the larger targets. Under an fsdp rule, `scaling` compiles the step for
+two device counts and says whether its bytes per device fall with the rows (they do not for a model whose
+activations XLA lays out as its parameters: the doctor names the call that fixes it).
 """
 
 from __future__ import annotations
@@ -21,17 +23,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
 
 from job.core.errors import ConfigError
-from job.parallel import sharding
 from job.kernels.rematerialize import choosing
+from job.parallel import sharding
+from job.runtime import device_memory
+from job.runtime.device_memory import Need, gib
 from job.train import loop, memory, remat_auto
 from job.train.config import TrainConfig
-from job.runtime import device_memory
-from job.runtime.device_memory import Need
 from job.train.memory import Remedy
 from job.train.task import Task
 
@@ -122,6 +122,53 @@ def _state_bytes_per_device(abstract: Any) -> int:
     return max(per.values(), default=0)
 
 
+# under fsdp, more devices mean fewer rows each: the step's bytes per device should fall with them (the state is
+# split too). Where twice the devices or more leave more than this share, the activations are not split by rows
+FALLS = 0.75
+SPLIT_RULES = ("fsdp", "fsdp_tensor")  # the rules that split the state over the data axis
+
+
+@dataclasses.dataclass(frozen=True)
+class Scaling:
+    """The run's step compiled for two device counts under its rule: whether its bytes per device fall."""
+
+    small: Target
+    large: Target
+    small_need: Need
+    large_need: Need
+
+    @property
+    def falls(self) -> bool:
+        small, large = self.small_need.needed, self.large_need.needed
+        return small is None or large is None or large <= FALLS * small
+
+    def line(self) -> str:
+        """What the two compiles found, and where the bytes do not fall, the call that fixes it."""
+        small, large = self.small_need.needed or 0, self.large_need.needed or 0
+        said = (f"{gib(large)} per chip on {self.large.name} against {gib(small)} on {self.small.name} "
+                f"({len(self.large.devices) // len(self.small.devices)}x the chips, as many times fewer rows each)")
+        if self.falls:
+            return f"the step's bytes fall with the rows: {said}"
+        return (f"a larger slice does not help this run: {said}; the activations are not split by rows (XLA splits "
+                "them as the parameters are, along 'embed', and each chip keeps every row). Fix: wrap each block's "
+                "call in job.kernels.remat(call, policy), which keeps a block's input split by rows, or constrain "
+                "it with job.sharding.constrain(x, ('batch', 'length', 'embed')) (docs/sharding.md)")
+
+
+def scaling(cfg: TrainConfig, task: Task, small: Target, large: Target,
+            row: Mapping[str, Any] | None = None) -> Scaling | None:
+    """The run's step compiled for `small` and `large` (more devices) under its rule, where that rule splits the
+    state (fsdp); None under another rule, or where it cannot be laid out on one of them."""
+    if cfg.rule not in SPLIT_RULES:
+        return None
+    row = first_row(cfg, task) if row is None else row
+    try:
+        needs = [measure(cfg, task, t.devices, device_memory.compiler_limit(t.devices[0]), row) for t in (small, large)]
+    except ConfigError:
+        return None
+    return Scaling(small, large, *needs)
+
+
 def _tries(cfg: TrainConfig, task: Task, target: Target, larger: Sequence[Target],
            kinds: Iterable[str]) -> Iterator[tuple[str, Remedy, Target]]:
     """(kind, remedy, where to compile it) for each kind, in order."""
@@ -167,4 +214,5 @@ def check(cfg: TrainConfig, task: Task, target: Target, larger: Sequence[Target]
     return Fit(target, need, tuple(remedies), time.perf_counter() - began)
 
 
-__all__ = ["KINDS", "Fit", "Target", "abstract_batch", "check", "first_row", "measure"]
+__all__ = ["FALLS", "KINDS", "SPLIT_RULES", "Fit", "Scaling", "Target", "abstract_batch", "check", "first_row",
+           "measure", "scaling"]
