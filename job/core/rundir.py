@@ -16,6 +16,7 @@ of its JSON-lines files.
       profile/process-N/   process N's trace of `--profile.steps` (job/observe/profile.py)
       metrics.png          `python -m job plot RUN_DIR` (job/observe/plot.py)
       wandb_run_id         the W&B run every attempt resumes (job/observe/metrics.py)
+      remat.json           remat auto's choice and what it was chosen for: a resume compiles it first (job/train/loop.py)
       events.out.tfevents.*  TensorBoard's, named by tensorboardX
     SWEEP_DIR/
       sweep.json           the sweep's runs, written before the first one starts (job/runs/sweep.py)
@@ -50,6 +51,7 @@ LOGS = "logs"
 PROFILE = "profile"
 PLOT = "metrics.png"
 WANDB_ID = "wandb_run_id"
+REMAT = "remat.json"
 SWEEP_PLAN = "sweep.json"  # SWEEP_DIR's
 SWEEP_PLOT = "eval_loss.png"  # SWEEP_DIR's
 
@@ -117,6 +119,10 @@ def plot(run_dir: P) -> P:
 
 def wandb_id(run_dir: P) -> P:
     return run_dir / WANDB_ID
+
+
+def remat(run_dir: P) -> P:
+    return run_dir / REMAT
 
 
 def sweep_plan(sweep_dir: P) -> P:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -244,7 +245,16 @@ class Training:
             compiled, need = remat_auto.need_of(lowered.compile, limit)
             return step, need, lowered.as_text()
 
-        choice = remat_auto.choose(compile_under, limit=limit, beside=beside)
+        chosen_for = {"model": to_dict(cfg)["model"], "global_batch": cfg.data.global_batch, "rule": cfg.rule,
+                      "accum_steps": cfg.accum_steps, "mesh": dict(built.mesh.shape), "beside": beside,
+                      "devices": memory.describe(devices)}
+        chosen_for = json.loads(json.dumps(chosen_for, default=str))  # as the file gives it back
+        earlier = rundir.document(rundir.remat(built.run_dir))  # an earlier attempt's choice for the same step
+        first = earlier.get("policy") if isinstance(earlier, dict) and earlier.get("for") == chosen_for else None
+        choice = remat_auto.choose(compile_under, limit=limit, beside=beside, first=first)
+        if limit is not None and choice.fits and choice.policy != first:
+            on_process_zero(_save_remat, built.run_dir, {"policy": choice.policy, "for": chosen_for,
+                                                         "needed": choice.need.needed, "limit": limit})
         if not choice.fits:  # as XLA's own out-of-memory: one error, the bytes, the flags that may fit
             memory.raise_out_of_memory(cfg, self.task, built.mesh, choice.need, "compiling the train step")
         if len(choice.tried) > 1 or choice.policy != "none":
@@ -500,6 +510,11 @@ def _topology(info: ClusterInfo, mesh: jax.sharding.Mesh) -> dict[str, object]:
     return {"kind": info.kind, "processes": info.num_processes, "local_devices": jax.local_device_count(),
             "devices": len(devices), "platform": devices[0].platform, "device_kind": devices[0].device_kind,
             "mesh": dict(mesh.shape), "hosts": len({d.process_index for d in devices})}
+
+
+def _save_remat(run_dir: epath.Path, record: dict[str, Any]) -> None:
+    storage.make_dirs(run_dir)
+    rundir.remat(run_dir).write_text(json.dumps(record) + "\n")
 
 
 def _save_config(run_dir: epath.Path, cfg: TrainConfig) -> None:

@@ -64,14 +64,17 @@ def fits(need: Need, limit: int | None, beside: int) -> bool:
     return need.needed + beside <= HEADROOM * limit
 
 
-def choose(compile_under: Callable[[str], tuple[Any, Need, str]], *, limit: int | None, beside: int = 0) -> Choice:
+def choose(compile_under: Callable[[str], tuple[Any, Need, str]], *, limit: int | None, beside: int = 0,
+           first: str | None = None) -> Choice:
     """The first of CANDIDATES whose compiled step fits (module docstring); where none does, the last tried, not
-    fitting (the caller raises its out-of-memory error)."""
+    fitting (the caller raises its out-of-memory error). `first`: a policy to try before the others (what an
+    earlier attempt of the run chose for the same step: where it fits, one compile decides)."""
     tried: list[tuple[str, Need]] = []
     texts: set[str] = set()
     alone: tuple[str, Any, Need] | None = None  # the first that fits without room beside it
     last: tuple[str, Any, Need] | None = None
-    for policy in CANDIDATES:
+    order = (first, *(p for p in CANDIDATES if p != first)) if first in CANDIDATES else CANDIDATES
+    for policy in order:
         step, need, text = compile_under(policy)
         if text in texts:  # the model does not read auto: every candidate is this program
             break

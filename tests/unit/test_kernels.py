@@ -253,6 +253,16 @@ def test_remat_auto_takes_the_first_policy_whose_compiled_step_fits_with_room_be
     assert choice.line().startswith(f"remat auto: {chosen} (")
 
 
+def test_a_resume_tries_the_earlier_choice_first_and_compiles_once_where_it_still_fits() -> None:
+    called, compile_under = _compiles({"none": None, "dots": 9, "full": 3})
+    assert remat_auto.choose(compile_under, limit=16 * GIB, first="dots").policy == "dots" and called == ["dots"]
+    called, compile_under = _compiles({"none": 10, "dots": 9, "full": 3})  # the earlier choice no longer fits
+    choice = remat_auto.choose(compile_under, limit=16 * GIB, beside=5 * GIB, first="full")
+    assert choice.policy == "full" and called == ["full"]
+    called, compile_under = _compiles({"none": 10, "dots": 9, "full": 3})
+    assert remat_auto.choose(compile_under, limit=16 * GIB, first="bogus").policy == "none" and called == ["none"]
+
+
 def test_remat_auto_compiles_once_where_memory_is_unknown_or_the_model_does_not_read_it() -> None:
     called, compile_under = _compiles({"none": 100, "dots": 1, "full": 1})
     assert remat_auto.choose(compile_under, limit=None).policy == "none" and called == ["none"]  # a CPU
