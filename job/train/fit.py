@@ -116,7 +116,7 @@ def _state_bytes_per_device(abstract: Any) -> int:
         if sharding_ is None:
             continue
         shard = sharding_.shard_shape(leaf.shape)
-        size = int(np.prod(shard)) * np.dtype(leaf.dtype).itemsize
+        size = int(np.prod(shard)) * leaf.dtype.itemsize  # a PRNG key's dtype too (key<fry>: 8), which numpy refuses
         for device in sharding_.device_set:
             per[device] = per.get(device, 0) + size
     return max(per.values(), default=0)
