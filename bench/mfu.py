@@ -148,13 +148,10 @@ def worker(argv: list[str]) -> None:
         sharding.shard_model(optimizer, mesh)
         graphdef, state = nnx.split({"model": model, "optimizer": optimizer})
 
-        def compile_under(policy: str) -> tuple:  # noqa: ANN202 - as the loop chooses remat auto
-            fresh = jit_train_step(task.loss, graphdef, state)  # a fresh jit per policy and attention
-            with sharding.mesh_context(mesh), choosing(policy):
-                lowered = fresh.lower(state, batch)
-            return fresh, remat_auto.need_of(lowered.compile, device_memory.limit(device))[1], lowered.as_text()
-
-        choice = remat_auto.choose(compile_under, limit=device_memory.limit(device))
+        limit = device_memory.limit(device)  # remat auto as the loop chooses it, a fresh jit per policy
+        compile_under = remat_auto.compiling(lambda: jit_train_step(task.loss, graphdef, state), (state, batch), limit)
+        with sharding.mesh_context(mesh):
+            choice = remat_auto.choose(compile_under, limit=limit)
         template = {"state": state}
         with sharding.mesh_context(mesh), choosing(choice.policy):
             template["state"], metrics = choice.step(state, batch)

@@ -21,6 +21,7 @@ arguments, so the rule is tested without devices.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -28,8 +29,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from job.runtime.cluster import environment
 from job.runtime import device_memory
+from job.runtime.cluster import environment
 from job.runtime.host import host_available
 
 # The copy must fit in 90% of what is free: the other 10% is slack for the allocator's
@@ -73,13 +74,26 @@ class Fit:
 
 
 def copy_bytes(tree: Any) -> dict[jax.Device, int]:
-    """device -> bytes the on-device copy of every jax.Array leaf puts on it (this process's shards)."""
+    """device -> bytes the on-device copy of every array leaf puts on it: a jax.Array's shards this process holds,
+    and for a state planned but not made (ShapeDtypeStructs with their shardings, a compile ahead of time) the
+    share each device would hold."""
     needed: dict[jax.Device, int] = {}
     for leaf in jax.tree.leaves(tree):
         if isinstance(leaf, jax.Array):
             for shard in leaf.addressable_shards:
                 needed[shard.device] = needed.get(shard.device, 0) + shard.data.nbytes
+        elif isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is not None:
+            # the dtype's own itemsize: a PRNG key's too (key<fry>: 8), which numpy refuses
+            size = math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
+            for device in leaf.sharding.device_set:
+                needed[device] = needed.get(device, 0) + size
     return needed
+
+
+def largest_copy(tree: Any) -> int:
+    """The bytes the on-device copy of `tree` puts on its most loaded device (`copy_bytes`): what a background
+    save needs beside the train step."""
+    return max(copy_bytes(tree).values(), default=0)
 
 
 def processes_on_host(env: Mapping[str, str], process_count: int) -> int:

@@ -26,8 +26,8 @@ import jax
 import numpy as np
 
 from job.core.errors import ConfigError
-from job.kernels.rematerialize import choosing
 from job.parallel import sharding
+from job.runs import headroom
 from job.runtime import device_memory
 from job.runtime.device_memory import Need, gib
 from job.train import loop, memory, remat_auto
@@ -94,32 +94,13 @@ def measure(cfg: TrainConfig, task: Task, devices: Sequence[Any], hbm: int | Non
     sharding.check_global_batch(cfg.data.global_batch, cfg.accum_steps, mesh)
     batch = abstract_batch(row, cfg.data.global_batch, sharding.batch_sharding(mesh))
     planned = loop.plan_run(cfg, task, mesh).planned  # outside the mesh's context, as the loop builds it
-    beside = _state_bytes_per_device(planned.abstract) if cfg.ckpt.background else 0
-
-    def compile_under(policy: str) -> tuple[None, Need, str]:
-        step = loop.train_step_of(cfg, task, planned, mesh)  # jitted afresh: traced under `policy`
-        with choosing(policy):
-            lowered = step.lower(planned.abstract, batch)
-        return None, remat_auto.need_of(lowered.compile, hbm)[1], lowered.as_text()
-
+    beside = headroom.largest_copy(planned.abstract) if cfg.ckpt.background else 0
+    compile_under = remat_auto.compiling(lambda: loop.train_step_of(cfg, task, planned, mesh),
+                                         (planned.abstract, batch), hbm)
     with sharding.mesh_context(mesh, loop.run_rules(cfg, task)):  # the model picks its kernels by the mesh's platform
         choice = remat_auto.choose(compile_under, limit=hbm, beside=beside)  # remat auto, as the loop chooses it
     need = choice.need
     return need if choice.fits or not need.fits else dataclasses.replace(need, fits=False)
-
-
-def _state_bytes_per_device(abstract: Any) -> int:
-    """The bytes of the state's largest share on one device (a background save's on-device copy)."""
-    per: dict[Any, int] = {}
-    for leaf in jax.tree.leaves(abstract):
-        sharding_ = getattr(leaf, "sharding", None)
-        if sharding_ is None:
-            continue
-        shard = sharding_.shard_shape(leaf.shape)
-        size = int(np.prod(shard)) * leaf.dtype.itemsize  # a PRNG key's dtype too (key<fry>: 8), which numpy refuses
-        for device in sharding_.device_set:
-            per[device] = per.get(device, 0) + size
-    return max(per.values(), default=0)
 
 
 # under fsdp, more devices mean fewer rows each: the step's bytes per device should fall with them (the state is
@@ -202,8 +183,8 @@ def check(cfg: TrainConfig, task: Task, target: Target, larger: Sequence[Target]
             if kind in done:
                 continue
             try:
-                found = measure(remedy.cfg, task, where.devices, hbm if where is target else device_memory.compiler_limit(where.devices[0]),
-                                row)
+                limit = hbm if where is target else device_memory.compiler_limit(where.devices[0])
+                found = measure(remedy.cfg, task, where.devices, limit, row)
             except ConfigError:  # it cannot be laid out there (a batch the devices do not split): not a fit
                 continue
             remedies.append(remedy.checked(found))

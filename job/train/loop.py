@@ -27,6 +27,7 @@ from jax.experimental import multihost_utils
 
 from job.core import rundir, storage
 from job.core.errors import ConfigError
+from job.kernels.rematerialize import choosing
 from job.observe import process_log
 from job.observe.goodput import Goodput, describe
 from job.observe.profile import StepProfiler
@@ -45,7 +46,6 @@ from job.runtime.distributed import initialize
 from job.runtime.preemption import NOTICES, REQUEUE_EXIT_CODE, PreemptionGuard
 from job.runtime.rollcall import Answer, Progress, leave, roll_call
 from job.runtime.watchdog import Watchdog
-from job.kernels.rematerialize import choosing
 from job.train import memory, optimizers, remat_auto
 from job.train import state as state_plan
 from job.train.batches import Prefetch, global_batch, impurity, to_global
@@ -236,15 +236,9 @@ class Training:
         nothing fits."""
         cfg, devices = self.cfg, list(built.mesh.devices.flat)
         limit = device_memory.limit(devices[0])
-        beside = max(headroom.copy_bytes(state).values(), default=0) if cfg.ckpt.background else 0
-
-        def compile_under(policy: str) -> tuple[jax.stages.Wrapped, device_memory.Need, str]:
-            step = train_step_of(cfg, self.task, built.planned, built.mesh)  # jitted afresh: traced under `policy`
-            with choosing(policy):
-                lowered = step.lower(state, batch)
-            compiled, need = remat_auto.need_of(lowered.compile, limit)
-            return step, need, lowered.as_text()
-
+        beside = headroom.largest_copy(state) if cfg.ckpt.background else 0
+        compile_under = remat_auto.compiling(lambda: train_step_of(cfg, self.task, built.planned, built.mesh),
+                                             (state, batch), limit)
         chosen_for = {"model": to_dict(cfg)["model"], "global_batch": cfg.data.global_batch, "rule": cfg.rule,
                       "accum_steps": cfg.accum_steps, "mesh": dict(built.mesh.shape), "beside": beside,
                       "devices": memory.describe(devices)}

@@ -35,7 +35,6 @@ from job.train.task import Task
 log = logging.getLogger("job.train")
 
 REMAT_FIELD = "remat"  # a model config's field that says what each layer keeps for the backward pass
-REMAT_VALUES = ("dots", "full")  # tried in this order: the faster first (keeps the matmuls' outputs), then the least
 # the state does not shrink with the rows: a suggestion cuts them by MARGIN x what is over (GPT-2 small at 1.8x
 # a v5e chip: half the rows still needed 16.01 GiB of 15.75, a quarter 9.45)
 MARGIN = 1.25

@@ -1,29 +1,31 @@
 """remat `auto`: the policy a run's blocks take, chosen by compiling the train step, the fastest first.
 
-    choice = remat_auto.choose(compile_under, limit=device_memory.limit(device), beside=state_bytes)
+    compile_under = remat_auto.compiling(make_step, (state, batch), limit)   # the loop, the fit check, bench.mfu
+    choice = remat_auto.choose(compile_under, limit=limit, beside=state_bytes)
     choice.policy, choice.step, choice.line()      # "dots", the jitted step to run, the log line
 
 `compile_under(policy)` jits the step afresh (the policy is read while it is traced, not part of jit's cache
-key), traces and compiles it inside `job.kernels.rematerialize.choosing(policy)`, and returns (the step, what
-it needs per device, the lowered program's text). The candidates are tried in order (none, dots, full: the
-most kept first, the least memory last); the first whose peak bytes per device, with `beside` bytes for the
-programs that run beside it (a background checkpoint's on-device copy of the state), fit HEADROOM of what a
-device has is taken; where none leaves that room, the first that fits alone (its saves are then written from
-the live state, job/runs/headroom.py). Where a device's memory is not known (a CPU: its arrays are the host's),
-the first is.
-A model whose blocks do not read `auto` compiles to the same program under each: the first is taken then.
+key), traces and compiles it inside `job.kernels.rematerialize.choosing(policy)`, and returns (the step, what it
+needs per device, a function giving the lowered program's text: read only where a later candidate is compared
+with it). The candidates are tried in order (none, dots, full: the most kept first, the least memory last); the
+first whose peak bytes per device, with `beside` bytes for the programs that run beside it (a background
+checkpoint's on-device copy of the state), fit HEADROOM of what a device has is taken; where none leaves that
+room, the first that fits alone (its saves are then written from the live state, job/runs/headroom.py). Where a
+device's memory is not known (a CPU: its arrays are the host's), the first is. A model whose blocks do not read
+`auto` compiles to the same program under each: the first is taken then.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import jax
 
-from job.kernels.rematerialize import CANDIDATES
+from job.kernels.rematerialize import CANDIDATES, choosing
 from job.runtime.device_memory import Need, from_compiled, from_message, gib, is_out_of_memory
 
 log = logging.getLogger("job.train")
@@ -64,21 +66,24 @@ def fits(need: Need, limit: int | None, beside: int) -> bool:
     return need.needed + beside <= HEADROOM * limit
 
 
-def choose(compile_under: Callable[[str], tuple[Any, Need, str]], *, limit: int | None, beside: int = 0,
-           first: str | None = None) -> Choice:
+def choose(compile_under: Callable[[str], tuple[Any, Need, Callable[[], str]]], *, limit: int | None,
+           beside: int = 0, first: str | None = None) -> Choice:
     """The first of CANDIDATES whose compiled step fits (module docstring); where none does, the last tried, not
     fitting (the caller raises its out-of-memory error). `first`: a policy to try before the others (what an
     earlier attempt of the run chose for the same step: where it fits, one compile decides)."""
     tried: list[tuple[str, Need]] = []
-    texts: set[str] = set()
+    programs: list[Callable[[], str]] = []  # each tried candidate's program text, read once, when a later one comes
     alone: tuple[str, Any, Need] | None = None  # the first that fits without room beside it
     last: tuple[str, Any, Need] | None = None
     order = (first, *(p for p in CANDIDATES if p != first)) if first in CANDIDATES else CANDIDATES
     for policy in order:
-        step, need, text = compile_under(policy)
-        if text in texts:  # the model does not read auto: every candidate is this program
-            break
-        texts.add(text)
+        step, need, text_of = compile_under(policy)
+        text_of = functools.cache(text_of)
+        if programs:
+            earlier = [read() for read in programs]
+            if text_of() in earlier:
+                break  # the model does not read auto: every candidate is this program
+        programs.append(text_of)
         tried.append((policy, need))
         last = (policy, step, need)
         if fits(need, limit, beside):
@@ -93,15 +98,30 @@ def choose(compile_under: Callable[[str], tuple[Any, Need, str]], *, limit: int 
     return Choice(last[0], last[1], last[2], tuple(tried), beside, fits=False)
 
 
-def need_of(compile_step: Callable[[], Any], limit: int | None) -> tuple[Any, Need]:
-    """(the compiled program or None, its Need): XLA's out-of-memory read as a Need that does not fit."""
+def need_of(compile_step: Callable[[], Any], limit: int | None) -> Need:
+    """What the program `compile_step` compiles needs: XLA's out-of-memory read as a Need that does not fit."""
     try:
         compiled = compile_step()
     except jax.errors.JaxRuntimeError as exc:
         if not is_out_of_memory(exc):
             raise
-        return None, from_message(str(exc), limit)
-    return compiled, from_compiled(compiled, limit)
+        return from_message(str(exc), limit)
+    return from_compiled(compiled, limit)
 
 
-__all__ = ["HEADROOM", "Choice", "choose", "fits", "need_of"]
+def compiling(make_step: Callable[[], Any], args: tuple[Any, ...], limit: int | None
+              ) -> Callable[[str], tuple[Any, Need, Callable[[], str]]]:
+    """`choose`'s compile_under for the jitted steps `make_step` makes (a fresh one each call), lowered for `args`
+    (arrays or their abstract shapes) under each policy, against `limit` bytes a device. Call `choose` inside the
+    run's mesh context, as the step is traced there."""
+
+    def compile_under(policy: str) -> tuple[Any, Need, Callable[[], str]]:
+        step = make_step()  # jitted afresh: traced under `policy`
+        with choosing(policy):
+            lowered = step.lower(*args)
+        return step, need_of(lowered.compile, limit), lowered.as_text
+
+    return compile_under
+
+
+__all__ = ["HEADROOM", "Choice", "choose", "compiling", "fits", "need_of"]

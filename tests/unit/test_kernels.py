@@ -226,24 +226,34 @@ GIB = 2**30
 
 
 def _compiles(needs: dict[str, float | None], texts: dict[str, str] | None = None) -> tuple[list[str], object]:
-    """A stand-in for compiling the step under each policy: GiB needed (None: XLA's out-of-memory)."""
+    """A stand-in for compiling the step under each policy: GiB needed (None: XLA's out-of-memory); each program's
+    text is read (named "read:POLICY" in the list) only where a later candidate is compared with it."""
     asked: list[str] = []
 
-    def compile_under(policy: str) -> tuple[str, Need, str]:
+    def compile_under(policy: str) -> tuple[str, Need, object]:
         asked.append(policy)
         gib = needs[policy]
         need = (Need(False, None, 16 * GIB, "RESOURCE_EXHAUSTED") if gib is None
                 else Need(True, int(gib * GIB), 16 * GIB, program=int(gib * GIB) // 2))
-        return f"step-{policy}", need, (texts or {}).get(policy, policy)
+
+        def text() -> str:
+            asked.append(f"read:{policy}")
+            return (texts or {}).get(policy, policy)
+
+        return f"step-{policy}", need, text
 
     return asked, compile_under
 
 
+TWO = ["none", "dots", "read:none", "read:dots"]  # two compiles, the second's program compared with the first's
+THREE = [*TWO, "full", "read:full"]
+
+
 @pytest.mark.parametrize(("needs", "beside", "chosen", "asked"), [
-    ({"none": 10, "dots": 6, "full": 3}, 0, "none", ["none"]),  # fits as it is: one compile
-    ({"none": None, "dots": 9, "full": 3}, 0, "dots", ["none", "dots"]),  # XLA's out-of-memory, then dots
-    ({"none": 13, "dots": 9, "full": 3}, 6 * GIB, "full", ["none", "dots", "full"]),  # room for the copy
-    ({"none": 13, "dots": 14, "full": 14}, 6 * GIB, "none", ["none", "dots", "full"]),  # none leaves room: fits alone
+    ({"none": 10, "dots": 6, "full": 3}, 0, "none", ["none"]),  # fits as it is: one compile, its text never read
+    ({"none": None, "dots": 9, "full": 3}, 0, "dots", TWO),  # XLA's out-of-memory, then dots
+    ({"none": 13, "dots": 9, "full": 3}, 6 * GIB, "full", THREE),  # room for the copy
+    ({"none": 13, "dots": 14, "full": 14}, 6 * GIB, "none", THREE),  # none leaves room: fits alone
 ])
 def test_remat_auto_takes_the_first_policy_whose_compiled_step_fits_with_room_beside_it(
         needs: dict, beside: int, chosen: str, asked: list) -> None:
@@ -269,7 +279,7 @@ def test_remat_auto_compiles_once_where_memory_is_unknown_or_the_model_does_not_
     called, compile_under = _compiles({"none": None, "dots": None, "full": None},
                                       {p: "same" for p in ("none", "dots", "full")})
     choice = remat_auto.choose(compile_under, limit=16 * GIB)
-    assert (choice.fits, called) == (False, ["none", "dots"])  # dots compiled to none's program: no further try
+    assert (choice.fits, called) == (False, TWO)  # dots compiled to none's program: no further try
 
 
 def test_the_kernel_is_said_once_for_an_unrolled_stack_traced_for_train_and_eval(

@@ -36,7 +36,7 @@ from job.kernels import self_attention as attention
 from job.sharding import LAYERS_AXIS, SEQUENCE_AXIS, axes, constrain, partitioned, rule_table
 
 DTYPES = ("float32", "bfloat16")
-REMAT_POLICIES = remat.POLICIES  # --model.remat: what a block keeps for the backward pass (job/kernels/remat.py)
+REMAT_POLICIES = remat.POLICIES  # --model.remat: what a block keeps for the backward pass (job/kernels/rematerialize.py)
 MAX_SIZE = 2**31 - 1  # any model size above this is a typo (and overflows int32 shapes)
 # how activations are laid out (job.sharding.constrain): the residual stream, the MLP's hidden layer, the logits,
 # and attention's [B, L, heads, head_dim] queries (split along the sequence) and keys and values (whole along it)
@@ -93,7 +93,7 @@ class Attention(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs) -> None:
         self.heads = cfg.heads
-        self.kernel = cfg.attention  # --model.attention: resolved per trace (job/kernels/attention.py)
+        self.kernel = cfg.attention  # --model.attention: resolved per trace (job/kernels/self_attention.py)
         self.q = _linear(cfg, cfg.dim, cfg.dim, ("embed", "heads"), rngs)
         self.k = _linear(cfg, cfg.dim, cfg.dim, ("embed", "heads"), rngs)
         self.v = _linear(cfg, cfg.dim, cfg.dim, ("embed", "heads"), rngs)
