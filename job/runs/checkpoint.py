@@ -144,12 +144,13 @@ class Checkpointer:
         self._started()
         return list(self.manager.all_steps())
 
-    def save(self, step: int, state: Any) -> None:
-        """Start saving `state` as `step` (collective; returns before the write ends when async)."""
+    def save(self, step: int, state: Any, *, last: bool = False) -> None:
+        """Start saving `state` as `step` (collective; returns before the write ends when async). `last`: the
+        run stops after it (agreed by every process) and waits for it: written from the live state, no copy."""
         barrier(f"checkpoint save {step}")
         self.wait()  # orbax waits for the previous save anyway; a failure there is reported as that step's
         self._writing = step
-        if not self.background or not self._copy_fits(step, state):
+        if not self.background or last or not self._copy_fits(step, state):
             try:
                 self._start(step, state)
             except Exception as exc:
@@ -190,6 +191,10 @@ class Checkpointer:
         if self._starting is not None:
             self._starting.join()
             self._starting = None
+
+    def writing(self) -> bool:
+        """Whether this process's last save is still being written (`wait` returns once it is not)."""
+        return self._failure is None and self._busy()
 
     def _busy(self) -> bool:
         if self._starting is not None and self._starting.is_alive():

@@ -1,11 +1,16 @@
 """Both checkpoint tiers and the choice between them: the one object the loop asks, as orbax's CheckpointManager.
 
-    checkpoints = Checkpoints(run_dir, cfg.ckpt, abstract_state, node_name(), resume=cfg.resume)
+    checkpoints = Checkpoints(run_dir, cfg.ckpt, abstract_state, node_name(), resume=cfg.resume,
+                              end=cfg.steps, stopping=lambda: guard.stopping)
     newest = checkpoints.newest_specs()             # for the resume check, before anything is restored
     restored = checkpoints.restore(plan.init)       # Restored(Origin(step, tier, source), state)
-    checkpoints.save(step, state)                   # the persistent tier
-    if checkpoints.local_due(step, persistent=...): checkpoints.save_local(step, state)
+    if checkpoints.should_save(step):               # after every step: its cadences, the last step, a stop
+        checkpoints.save(step, state)               # in the tier that step is due in
     checkpoints.wait(); checkpoints.close(completed=True)
+
+When to save is decided here alone, as orbax's CheckpointManager decides it (`should_save`, `reached_preemption`):
+the persistent tier every `--ckpt.every` steps, at the run's last step and at a stop the processes agreed on
+(a preemption, Ctrl-C); the node-local tier every `--ckpt.local-every` steps in between. The loop asks and saves.
 
 The persistent tier is job/runs/checkpoint.py (orbax, in RUN_DIR/checkpoints); the node-local tier,
 made only with --ckpt.local-every, is job/runs/local_tier.py. A restore takes the node-local tier's step
@@ -65,8 +70,13 @@ class Checkpoints:
     `like`: the abstract state (shapes, dtypes, shardings) a restore fills in; `node`: this process's node
     name, as the other nodes resolve it (the node-local tier's peers)."""
 
-    def __init__(self, run_dir: epath.Path, cfg: CheckpointConfig, like: Any, node: str, *, resume: bool) -> None:
+    def __init__(self, run_dir: epath.Path, cfg: CheckpointConfig, like: Any, node: str, *, resume: bool,
+                 end: int, stopping: Callable[[], bool] = lambda: False) -> None:
+        """`end`: the run's last step (--steps), always saved; `stopping`: whether the processes have agreed to
+        stop (the preemption guard's answer at this step), which saves the step in the persistent tier."""
         self.run_dir, self.cfg, self.like, self.node, self.resume = run_dir, cfg, like, node, resume
+        self.end, self.stopping = end, stopping
+        self.last_saved = 0  # the newest step saved in either tier, or restored (set by restore)
         self.directory = rundir.checkpoints(run_dir)
         self.moved = None if resume else move_aside_for_fresh_start(self.directory)
         self.persistent = Checkpointer(self.directory, cfg, training=True)
@@ -79,11 +89,16 @@ class Checkpoints:
         return self.persistent.newest_specs() if self.resume else None
 
     def restore(self, init: Callable[[], Any]) -> Restored:
-        """The node-local tier's step when newer than the persistent tier's newest, else the persistent tier's
+        """Sets `last_saved` to the step restored. The node-local tier's step when newer than the persistent tier's newest, else the persistent tier's
         newest readable step, else `init()` (a fresh start: refused over checkpoints set aside as unreadable,
         unless --no-resume). Makes the node-local tier first (--ckpt.local-every). Collective."""
         if self.cfg.local_every:
             self.local = LocalTier(self.cfg.local_dir, str(self.run_dir), self.cfg.local_every, self.node, self.like)
+        restored = self._restored(init)
+        self.last_saved = restored.origin.step
+        return restored
+
+    def _restored(self, init: Callable[[], Any]) -> Restored:
         local = self._restore_local(newer_than=self.persistent.latest_step())
         if local is not None:
             return local
@@ -118,19 +133,28 @@ class Checkpoints:
         program takes when it loads again (job/runs/headroom.py)."""
         self.persistent.reserved = program_bytes
 
+    def should_save(self, step: int) -> bool:
+        """Whether finished step `step` is saved, in either tier: never one already saved (or restored); asked by
+        every process after each step, once the processes have agreed whether to stop there."""
+        return step != self.last_saved and (self._persistent_due(step) or self._local_due(step))
+
+    def _persistent_due(self, step: int) -> bool:
+        return step % self.cfg.every == 0 or step == self.end or self.stopping()
+
+    def _local_due(self, step: int) -> bool:
+        return self.local is not None and self.local.due(step)
+
     def save(self, step: int, state: Any) -> None:
-        """Start the persistent save of `step` (collective; returns before the write ends when async)."""
-        self.persistent.save(step, state)
-
-    def local_due(self, step: int, *, persistent: bool) -> bool:
-        """Whether step `step` is the node-local tier's to save: its cadence, and not a step the persistent
-        tier saves (`persistent`: a --ckpt.every step, the last, or a stop)."""
-        return self.local is not None and self.local.due(step) and not persistent
-
-    def save_local(self, step: int, state: Any) -> None:
-        """This process's shards of `step` to its node's folder now, sent to its peer on a thread."""
-        assert self.local is not None, "save_local without a node-local tier: ask local_due first"
-        self.local.save(step, state)
+        """Save `step` in the tier it is due in (`should_save`): the persistent one (collective; returns before
+        the write ends when async) where both are, else this process's shards to its node's folder, sent to its
+        peer on a thread."""
+        if self._persistent_due(step):
+            self.persistent.save(step, state, last=self.stopping())
+        elif self.local is not None and self.local.due(step):
+            self.local.save(step, state)
+        else:
+            raise AssertionError(f"step {step} is due in no checkpoint tier: ask should_save first")
+        self.last_saved = step
 
     def wait(self) -> None:
         """Until the last persistent save is written; CheckpointError if it failed on any process."""

@@ -88,6 +88,7 @@ class PreemptionGuard:
     def __init__(self, signals: tuple[signal.Signals, ...] = SIGNALS) -> None:
         self.signals = signals
         self.received: int | None = None
+        self.received_at: float | None = None  # time.monotonic() when this process heard it (None: not itself)
         self.stopping = False  # should_stop said so: every process is saving and leaving
         self.interrupted = False  # ... and one of them heard Ctrl-C: they leave with STOPPED_EXIT_CODE
         self.sync_point = False  # jax's preemption notifier holds SIGTERM; steps stop at its sync point (joined)
@@ -105,6 +106,7 @@ class PreemptionGuard:
         if isinstance(previous, EarlyNotice) and previous.received is not None:
             if self.received is None or previous.received == INTERRUPT:
                 self.received = previous.received
+                self.received_at = time.monotonic()
             previous.received = None
 
     def take(self, *signals: signal.Signals) -> None:
@@ -141,6 +143,11 @@ class PreemptionGuard:
             again = " (Ctrl-C again stops at once)" if signum == INTERRUPT else ""
             _say(f"received {name}: will save and stop at the next step boundary{again}")
             self.received = signum
+            self.received_at = time.monotonic()
+
+    def since_signal(self) -> float | None:
+        """Seconds since this process heard the signal it stops for; None when it heard none itself (a peer's)."""
+        return None if self.received_at is None else time.monotonic() - self.received_at
 
     def joined(self, env: Mapping[str, str] = os.environ) -> None:
         """After job.initialize: hear Ctrl-C's SIGINT from now on, and SIGTERM too unless the steps stop at the

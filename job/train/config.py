@@ -25,7 +25,7 @@ from job.core.errors import ConfigError
 from job.core.storage import url_problem
 from job.core.values import integer
 from job.observe.metrics import WandbConfig
-from job.runs.config import CheckpointConfig
+from job.runs.config import CheckpointConfig, checks_of
 
 if TYPE_CHECKING:
     from job.train.task import Task
@@ -207,12 +207,7 @@ def validate(cfg: TrainConfig, task: Task) -> None:
         (1 <= cfg.steps <= MAX_STEPS, "--steps", f"an integer 1..{MAX_STEPS}", cfg.steps, "pass --steps 200"),
         (cfg.log_every >= 1, "--log-every", "an integer >= 1", cfg.log_every, "pass --log-every 10"),
         (cfg.eval_every >= 1, "--eval-every", "an integer >= 1", cfg.eval_every, "pass --eval-every 50"),
-        (cfg.ckpt.every >= 1, "--ckpt.every", "an integer >= 1", cfg.ckpt.every, "pass --ckpt.every 50"),
-        (cfg.ckpt.keep >= 1, "--ckpt.keep", "an integer >= 1", cfg.ckpt.keep, "pass --ckpt.keep 3"),
-        (cfg.ckpt.local_every >= 0, "--ckpt.local-every", "an integer >= 0 (0: no node-local tier)",
-         cfg.ckpt.local_every, "pass --ckpt.local-every 10"),
-        (cfg.ckpt.local_dir.startswith("/"), "--ckpt.local-dir", "an absolute path on each node's own disk or memory",
-         cfg.ckpt.local_dir, "pass --ckpt.local-dir /dev/shm (or the node's scratch folder)"),
+        *checks_of(cfg.ckpt),
         (0 <= cfg.seed <= MAX_SEED, "--seed", f"an integer 0..{MAX_SEED}", cfg.seed, "pass --seed 0"),
         (_finite(cfg.watchdog_s) and cfg.watchdog_s >= 0, "--watchdog-s", "a finite number of seconds >= 0",
          cfg.watchdog_s, "pass --watchdog-s 600, or 0 to turn the watchdog off"),

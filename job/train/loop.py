@@ -108,7 +108,6 @@ class Training:
         self.cfg, self.task, self.argv, self.timer, self.info, self.guard = cfg, task, argv, timer, info, guard
         self.metrics: dict[str, jax.Array] = {}  # the last train step's
         self.evaluated: dict[str, dict[str, float]] = {}  # the last evaluation's, by split
-        self.last_saved = 0
         self.cache_events = CacheEvents()  # this process's cache hits and misses, every program of the run
         self.watch = StragglerWatch(cfg.straggler_ratio)
         self.began = time.perf_counter()  # the loop's own start (open_records), for summary.json's seconds
@@ -169,7 +168,8 @@ class Training:
         cfg, run_dir = self.cfg, built.run_dir
         # --no-resume moves the earlier checkpoints aside here (checkpoints.moved)
         self.checkpoints = checkpoints = Checkpoints(run_dir, cfg.ckpt, built.planned.abstract, node_name(),
-                                                     resume=cfg.resume)
+                                                     resume=cfg.resume, end=cfg.steps,
+                                                     stopping=lambda: self.guard.stopping)
         self.changed = []
         newest = checkpoints.newest_specs()  # None with --no-resume
         if newest is not None:
@@ -179,8 +179,7 @@ class Training:
         on_process_zero(provenance.record, run_dir, self.argv, _topology(self.info, built.mesh), task=self.cfg.task)
         restored = checkpoints.restore(built.planned.init)
         self.origin = restored.origin
-        self.last_saved = start = restored.origin.step
-        return start, restored.state
+        return restored.origin.step, restored.state
 
     def open_records(self, built: Built, start: int) -> None:
         """The metrics writers, goodput, profiler and straggler watch, and the run's opening lines."""
@@ -283,18 +282,9 @@ class Training:
                 state, stop = self.step(built, state, step, upcoming, first=step == start)
                 if step == start:  # the first step after a restart (a failed attempt on record): the gap it cost
                     on_process_zero(attempts.note_resumed, built.run_dir, step + 1, start, self.origin.tier)
-                if stop:
-                    done = step + 1
-                    if self.last_saved != done:
-                        state = self.save(state, done)
-                    if done == cfg.steps:  # agreed at the last step: saved, the run is complete (0)
+                if stop:  # the step is saved (`step` asked the checkpoints, which save a stop); finish says so
+                    if step + 1 == cfg.steps:  # agreed at the last step: saved, the run is complete (0)
                         break
-                    if self.guard.interrupted:
-                        self.report.message("stopped (Ctrl-C): saved step %d; exiting with %d. The same command "
-                                            "resumes from it", done, self.guard.exit_code)
-                    else:
-                        self.report.message("preempted: saved step %d; exiting with %d (requeue)", done,
-                                            REQUEUE_EXIT_CODE)
                     return self.guard.exit_code, state
                 if watchdog is not None:
                     watchdog.kick()
@@ -310,7 +300,7 @@ class Training:
         done = step + 1
         logs = done % cfg.log_every == 0 or done == cfg.steps
         evaluates = bool(built.evaluator.plan) and (done % cfg.eval_every == 0 or done == cfg.steps)
-        saves = done % cfg.ckpt.every == 0 or done == cfg.steps
+        saves = self.checkpoints.should_save(done)  # as due before any stop: what follows the step waits for it
         step_began = time.perf_counter()
         at = self.progress.at
         at(done, "input")
@@ -322,12 +312,15 @@ class Training:
         fits = memory.one_error(cfg, self.task, built.mesh, "its first step" if first else f"step {done}",
                                 before=self.checkpoints.wait)
         with fits, self.profiler.step(done) as outputs, timer.step():  # starting and ending a trace is not a step
+            previous = self.metrics
             state, self.metrics = built.train_step(state, next_batch)
             at(done, "wait")
             host_s = time.perf_counter() - step_began  # this host's own part: its batch and the dispatch
             outputs.append(self.metrics)
             if first or logs or evaluates or saves:  # what follows waits for it: time it here
                 jax.block_until_ready(self.metrics)
+            else:  # one step queued behind the running one, no more: a stop is agreed one step after its signal
+                jax.block_until_ready(previous)
         if logs:
             at(done, "log")
             with timer.part("logging"):
@@ -339,20 +332,25 @@ class Training:
         if evaluates:
             at(done, "eval")
             interrupted = not self.evaluate(built, state, done)
-        if saves and not interrupted:
-            at(done, "save")
-            state = self.save(state, done)
         at(done, "sync")
         with timer.part("steps"):  # the sync point (TPU, GPU) or a collective (CPU): part of a step's cost
             stop = interrupted or self.guard.should_stop(done)
-        # after the step's last collective: every process has finished the step, its state is ready
-        if self.checkpoints.local_due(done, persistent=saves or stop):  # a stop is saved by `train`
+        # after the step's last collective: every process has finished the step, its state is ready; the
+        # checkpoints say whether it is saved and in which tier (their cadences, the last step, the stop just agreed)
+        if self.checkpoints.should_save(done):
             at(done, "save")
-            with timer.part("checkpoint"):
-                self.checkpoints.save_local(done, state)
+            state = self.save(state, done)
         if not first and not (evaluates or saves):  # a step's time: no compilation, evaluation or save
             self.watch.add(host_s, time.perf_counter() - step_began)
         return state, stop
+
+    def stopped_line(self, code: int) -> str:
+        """What a stopped run says once its save is written: the step, the exit code, and the time since the signal."""
+        step, since = self.checkpoints.last_saved, self.guard.since_signal()
+        timing = "" if since is None else f"; written {since:.1f} s after this process's signal"
+        if self.guard.interrupted:
+            return f"stopped (Ctrl-C): saved step {step}; exiting with {code}. The same command resumes from it{timing}"
+        return f"preempted: saved step {step}; exiting with {code} (requeue){timing}"
 
     def roll_call(self) -> str:
         """The watchdog's report line naming the process that is stuck (every process that can still answer joins);
@@ -385,10 +383,9 @@ class Training:
         return True
 
     def save(self, state: nnx.State, done: int) -> nnx.State:
-        """Step `done`'s checkpoint (written in the background when --ckpt.async-save)."""
+        """Step `done`'s checkpoint, in the tier the checkpoints chose (written in the background when async)."""
         with self.timer.part("checkpoint"):
             self.checkpoints.save(done, state)
-        self.last_saved = done
         return state
 
     def finish(self, built: Built, state: nnx.State, code: int) -> None:
@@ -396,17 +393,19 @@ class Training:
         cfg, task, timer = self.cfg, self.task, self.timer
         with timer.part("checkpoint"):
             self.checkpoints.wait()
-            self.checkpoints.close(completed=code == 0 and self.last_saved == cfg.steps)
+            self.checkpoints.close(completed=code == 0 and self.checkpoints.last_saved == cfg.steps)
+        if code:  # written: the process leaves within seconds (nothing after this reads the state)
+            self.report.message("%s", self.stopped_line(code))
         timer.seconds["profile"] = self.profiler.seconds
         mine = np.array([self.cache_events.hits, self.cache_events.misses, self.compile_s], np.float32)
         counts = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 3)  # one small all-gather
         split = {**timer.finish(), "compile_cache": compile_cache.record(built.cache_dir, counts.tolist())}
-        on_process_zero(timer.progress, built.run_dir, self.last_saved, "end")
+        on_process_zero(timer.progress, built.run_dir, self.checkpoints.last_saved, "end")
         self.report.message("%s", describe(split))
         final = jax.device_get(self.metrics)
-        trained = nnx.state(nnx.merge(built.planned.graphdef, state)["model"], nnx.Param)
+        trained = None if code else nnx.state(nnx.merge(built.planned.graphdef, state)["model"], nnx.Param)
         self.report.close({
-            "final_step": self.last_saved,
+            "final_step": self.checkpoints.last_saved,
             "completed": code == 0,
             "exit_code": code,  # 75: preempted (requeue me), 130: stopped with Ctrl-C (job/core/exits.py)
             "task": task.name,
@@ -416,8 +415,10 @@ class Training:
             "seconds": round(time.perf_counter() - self.began, 3),
             # jitted: an eager norm of sharded leaves is a chain of cross-process additions that can
             # interleave differently on each process and hang (seen under fsdp on 2 processes)
-            "params_norm": float(jax.jit(optax.tree.norm)(trained)),
-            "params_sha256": fingerprint(trained),
+            # a stopped run's are left out: seconds of device work and transfer for a large model, while a
+            # preempted VM has about 30 s after its notice; the run that completes gives them
+            "params_norm": None if trained is None else float(jax.jit(optax.tree.norm)(trained)),
+            "params_sha256": None if trained is None else fingerprint(trained),
             "slowest_hosts": self.watch.slowest(),  # the processes named as stragglers, each at its slowest
             "goodput": split,
         })

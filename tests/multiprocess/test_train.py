@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -97,6 +98,8 @@ def test_exact_resume_after_sigterm_to_one_nonzero_rank(tmp_path: Path) -> None:
     assert code == REQUEUE, output
     stopped = summary(tmp_path / "preempted")
     assert stopped["completed"] is False and 5 <= stopped["final_step"] < 100, output
+    # a stopped run's slow figures (a norm and a hash of every parameter) wait for the run that completes
+    assert stopped["params_sha256"] is None and stopped["params_norm"] is None, stopped
     resumed = train(2, 2, tmp_path / "preempted", *flags)
     assert f"resumed from step {stopped['final_step']}" in resumed.stderr
     assert summary(tmp_path / "preempted")["params_sha256"] == summary(tmp_path / "straight")["params_sha256"]
@@ -112,6 +115,15 @@ def test_sigusr1_to_one_rank_saves_everywhere_and_exits_with_requeue_code(tmp_pa
     assert max(train_losses(tmp_path)) == stopped
     assert f"preempted: saved step {stopped}; exiting with 75" in output
     assert "[rank 2]" in output and "received SIGUSR1" in output
+
+
+def test_the_process_that_heard_the_signal_says_how_long_after_it_its_save_was_written(tmp_path: Path) -> None:
+    code, output = _preempt(tmp_path, 1, 2, signal.SIGTERM, 0, 5, "--steps", "1000", "--ckpt.every", "500", *SMALL)
+    assert code == REQUEUE, output
+    stopped = summary(tmp_path)["final_step"]
+    assert re.search(rf"preempted: saved step {stopped}; exiting with 75 \(requeue\); written \d+\.\d s after "
+                     "this process's signal", output), output
+    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [stopped]
 
 
 def test_a_notice_during_the_last_step_completes_the_run(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ test_local_tier.py and test_resume.py."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,27 +29,29 @@ def _state_of(offset: float) -> dict[str, jax.Array]:
             "b": jax.device_put(np.full(4, offset, np.float32), NamedSharding(mesh, PartitionSpec()))}
 
 
-def _config(tmp_path: Path, local_every: int) -> CheckpointConfig:
-    return CheckpointConfig(every=100, keep=3, local_every=local_every, local_dir=str(tmp_path / "node"))
+def _config(tmp_path: Path, local_every: int, every: int = 100) -> CheckpointConfig:
+    return CheckpointConfig(every=every, keep=3, local_every=local_every, local_dir=str(tmp_path / "node"))
 
 
 def _earlier_run(tmp_path: Path, persistent: list[int], local: list[int]) -> None:
-    """A run that saved `persistent` steps to RUN_DIR/checkpoints and `local` ones to the node-local tier (state
-    of step S: every value plus S), then stopped."""
-    checkpoints = Checkpoints(epath.Path(tmp_path / "run"), _config(tmp_path, 1), abstract(_state_of(0.0)), "node1",
-                              resume=True)
+    """A run that saved `persistent` steps (even) to RUN_DIR/checkpoints and `local` ones (odd) to the node-local
+    tier (state of step S: every value plus S), then stopped."""
+    checkpoints = Checkpoints(epath.Path(tmp_path / "run"), _config(tmp_path, 1, every=2), abstract(_state_of(0.0)),
+                              "node1", resume=True, end=100)
     assert checkpoints.restore(lambda: _state_of(0.0)).origin == Origin(0, FRESH, "")
-    for step in persistent:
+    for step in sorted(persistent + local):
+        assert checkpoints.should_save(step)
         checkpoints.save(step, _state_of(float(step)))
     checkpoints.wait()
-    for step in local:
-        checkpoints.save_local(step, _state_of(float(step)))
+    assert checkpoints.persistent.all_steps() == sorted(persistent)
+    assert sorted({s for s, _ in held(checkpoints.local.folder)}) == sorted(local)
     checkpoints.close(completed=False)
 
 
-def _restored(tmp_path: Path, *, local_every: int = 1, resume: bool = True) -> tuple[Origin, Any, Checkpoints]:
-    checkpoints = Checkpoints(epath.Path(tmp_path / "run"), _config(tmp_path, local_every), abstract(_state_of(0.0)),
-                              "node1", resume=resume)
+def _restored(tmp_path: Path, *, local_every: int = 1, resume: bool = True, every: int = 100, end: int = 1000,
+              stopping: Callable[[], bool] = lambda: False) -> tuple[Origin, Any, Checkpoints]:
+    checkpoints = Checkpoints(epath.Path(tmp_path / "run"), _config(tmp_path, local_every, every),
+                              abstract(_state_of(0.0)), "node1", resume=resume, end=end, stopping=stopping)
     restored = checkpoints.restore(lambda: _state_of(-1.0))
     return restored.origin, restored.state, checkpoints
 
@@ -79,7 +82,8 @@ def test_without_the_node_local_tier_its_newer_step_is_never_read(tmp_path: Path
     _earlier_run(tmp_path, persistent=[2], local=[3])
     origin, state, checkpoints = _restored(tmp_path, local_every=0)
     assert (origin.step, origin.tier, _values(state)) == (2, PERSISTENT, 2.0)
-    assert checkpoints.local is None and not checkpoints.local_due(5, persistent=False)
+    assert checkpoints.local is None and not checkpoints.should_save(5)
+    assert not checkpoints.should_save(2)  # the step it restored
     checkpoints.close(completed=True)
 
 
@@ -96,16 +100,32 @@ def test_no_resume_starts_afresh_moves_the_checkpoints_aside_and_clears_the_node
 def test_a_fresh_start_over_checkpoints_set_aside_as_unreadable_is_refused(tmp_path: Path) -> None:
     (tmp_path / "run" / "checkpoints" / "2.unreadable-1700000000").mkdir(parents=True)
     checkpoints = Checkpoints(epath.Path(tmp_path / "run"), _config(tmp_path, 0), abstract(_state_of(0.0)), "node1",
-                              resume=True)
+                              resume=True, end=10)
     with pytest.raises(ConfigError, match="set aside as unreadable: 2.unreadable-1700000000"):
         checkpoints.restore(lambda: _state_of(-1.0))
     checkpoints.close(completed=False)
 
 
-@pytest.mark.parametrize(("step", "persistent", "due"), [(3, False, True), (3, True, False)])
-def test_the_node_local_tier_saves_on_its_cadence_except_a_step_the_persistent_tier_saves(
-        tmp_path: Path, step: int, persistent: bool, due: bool) -> None:
-    _, _, checkpoints = _restored(tmp_path, local_every=3)
-    assert checkpoints.local_due(step, persistent=persistent) is due
-    assert not checkpoints.local_due(4, persistent=False)
+def test_the_checkpoints_decide_which_steps_are_saved_and_in_which_tier_a_stop_included(tmp_path: Path) -> None:
+    """The persistent tier every 4 steps, at the last (10) and at a stop; the node-local tier every 3 steps
+    between them; a step both are due in goes to the persistent tier only; no step is saved twice."""
+    stop = {"now": False}
+    _, _, checkpoints = _restored(tmp_path, local_every=3, every=4, end=10, stopping=lambda: stop["now"])
+    due = [step for step in range(1, 13) if checkpoints.should_save(step)]
+    assert due == [3, 4, 6, 8, 9, 10, 12]
+    for step in (3, 4, 6, 8, 9, 10, 12):
+        checkpoints.save(step, _state_of(float(step)))
+        assert not checkpoints.should_save(step) and checkpoints.last_saved == step
+    checkpoints.wait()
+    assert checkpoints.persistent.all_steps() == [8, 10, 12]  # of 4, 8, 10 and 12: --ckpt.keep 3
+    assert {s for s, _ in held(checkpoints.local.folder)} <= {3, 6, 9}  # the tier keeps its newest steps
+    assert not checkpoints.should_save(13)
+    stop["now"] = True  # the processes agreed to stop after step 13: saved, in the persistent tier
+    assert checkpoints.should_save(13)
+    checkpoints.save(13, _state_of(13.0))
+    checkpoints.wait()
+    assert checkpoints.persistent.all_steps() == [10, 12, 13] and not checkpoints.should_save(13)
+    with pytest.raises(AssertionError, match="due in no checkpoint tier"):
+        stop["now"] = False
+        checkpoints.save(14, _state_of(14.0))
     checkpoints.close(completed=True)
