@@ -9,18 +9,22 @@ and its `nnx.Optimizer` (AdamW state), replicated. Timed, interleaved:
 - blocking: how long `Checkpointer.save(step, state)` holds the training loop
   (it copies the state on its devices and starts orbax's save on a thread),
   against a train step of the same model (`job.train.steps.jit_train_step`, which
-  donates the state, as in the loop); and the first train step taken while the
-  save runs. The same for `--ckpt.no-background` (orbax's save started on
+  donates the state, as in the loop); and the train steps taken while the save
+  writes, one after another until it is written: the first, and their mean. The same for `--ckpt.no-background` (orbax's save started on
   the loop's thread) and for a CheckpointManager with orbax's defaults (what the
   Checkpointer used before), and where orbax's blocking part goes in each, from
   the durations orbax itself reports through `jax.monitoring` (device-to-host
   copies, directory creation, tree metadata, barriers, the keep-N deletion);
 - throughput: save + `wait()` (the whole write) against writing the same
-  arrays with numpy (`jax.device_get` + one `np.save` per leaf);
+  arrays with numpy (`jax.device_get` + one `np.save` per leaf, each file and the
+  folder fsynced), and against the disk's own synced rate (`synced_write_rate`);
 - restore: `Checkpointer.restore(step, like)` against `np.load` of those files
-  + `jax.device_put` with the same shardings.
+  + `jax.device_put` with the same shardings, both warm (the files in the page
+  cache) and both cold (evicted from it first, `dropped_from_cache`).
 
-Both write to the same temporary folder's file system (page cache; neither fsyncs).
+Both write to the same temporary folder's file system and both sync what they
+write: orbax's tensorstore syncs every file it writes (its `file_io_sync`
+default), and the numpy baseline fsyncs its files and folder.
 """
 
 from __future__ import annotations
@@ -54,6 +58,37 @@ TASK = "lm"
 MODEL = {"vocab_size": 256, "seq_len": 64, "dim": 384, "heads": 6, "layers": 6, "mlp_dim": 1536}
 QUICK_MODEL = {"vocab_size": 256, "seq_len": 64, "dim": 128, "heads": 4, "layers": 2, "mlp_dim": 512}
 BATCH = 8
+
+
+def synced_write_rate(folder: Path, size: int = 2**31) -> float:
+    """Bytes a second this disk takes written and synced (`size` bytes in 16 MiB writes, then fsync), as `dd
+    conv=fsync` measures it: the rate a checkpoint's save can at best reach."""
+    path = folder / "synced-rate"
+    block = os.urandom(2**24)
+    began = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for _ in range(max(1, size // len(block))):
+            os.write(fd, block)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    rate = max(1, size // len(block)) * len(block) / (time.perf_counter() - began)
+    path.unlink()
+    return rate
+
+
+def dropped_from_cache(folder: Path) -> None:
+    """Every file under `folder` synced and evicted from the page cache (posix_fadvise DONTNEED, no root needed):
+    the next read comes from the disk, cold."""
+    os.sync()
+    for path in folder.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
 
 
 def loop_state(quick: bool, size: str = ""):  # noqa: ANN201
@@ -123,18 +158,25 @@ def worker(argv: list[str]) -> None:
     on_loop = Checkpointer(root / "orbax-on-loop", CheckpointConfig(every=1, keep=2, background=False))
     counter = iter(range(1, 1_000_000))
     saved: list[int] = []
-    after_save: list[float] = []
-    after_on_loop: list[float] = []
+    after_save: list[list[float]] = []
+    after_on_loop: list[list[float]] = []
 
-    # --- blocking: a train step vs the save call; then a step while the write runs
-    def blocking(checkpointer: Checkpointer, after: list[float], steps: list[int]) -> Callable[[], float]:
-        """Time what `checkpointer.save` holds the loop for, then the step taken while it writes."""
+    # --- blocking: a train step vs the save call; then the steps while the write runs
+    def beside(writing: Callable[[], bool]) -> list[float]:
+        """The train steps taken while `writing()`, one after another (at least one)."""
+        during = [one_step()]
+        while writing() and len(during) < 1000:
+            during.append(one_step())
+        return during
+
+    def blocking(checkpointer: Checkpointer, after: list[list[float]], steps: list[int]) -> Callable[[], float]:
+        """Time what `checkpointer.save` holds the loop for, then the steps taken while it writes."""
         def call() -> float:
             step = next(counter)
             start = time.perf_counter()
             checkpointer.save(step, state())
             blocked = time.perf_counter() - start
-            after.append(one_step())
+            after.append(beside(checkpointer.writing))
             checkpointer.wait()
             steps.append(step)
             return blocked
@@ -148,7 +190,7 @@ def worker(argv: list[str]) -> None:
 
     defaults = ocp.CheckpointManager(root / "orbax-defaults", options=ocp.CheckpointManagerOptions(
         max_to_keep=2, enable_async_checkpointing=True, create=True))
-    after_default: list[float] = []
+    after_default: list[list[float]] = []
 
     def blocking_default() -> float:
         """orbax's defaults: StandardSave, each replicated array split into per-replica slices."""
@@ -157,7 +199,7 @@ def worker(argv: list[str]) -> None:
         start = time.perf_counter()
         defaults.save(step, args=ocp.args.StandardSave(state()), force=True)
         blocked = time.perf_counter() - start
-        after_default.append(one_step())
+        after_default.append(beside(defaults.is_saving_in_progress))
         defaults.wait_until_finished()
         return blocked
 
@@ -188,7 +230,13 @@ def worker(argv: list[str]) -> None:
         start = time.perf_counter()
         npdir.mkdir()
         for i, x in enumerate(jax.device_get(jax.tree.leaves(state()))):
-            np.save(npdir / f"{i}.npy", x)
+            with (npdir / f"{i}.npy").open("wb") as f:
+                np.save(f, x)
+                f.flush()
+                os.fsync(f.fileno())
+        folder = os.open(npdir, os.O_RDONLY)
+        os.fsync(folder)
+        os.close(folder)
         return time.perf_counter() - start
 
     tiny = Checkpointer(root / "orbax-tiny", CheckpointConfig(every=1, keep=2, async_save=True))
@@ -209,18 +257,28 @@ def worker(argv: list[str]) -> None:
     last = saved[-1]
     flat_like, treedef = jax.tree.flatten(like)
 
-    def orbax_restore() -> float:
-        start = time.perf_counter()
-        jax.block_until_ready(ckpt.restore(last, like))
-        return time.perf_counter() - start
+    def orbax_restore(cold: bool) -> Callable[[], float]:
+        def call() -> float:
+            if cold:
+                dropped_from_cache(Path(str(ckpt.directory)) / str(last))
+            start = time.perf_counter()
+            jax.block_until_ready(ckpt.restore(last, like))
+            return time.perf_counter() - start
+        return call
 
-    def numpy_restore() -> float:
-        start = time.perf_counter()
-        arrays = [jax.device_put(np.load(npdir / f"{i}.npy"), x.sharding) for i, x in enumerate(flat_like)]
-        jax.block_until_ready(jax.tree.unflatten(treedef, arrays))
-        return time.perf_counter() - start
+    def numpy_restore(cold: bool) -> Callable[[], float]:
+        def call() -> float:
+            if cold:
+                dropped_from_cache(npdir)
+            start = time.perf_counter()
+            arrays = [jax.device_put(np.load(npdir / f"{i}.npy"), x.sharding) for i, x in enumerate(flat_like)]
+            jax.block_until_ready(jax.tree.unflatten(treedef, arrays))
+            return time.perf_counter() - start
+        return call
 
-    restores = interleave({"orbax": orbax_restore, "numpy": numpy_restore}, reps=reps, warmup=1)
+    restores = interleave({"orbax": orbax_restore(False), "numpy": numpy_restore(False),
+                           "orbax cold": orbax_restore(True), "numpy cold": numpy_restore(True)}, reps=reps, warmup=1)
+    disk = synced_write_rate(root, 2**31 if size else 2**28)
     restored = ckpt.restore(last, like)
     exact = all(np.array_equal(np.asarray(a), np.asarray(b))
                 for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state()), strict=True))
@@ -231,7 +289,7 @@ def worker(argv: list[str]) -> None:
               "batch": BATCH, "seq_len": cfg.seq_len, "blocking": blocking, "step_during_write": after_save,
               "step_during_on_loop_write": after_on_loop, "step_during_default_write": after_default,
               "parts": parts.medians(reps), "priority_reset": normal_priority(),
-              "writes": writes, "restores": restores, "restore_exact": exact, "tmp": str(root.parent)}
+              "writes": writes, "restores": restores, "disk_synced_bytes_per_s": disk, "restore_exact": exact, "tmp": str(root.parent)}
     emit(dataclasses.asdict(section(result)))
 
 
@@ -295,29 +353,41 @@ class Parts:
         return {variant: {event: median(v[-reps:]) for event, v in per.items()} for variant, per in self.totals.items()}
 
 
+def beside_write(saves: list) -> tuple[float, float, float]:
+    """(median first step, median of the saves' mean step, median count of steps) of the steps taken while each
+    save wrote; a record from before the steps were kept one by one holds one step per save."""
+    runs = [x if isinstance(x, list) else [x] for x in saves]
+    return (median([x[0] for x in runs]), median([sum(x) / len(x) for x in runs]),
+            median([float(len(x)) for x in runs]))
+
+
 def section(r: dict) -> Section:
     from job.runs.checkpoint import WRITER_NICE
 
     b, w, rs = r["blocking"], r["writes"], r["restores"]
     step = median(b["step"])
     block = median(b["save (blocking part)"])
-    during = median(r["step_during_write"])
+    first, during, count = beside_write(r["step_during_write"])
     block_on_loop = median(b["on the loop's thread (blocking part)"])
-    during_on_loop = median(r["step_during_on_loop_write"])
+    first_on_loop, during_on_loop, _ = beside_write(r["step_during_on_loop_write"])
     block_default = median(b["orbax defaults (blocking part)"])
-    during_default = median(r["step_during_default_write"])
+    first_default, during_default, _ = beside_write(r["step_during_default_write"])
     mib = r["bytes"]
     s = Section(NAME, TITLE, columns=["figure", "template (orbax)", "baseline", "ratio"], data=r)
     s.rows = [
         ["save: time the loop is blocked", fmt_s(block), f"train step {fmt_s(step)}", fmt_pct(block / step)],
-        ["train step while the write runs", fmt_s(during), f"train step {fmt_s(step)}", fmt_x(during / step)],
+        ["first train step while the write runs", fmt_s(first), f"train step {fmt_s(step)}", fmt_x(first / step)],
+        [f"train steps while the write runs (mean of {count:.0f})", fmt_s(during), f"train step {fmt_s(step)}",
+         fmt_x(during / step)],
         ["`--ckpt.no-background`: time the loop is blocked", fmt_s(block_on_loop), f"train step {fmt_s(step)}",
          fmt_pct(block_on_loop / step)],
-        ["`--ckpt.no-background`: train step while the write runs", fmt_s(during_on_loop),
-         f"train step {fmt_s(step)}", fmt_x(during_on_loop / step)],
+        ["`--ckpt.no-background`: first train step / mean while the write runs",
+         f"{fmt_s(first_on_loop)} / {fmt_s(during_on_loop)}", f"train step {fmt_s(step)}",
+         fmt_x(during_on_loop / step)],
         ["orbax defaults: time the loop is blocked", fmt_s(block_default), f"train step {fmt_s(step)}",
          fmt_pct(block_default / step)],
-        ["orbax defaults: train step while the write runs", fmt_s(during_default), f"train step {fmt_s(step)}",
+        ["orbax defaults: first train step / mean while the write runs",
+         f"{fmt_s(first_default)} / {fmt_s(during_default)}", f"train step {fmt_s(step)}",
          fmt_x(during_default / step)],
         ["save, whole write (save + wait)", fmt_s(median(w["orbax"])), f"numpy {fmt_s(median(w['numpy']))}",
          fmt_ratio(w["orbax"], w["numpy"])],
@@ -325,12 +395,22 @@ def section(r: dict) -> Section:
          f"numpy {mib / median(w['numpy']) / 2**20:.0f} MiB/s",
          fmt_x(median(w["numpy"]) / median(w["orbax"]))],
         ["save of a one-number state (fixed cost)", fmt_s(median(w["orbax (one number)"])), "", ""],
-        ["restore", fmt_s(median(rs["orbax"])), f"np.load + device_put {fmt_s(median(rs['numpy']))}",
-         fmt_ratio(rs["orbax"], rs["numpy"])],
+        ["restore, warm (files in the page cache)", fmt_s(median(rs["orbax"])),
+         f"np.load + device_put {fmt_s(median(rs['numpy']))}", fmt_ratio(rs["orbax"], rs["numpy"])],
     ]
+    if "orbax cold" in rs:
+        s.rows.append(["restore, cold (files evicted from the page cache)", fmt_s(median(rs["orbax cold"])),
+                       f"np.load + device_put {fmt_s(median(rs['numpy cold']))}",
+                       fmt_ratio(rs["orbax cold"], rs["numpy cold"])])
+    if "disk_synced_bytes_per_s" in r:
+        disk = r["disk_synced_bytes_per_s"]
+        s.rows.append(["save throughput against the disk's synced write rate",
+                       f"{mib / median(w['orbax']) / 2**20:.0f} MiB/s", f"disk {disk / 2**20:.0f} MiB/s",
+                       fmt_x(mib / median(w["orbax"]) / disk)])
     s.headline += [
         ("async save blocks the loop, as a share of one step", fmt_pct(block / step), "small"),
-        ("train step while the write runs / plain step", fmt_x(during / step), "small"),
+        ("first train step while the write runs / plain step", fmt_x(first / step), "small"),
+        ("train steps while the write runs (mean) / plain step", fmt_x(during / step), "small"),
         ("blocking, template / orbax defaults", fmt_x(block / block_default), "small"),
         ("save time, orbax / numpy", fmt_x(ratio(w["orbax"], w["numpy"])), "report"),
         ("restore time, orbax / numpy", fmt_x(ratio(rs["orbax"], rs["numpy"])), "report"),

@@ -24,6 +24,10 @@ Runs, one after another, each in its own process (a chip is held by one program 
    `nnx.remat`), `--preset gpt2-small-size` (152.8M, batch 16 x 1,024), as written and after docs/your-model.md's
    lines (tests/user_tasks/llama_fast.py: `job.kernels`), 60 steps each.
 
+8. `preempt`: SIGTERM to GPT-2 large's shape (838M, remat full, batch 16) after its step-15 line, one process:
+   the step its save starts at, signal -> written -> exit, the disk's synced write rate beside them; then the same
+   command resumed to step 25.
+
 `--repeats N` runs each training step N times (the table gives the median's run and every run's tokens/s).
 
 Each step is skipped when less of --budget-s is left than it needs; the file says which. MFU counts 6N +
@@ -37,6 +41,7 @@ import json
 import os
 import platform
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -46,6 +51,7 @@ from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
+from bench.ckpt import synced_write_rate
 from bench.mfu import GPT2_SMALL, M400, PEAK_BF16_TFLOPS, flops_per_token
 from bench.procs import ROOT, records
 
@@ -159,7 +165,7 @@ def section_lines(title: str, record: dict) -> list[str]:
 
 
 def report(env: dict, runs: dict, mfu_records: list[dict], skipped: list[str], argv: list[str],
-           ckpt_record: dict | None = None) -> str:
+           ckpt_record: dict | None = None, preempted: dict | None = None) -> str:
     kind = env["device_kind"]
     lines = ["# The example LM on a TPU chip", "",
              f"Written by `python -m bench.tpu {shlex.join(argv)}` on {kind} ({env['devices']} device(s)); "
@@ -182,9 +188,23 @@ def report(env: dict, runs: dict, mfu_records: list[dict], skipped: list[str], a
     if ckpt_record:
         lines += section_lines("The checkpoint from HBM (`python -m bench.ckpt worker --size gpt2-small`)",
                                ckpt_record)
+    if preempted:
+        lines += preempt_lines(preempted)
     if skipped:
         lines += ["## Not measured in this run", ""] + [f"- {s}" for s in skipped] + [""]
     return "\n".join(lines)
+
+
+def preempt_lines(p: dict) -> list[str]:
+    """The preemption's timeline as Markdown: signal -> written -> exit, the disk's rate beside."""
+    rate = p["disk_synced_bytes_per_s"] / 2**20
+    lines = ["## SIGTERM to the largest example LM (`--only preempt`)", "", f"`{p['command']}`, SIGTERM after its "
+             f"step-15 line: exit {p['code']}, written {p['written_s']} s after the signal, exit "
+             f"{p['after_written_s']} s after that ({p['exit_s']} s in all); this disk writes {rate:,.0f} MiB/s synced. "
+             f"`{p['saved_line']}`. The same command again: exit {p['resumed_code']}, `{p['resumed_line']}`.", "",
+             "| s from the signal | line |", "|---|---|"]
+    lines += [f"| {t:+.2f} | `{line[:160]}` |" for t, line in p["timeline"] if t is not None and t >= -5]
+    return lines + [""]
 
 
 def train_largest(work: Path, logs: Path, left: Callable[[], float], kind: str) -> dict | None:
@@ -205,6 +225,40 @@ def train_largest(work: Path, logs: Path, left: Callable[[], float], kind: str) 
     return None
 
 
+def preempt(work: Path, logs: Path, left: Callable[[], float]) -> dict:
+    """SIGTERM to the 838M run after its step-15 line; its timeline (seconds from the signal, each line as it came),
+    then the same command resumed to the end."""
+    run_dir = work / "preempt"
+    flags = ["--preset", "gpt2-small", *model_flags(*LARGEST[0]), "--model.remat", "full", "--steps", "25",
+             "--eval-every", "1000", "--log-every", "5", "--ckpt.every", "1000", "--run-dir", str(run_dir)]
+    argv = [sys.executable, "-m", "job", "train", *flags]
+    stamped: list[tuple[float, str]] = []
+    signal_at = None
+    with (logs / "preempt.log").open("w") as log:
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            now = time.monotonic()
+            if signal_at is None and "step 15/" in line:
+                proc.send_signal(signal.SIGTERM)
+                signal_at = now
+            stamped.append((now, line.rstrip()))
+            log.write(f"{now - (signal_at or now):+9.3f} {line}")
+            log.flush()
+        code = proc.wait()
+        ended = time.monotonic()
+    since = lambda t: None if signal_at is None else round(t - signal_at, 3)  # noqa: E731
+    saved = next(((t, line) for t, line in stamped if "preempted: saved step" in line), None)
+    resumed = run_logged("preempt-resumed", ["job", "train", *flags], logs, max(left(), 60))
+    return {"command": "python -m job train " + shlex.join(flags[:-2]), "code": code,
+            "saved_line": saved[1] if saved else None, "written_s": since(saved[0]) if saved else None,
+            "exit_s": since(ended), "after_written_s": round(ended - saved[0], 3) if saved else None,
+            "timeline": [(since(t), line) for t, line in stamped if signal_at is not None and t >= signal_at - 30],
+            "resumed_code": resumed.returncode,
+            "resumed_line": next((x for x in resumed.stdout.splitlines() if "resumed from step" in x), None),
+            "disk_synced_bytes_per_s": synced_write_rate(work)}
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.tpu")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "RESULTS-tpu.md")
@@ -213,7 +267,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--budget-s", type=float, default=3600.0, help="stop starting steps after this long")
     p.add_argument("--text-steps", type=int, default=1000)
     p.add_argument("--steps", type=int, default=0, help="the synthetic run's steps (0: the preset's 1,000)")
-    p.add_argument("--only", default="synthetic,mfu,text,400m,mfu400m,ckpt,largest",
+    p.add_argument("--only", default="synthetic,mfu,text,400m,mfu400m,ckpt,largest,preempt",
                    help="the steps to run, comma-separated")
     p.add_argument("--logs", type=Path, default=None, help="where each step's output goes (default: a temp folder)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each training step (the median is reported)")
@@ -228,9 +282,11 @@ def main(argv: list[str]) -> int:
     skipped: list[str] = []
     mfu_records: list[dict] = []
     ckpt_record = None
+    preempted = None
     plan = [("user-fast", 90 * args.repeats), ("user", 90 * args.repeats),
             ("synthetic", 100 + 0.2 * (args.steps or 1000)), ("mfu", 100), ("mfu400m", 120),
-            ("text", 60 + 0.2 * args.text_steps), ("400m", 150), ("ckpt", 120), ("largest", 420)]
+            ("text", 60 + 0.2 * args.text_steps), ("400m", 150), ("ckpt", 120), ("largest", 420),
+            ("preempt", 480)]
     kind = env["device_kind"]
 
     def trained(step: str, flags: list[str], cfg: dict | None) -> dict:
@@ -279,6 +335,8 @@ def main(argv: list[str]) -> int:
             ckpt_record = found[-1] if found else None
             if not found:
                 skipped.append(f"ckpt: exited {out.returncode} without a record (see ckpt.log)")
+        elif step == "preempt":
+            preempted = preempt(work, logs, left)
         else:
             largest = train_largest(work, logs, left, env["device_kind"])
             if largest is None:
@@ -286,8 +344,9 @@ def main(argv: list[str]) -> int:
             else:
                 runs[step] = largest
         print(f"[bench tpu] {step} done, {left():.0f} s left", file=sys.stderr, flush=True)
-    args.out.write_text(report(env, runs, mfu_records, skipped, argv, ckpt_record))
-    (logs / "runs.json").write_text(json.dumps({"env": env, "runs": runs, "mfu": mfu_records}, default=str))
+    args.out.write_text(report(env, runs, mfu_records, skipped, argv, ckpt_record, preempted))
+    (logs / "runs.json").write_text(json.dumps({"env": env, "runs": runs, "mfu": mfu_records, "preempt": preempted},
+                                               default=str))
     print(f"wrote {args.out}", flush=True)
     return 0
 
