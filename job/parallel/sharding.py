@@ -223,22 +223,36 @@ def batch_size_divisor(mesh: Mesh | AbstractMesh) -> int:
     return math.prod(mesh.shape[name] for name in batch_axes(mesh))
 
 
-def train_batch_axes(mesh: Mesh | AbstractMesh) -> tuple[str, ...]:
+def data_parallel_axes(mesh: Mesh | AbstractMesh) -> tuple[str, ...]:
     """The axes the training loop splits a global batch's rows over: every mesh axis but "model" and "sequence"
     ("data", and "expert": the layers other than the experts are data-parallel over it; a row's positions go
-    over "sequence" inside the model, by the rules' "length")."""
+    over "sequence" inside the model, by the rules' "length"). GenSBI's `batch_axes` keeps "sequence"."""
     return tuple(name for name in mesh.axis_names if name not in (MODEL_AXIS, SEQUENCE_AXIS))
 
 
+def data_parallel_size(mesh: Mesh | AbstractMesh) -> int:
+    """How many data-parallel shards the training loop splits a global batch into (over `data_parallel_axes`)."""
+    return math.prod(mesh.shape[name] for name in data_parallel_axes(mesh))
+
+
+def train_batch_axes(mesh: Mesh | AbstractMesh) -> tuple[str, ...]:
+    """The old name of `data_parallel_axes`, kept for a fork that calls it (with a DeprecationWarning)."""
+    warnings.warn("job.sharding.train_batch_axes is now job.sharding.data_parallel_axes", DeprecationWarning,
+                  stacklevel=2)
+    return data_parallel_axes(mesh)
+
+
 def train_batch_size_divisor(mesh: Mesh | AbstractMesh) -> int:
-    """How many data-parallel shards the training loop splits a global batch into (over `train_batch_axes`)."""
-    return math.prod(mesh.shape[name] for name in train_batch_axes(mesh))
+    """The old name of `data_parallel_size`, kept for a fork that calls it (with a DeprecationWarning)."""
+    warnings.warn("job.sharding.train_batch_size_divisor is now job.sharding.data_parallel_size",
+                  DeprecationWarning, stacklevel=2)
+    return data_parallel_size(mesh)
 
 
 def batch_sharding(mesh: Mesh, whole: int = 0) -> NamedSharding:
     """How the training loop lays a global batch out: after `whole` leading axes kept whole (a stack of
-    micro-batches has one), the next axis is split over the `train_batch_axes` of `mesh`; the rest stay whole."""
-    return NamedSharding(mesh, PartitionSpec(*(None,) * whole, train_batch_axes(mesh)))
+    micro-batches has one), the next axis is split over the `data_parallel_axes` of `mesh`; the rest stay whole."""
+    return NamedSharding(mesh, PartitionSpec(*(None,) * whole, data_parallel_axes(mesh)))
 
 
 AxisRules = Mapping[str, Mapping[str, MeshAxes]]  # {logical name: {rule: mesh axis, axes or None}}
@@ -482,12 +496,12 @@ def check_global_batch(global_batch: int, accum_steps: int, mesh: Mesh | Abstrac
     """--data.global-batch splits over the data-parallel devices of `mesh` (a Mesh or an AbstractMesh: the
     sweep check knows only the device count), every one of --accum-steps micro-batches too: the loop's rule,
     checked at its start and before a sweep or a doctor queues anything."""
-    divisor = train_batch_size_divisor(mesh) * accum_steps
+    divisor = data_parallel_size(mesh) * accum_steps
     if global_batch % divisor:
         per = f" x --accum-steps {accum_steps}" if accum_steps > 1 else ""
         raise ConfigError(
             "--data.global-batch", expected=f"a multiple of the data-parallel size "
-            f"{train_batch_size_divisor(mesh)}{per} = {divisor}", found=global_batch,
+            f"{data_parallel_size(mesh)}{per} = {divisor}", found=global_batch,
             fix=f"use --data.global-batch {_splitting_size(global_batch, divisor)}")
 
 
@@ -592,7 +606,8 @@ __all__ = [
     "DATA_AXIS", "EXPERT_AXIS", "KNOWN_AXES", "LAYERS_AXIS", "LOGICAL_AXES", "MODEL_AXIS", "RULES", "SEQUENCE_AXIS",
     "TRAIN_LOGICAL_AXES", "TRAIN_RULES", "UNANNOTATED", "AxisRules", "MeshAxes", "activation_spec", "axes",
     "batch_axes", "batch_sharding", "batch_size_divisor", "check_batch_divisible", "check_global_batch", "constrain",
-    "fallback_warning", "make_mesh", "mesh_context", "mesh_shape", "pad_for_mesh", "parse_mesh", "partitioned",
+    "data_parallel_axes", "data_parallel_size", "fallback_warning", "make_mesh", "mesh_context", "mesh_shape",
+    "pad_for_mesh", "parse_mesh", "partitioned",
     "placement", "replicate", "resolve_mesh", "rule_table", "shard_batch", "shard_model", "shard_sample_init",
     "sharding_of", "train_batch_axes", "train_batch_size_divisor",
 ]

@@ -153,12 +153,20 @@ def test_batch_axes_and_divisor(mesh42: Mesh) -> None:
 def test_the_loops_batch_axes_leave_sequence_to_the_model_and_gensbis_keep_every_axis_but_model() -> None:
     mesh = sh.make_mesh(axes={"data": 2, "sequence": 2, "model": 2})
     assert sh.batch_axes(mesh) == ("data", "sequence") and sh.batch_size_divisor(mesh) == 4  # DESIGN.md §3
-    assert sh.train_batch_axes(mesh) == ("data",) and sh.train_batch_size_divisor(mesh) == 2
+    assert sh.data_parallel_axes(mesh) == ("data",) and sh.data_parallel_size(mesh) == 2
     assert sh.batch_sharding(mesh).spec == P(("data",))
     assert sh.shard_batch(np.ones((4, 3), np.float32), mesh).sharding.spec == P(("data", "sequence"))
     for named in ({"data": 4, "model": 2}, {"data": 2, "expert": 2, "model": 2}):  # the same without "sequence"
         other = sh.make_mesh(axes=named)
-        assert sh.train_batch_axes(other) == sh.batch_axes(other)
+        assert sh.data_parallel_axes(other) == sh.batch_axes(other)
+
+
+def test_the_old_names_of_the_loops_batch_axes_warn_and_answer_as_the_new_ones() -> None:
+    mesh = sh.make_mesh(axes={"data": 2, "sequence": 2, "model": 2})
+    with pytest.warns(DeprecationWarning, match="train_batch_axes is now job.sharding.data_parallel_axes"):
+        assert sh.train_batch_axes(mesh) == sh.data_parallel_axes(mesh) == ("data",)
+    with pytest.warns(DeprecationWarning, match="train_batch_size_divisor is now job.sharding.data_parallel_size"):
+        assert sh.train_batch_size_divisor(mesh) == sh.data_parallel_size(mesh) == 2
 
 
 def test_a_batch_placed_by_batch_sharding_is_split_over_the_batch_axes_and_whole_over_model(mesh42: Mesh) -> None:
@@ -514,7 +522,7 @@ def test_a_mesh_whose_sizes_do_not_multiply_to_the_devices_names_the_count_and_a
                                  "--mesh data=-1,expert=2")
     mesh = sh.make_mesh(axes={"data": -1, "expert": 2, "model": 2})
     assert dict(mesh.shape) == {"data": 2, "expert": 2, "model": 2} and sh.batch_axes(mesh) == ("data", "expert")
-    assert sh.train_batch_size_divisor(sh.make_mesh(axes={"data": 2, "sequence": 4})) == 2  # sequence: not the batch
+    assert sh.data_parallel_size(sh.make_mesh(axes={"data": 2, "sequence": 4})) == 2  # sequence: not the batch
 
 
 def test_constrain_lays_an_activation_out_by_logical_names_under_the_rules_and_is_a_no_op_outside() -> None:
