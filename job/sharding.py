@@ -1,7 +1,9 @@
 """Sharding helpers for Flax NNX models: a drop-in for GenSBI's, name for name.
 
-The public face of `job.parallel.sharding` (where the code and its documentation live): import it
-from here, `from job import sharding`; the library itself imports `job.parallel.sharding`.
+The public face of `job.parallel.sharding` (where the code and its documentation live, with the modules
+beside it whose names it hands on): import it from here, `from job import sharding`; the library itself
+imports `job.parallel.sharding`. `train_batch_axes` and `train_batch_size_divisor` are the old names of
+`data_parallel_axes` and `data_parallel_size` (they warn).
 """
 
 from job.parallel.sharding import (
@@ -26,6 +28,8 @@ from job.parallel.sharding import (
     check_batch_divisible,
     check_global_batch,
     constrain,
+    data_parallel_axes,
+    data_parallel_size,
     fallback_warning,
     make_mesh,
     mesh_context,
@@ -66,6 +70,8 @@ __all__ = [
     "batch_axes",
     "batch_size_divisor",
     "batch_sharding",
+    "data_parallel_axes",
+    "data_parallel_size",
     "train_batch_axes",
     "train_batch_size_divisor",
     "AxisRules",

@@ -63,17 +63,6 @@ def equal_slices(devices: Sequence[jax.Device], what: str) -> tuple[int, int]:
     return next(iter(sizes.values())), len(sizes)
 
 
-def check_model_axis(model_axis: object, per_slice: int, slices: int, what: str) -> None:
-    """ConfigError unless `model_axis` is a positive divisor of the devices of one slice."""
-    if (isinstance(model_axis, bool) or not isinstance(model_axis, int) or model_axis < 1
-            or per_slice % model_axis):
-        divisors = [d for d in range(1, per_slice + 1) if per_slice % d == 0]
-        raise ConfigError(
-            what, expected=f"a positive divisor of the {per_slice} devices per slice "
-            f"({slices} slices of {per_slice} devices; a model group must stay inside one slice)",
-            found=model_axis, fix=f"use one of {divisors}")
-
-
 def rows_by_process(array: np.ndarray) -> np.ndarray:
     """`array` with its leading-axis rows stably sorted by their lowest process index."""
     rows = array.reshape(array.shape[0], -1)
@@ -102,5 +91,5 @@ def hybrid_mesh(devices: Sequence[jax.Device], shape: Sequence[int], axis_names:
                 axis_types=(AxisType.Auto,) * len(shape))
 
 
-__all__ = ["check_model_axis", "equal_slices", "hybrid_mesh", "partition_of", "rows_by_process",
+__all__ = ["equal_slices", "hybrid_mesh", "partition_of", "rows_by_process",
            "slice_sizes", "spans_slices"]

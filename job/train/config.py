@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import io
 import json
 import math
@@ -25,6 +24,7 @@ from job.core.errors import ConfigError
 from job.core.storage import url_problem
 from job.core.values import integer
 from job.observe.metrics import WandbConfig
+from job.parallel import mesh_flag
 from job.runs.config import CheckpointConfig, checks_of
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ class TrainConfig(Generic[M, D]):
     # --no-eval-full: its first --data.eval-batches batches (job/train/evaluation.py)
     eval_full: bool = True
     # how the state is split over the ("data", "model") mesh: replicated, fsdp (over "data"), tensor (over
-    # "model") or fsdp_tensor (both, on a 2-D mesh); see job/parallel/sharding.py
+    # "model") or fsdp_tensor (both, on a 2-D mesh); see job/parallel/vocabulary.py
     rule: str = "replicated"
     model_axis: int = 1  # devices per tensor-parallel group (the mesh's "model" axis)
     # named mesh axes with sizes, in order ("data=-1,expert=2": -1 takes the devices the others leave); empty:
@@ -128,62 +128,10 @@ def defaults(task: Task) -> TrainConfig:
 DATA_FIELDS = ("global_batch", "eval_batches")  # what the loop reads of a task's data config
 
 
-def mesh_axes(cfg: TrainConfig) -> dict[str, int]:
-    """The run's mesh axes and sizes, -1 for the devices the others leave: --mesh, else ("data", "model") of
-    --model-axis. A ConfigError for a bad --mesh, or for --mesh and --model-axis both given."""
-    from job.parallel.sharding import DATA_AXIS, MODEL_AXIS, parse_mesh  # jax: as in validate
-
-    if not cfg.mesh:
-        return {DATA_AXIS: -1, MODEL_AXIS: cfg.model_axis}
-    axes = parse_mesh(cfg.mesh)
-    if cfg.model_axis != 1:
-        raise ConfigError("--model-axis", expected="no --model-axis with --mesh (the mesh names every axis)",
-                          found=f"--model-axis {cfg.model_axis} --mesh {cfg.mesh}",
-                          fix=f"drop --model-axis and name the axis in the mesh: --mesh {cfg.mesh},model="
-                              f"{cfg.model_axis}" if MODEL_AXIS not in axes else "drop --model-axis")
-    return axes
-
-
-def check_mesh_names(cfg: TrainConfig, task: Task) -> None:
-    """Every --mesh axis is one a rule maps a logical name to: a preset's (data, model, expert, sequence) or one
-    the task declares in Task.logical_axes. Any other name splits nothing (a typo, `modle`, would silently turn
-    tensor parallelism off): a ConfigError naming the nearest known axis."""
-    from job.parallel.sharding import KNOWN_AXES  # jax: as in validate
-
-    declared = [axis for by_rule in (getattr(task, "logical_axes", None) or {}).values()
-                for target in by_rule.values()
-                for axis in ((target,) if isinstance(target, str) else tuple(target or ()))]
-    known = list(dict.fromkeys((*KNOWN_AXES, *declared)))
-    axes = mesh_axes(cfg)
-    for name in axes:
-        if name in known:
-            continue
-        close = difflib.get_close_matches(name, [k for k in known if k not in axes], n=1)  # never one it has
-        declare = f"declare it in the task, e.g. logical_axes={{'mlp': {{'tensor': {name!r}}}}}"
-        if close:  # a typo: the name it meant; declaring the typo is no fix
-            fixed = ",".join(f"{close[0] if n == name else n}={size}" for n, size in axes.items())
-            fix = f"did you mean {close[0]!r}? --mesh {fixed}"
-        elif any(k in axes for k in difflib.get_close_matches(name, known, n=1)):  # a second of an axis it has
-            fix = f"drop {name}={axes[name]} (the mesh already has the axis it is close to), or {declare}"
-        else:
-            fix = declare
-        raise ConfigError("--mesh", expected=f"axes that a rule maps a logical axis to: {', '.join(known)} (or one "
-                          "the task declares in Task.logical_axes)", found=f"axis {name!r} in {cfg.mesh!r}", fix=fix)
-
-
-def model_axis(cfg: TrainConfig) -> int:
-    """The size of the run's "model" axis, as the task's validate checks its dimensions against it (1 when
-    the mesh has none; the devices left when --mesh gives it -1, checked once the devices are known)."""
-    from job.parallel.sharding import MODEL_AXIS  # jax: as in validate
-
-    size = mesh_axes(cfg).get(MODEL_AXIS, 1)
-    return 1 if size == -1 else size
-
-
 def validate(cfg: TrainConfig, task: Task) -> None:
     """Every check that needs no devices (run before anything starts); raises ConfigError on the first bad value."""
     # jax and flax: this module imports without them (--help, deploy's tools)
-    from job.parallel.sharding import rule_table
+    from job.parallel.rules import rule_table
     from job.train.evaluation import check_splits
 
     check_splits(task.eval_splits, task.name)
@@ -194,8 +142,9 @@ def validate(cfg: TrainConfig, task: Task) -> None:
                           found=f"{type(cfg.data).__name__} without {', '.join(missing)}",
                           fix="add global_batch: int = 32 and eval_batches: int = 2 to it (docs/your-model.md)")
     rule_table(cfg.rule, getattr(task, "logical_axes", None))  # an unknown --rule, a bad declaration: its ConfigError
-    check_mesh_names(cfg, task)
-    task.validate(cfg.model, cfg.data, rule=cfg.rule, model_axis=model_axis(cfg))
+    axes = mesh_flag.run_axes(cfg.mesh, cfg.model_axis)
+    mesh_flag.check_names(axes, cfg.mesh, getattr(task, "logical_axes", None))
+    task.validate(cfg.model, cfg.data, rule=cfg.rule, model_axis=mesh_flag.model_size(axes))
     optim, run_dir = cfg.optim, cfg.run_dir
     checks = (  # (ok, flag, expected, found, fix); comparisons are written so that NaN fails them
         (1 <= cfg.accum_steps <= MAX_ACCUM, "--accum-steps", f"an integer 1..{MAX_ACCUM}", cfg.accum_steps,

@@ -139,7 +139,7 @@ class Evaluator:
         self._sharded = sharding.batch_sharding(mesh)
         self._whole = NamedSharding(mesh, PartitionSpec())
         self._batch = global_batch
-        divisor = sharding.train_batch_size_divisor(mesh)
+        divisor = sharding.data_parallel_size(mesh)
         self.plan = {split: pieces(size_of(source, split), batch=global_batch, divisor=divisor,
                                    batches=batches, full=full) for split in (splits if batches else ())}
 

@@ -154,7 +154,7 @@ def _tries(cfg: TrainConfig, task: Task, target: Target, larger: Sequence[Target
            kinds: Iterable[str]) -> Iterator[tuple[str, Remedy, Target]]:
     """(kind, remedy, where to compile it) for each kind, in order."""
     mesh = loop.run_mesh(cfg.model_axis, cfg.mesh, devices=target.devices)
-    data_parallel = sharding.train_batch_size_divisor(mesh)
+    data_parallel = sharding.data_parallel_size(mesh)
     makers: Mapping[str, Callable[[], Iterable[tuple[Remedy, Target]]]] = {
         "remat": lambda: ((r, target) for r in memory.remat(cfg, task)),
         "accum_steps": lambda: ((r, target) for r in memory.accum_steps(cfg, data_parallel, task)),

@@ -33,7 +33,7 @@ from job.observe.goodput import Goodput, describe
 from job.observe.profile import StepProfiler
 from job.observe.report import Reporter
 from job.observe.stragglers import StragglerWatch
-from job.parallel import sharding
+from job.parallel import mesh_flag, sharding
 from job.parallel.fingerprint import fingerprint
 from job.parallel.multihost import barrier, coordination_client, on_process_zero
 from job.parallel.rows import row_span
@@ -435,7 +435,7 @@ def run_mesh(model_axis: int, mesh: str = "", devices: Sequence[jax.Device] | No
     job/train/fit.py): --mesh's axes (`mesh`), else ("data", "model") of `model_axis`; a model axis that does
     not fit the devices is one error naming the user's flag, --model-axis, not the function that builds it."""
     if mesh:
-        return sharding.make_mesh(devices, axes=sharding.parse_mesh(mesh))
+        return sharding.make_mesh(devices, axes=mesh_flag.parse_mesh(mesh))
     try:
         return sharding.make_mesh(devices, model_axis=model_axis)
     except ConfigError as exc:

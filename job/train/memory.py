@@ -25,7 +25,7 @@ from typing import Any
 import jax
 
 from job.core.errors import ConfigError
-from job.parallel.sharding import train_batch_size_divisor
+from job.parallel.sharding import data_parallel_size
 from job.runtime import preflight
 from job.runtime.device_memory import Need, from_message, gib, is_out_of_memory, limit
 from job.train import config
@@ -199,7 +199,7 @@ def raise_out_of_memory(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh, n
     """The one ConfigError of a train step that needs `need` on `mesh`'s devices, raised on every process
     together: the bytes, and the flags that may fit."""
     devices = list(mesh.devices.flat)
-    remedies = suggested(cfg, task, len(devices), train_batch_size_divisor(mesh), need)
+    remedies = suggested(cfg, task, len(devices), data_parallel_size(mesh), need)
     hint = ("make tpu-doctor ACCELERATOR=... ARGS='train ...' compiles each for a TPU slice, with no TPU"
             if devices[0].platform == "tpu" else "")
     found = error(need, remedies, describe(devices), when, checked=False, unchecked=hint)

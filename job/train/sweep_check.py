@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 from job.core import values
 from job.core.errors import ConfigError
+from job.parallel import mesh_flag
 from job.runs.sweep import Run, Sweep, listing, plan
 from job.train import config
 from job.train import task as tasks
@@ -135,13 +136,13 @@ def check_mesh(cfg: config.TrainConfig, devices: int) -> None:
     from jax.sharding import AbstractMesh
 
     # the rule the loop applies to its mesh at start
-    from job.parallel.sharding import check_global_batch, mesh_shape
+    from job.parallel.sharding import check_global_batch
 
     if not cfg.mesh and (cfg.model_axis < 1 or devices % cfg.model_axis):
         divisors = [d for d in range(1, devices + 1) if devices % d == 0]
         raise ConfigError("--model-axis", expected=f"a divisor of the job's {devices} devices", found=cfg.model_axis,
                           fix=f"pass --model-axis one of {divisors}")
-    shape = mesh_shape(config.mesh_axes(cfg), devices)
+    shape = mesh_flag.mesh_shape(mesh_flag.run_axes(cfg.mesh, cfg.model_axis), devices)
     check_global_batch(cfg.data.global_batch, cfg.accum_steps, AbstractMesh(tuple(shape.values()), tuple(shape)))
 
 

@@ -28,7 +28,7 @@ from flax import nnx
 from job.core import rundir, storage, values
 from job.core.errors import BAD_INPUT_EXIT_CODE, ConfigError
 from job.observe import process_log
-from job.parallel import sharding
+from job.parallel import mesh_flag, sharding
 from job.parallel.mesh import slice_sizes
 from job.parallel.multihost import on_process_zero
 from job.runs import resume
@@ -37,7 +37,6 @@ from job.runtime.distributed import initialize
 from job.train import config, entry, loop, state
 from job.train import task as tasks
 from job.train.config import TrainConfig
-from job.train.config import model_axis as model_axis_of
 from job.train.task import Task
 
 log = logging.getLogger("job.train.trained")
@@ -119,7 +118,7 @@ def eval_mesh(cfg: TrainConfig, given: int | None = None) -> tuple[jax.sharding.
     try:
         return loop.run_mesh(cfg.model_axis, mesh=cfg.mesh), cfg
     except ConfigError:
-        saved = model_axis_of(cfg)
+        saved = mesh_flag.model_size(mesh_flag.run_axes(cfg.mesh, cfg.model_axis))
         n = jax.device_count()
         here = math.gcd(saved, n // len(slice_sizes(jax.devices())))  # a model group stays inside one slice
         on_process_zero(log.info, "the run's %s does not fit this job's %d device(s): evaluating with a model "

@@ -9,11 +9,9 @@ guard below does the same when this file is the first to import jax. By hand:
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import warnings
-from pathlib import Path
 
 _FLAG = "--xla_force_host_platform_device_count=8"
 if "jax" not in sys.modules and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -30,7 +28,6 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from job import sharding as sh  # noqa: E402
 from job.errors import ConfigError  # noqa: E402
-from tests import launching  # noqa: E402
 
 AUTO2 = (AxisType.Auto, AxisType.Auto)
 
@@ -153,12 +150,20 @@ def test_batch_axes_and_divisor(mesh42: Mesh) -> None:
 def test_the_loops_batch_axes_leave_sequence_to_the_model_and_gensbis_keep_every_axis_but_model() -> None:
     mesh = sh.make_mesh(axes={"data": 2, "sequence": 2, "model": 2})
     assert sh.batch_axes(mesh) == ("data", "sequence") and sh.batch_size_divisor(mesh) == 4  # DESIGN.md §3
-    assert sh.train_batch_axes(mesh) == ("data",) and sh.train_batch_size_divisor(mesh) == 2
+    assert sh.data_parallel_axes(mesh) == ("data",) and sh.data_parallel_size(mesh) == 2
     assert sh.batch_sharding(mesh).spec == P(("data",))
     assert sh.shard_batch(np.ones((4, 3), np.float32), mesh).sharding.spec == P(("data", "sequence"))
     for named in ({"data": 4, "model": 2}, {"data": 2, "expert": 2, "model": 2}):  # the same without "sequence"
         other = sh.make_mesh(axes=named)
-        assert sh.train_batch_axes(other) == sh.batch_axes(other)
+        assert sh.data_parallel_axes(other) == sh.batch_axes(other)
+
+
+def test_the_old_names_of_the_loops_batch_axes_warn_and_answer_as_the_new_ones() -> None:
+    mesh = sh.make_mesh(axes={"data": 2, "sequence": 2, "model": 2})
+    with pytest.warns(DeprecationWarning, match="train_batch_axes is now job.sharding.data_parallel_axes"):
+        assert sh.train_batch_axes(mesh) == sh.data_parallel_axes(mesh) == ("data",)
+    with pytest.warns(DeprecationWarning, match="train_batch_size_divisor is now job.sharding.data_parallel_size"):
+        assert sh.train_batch_size_divisor(mesh) == sh.data_parallel_size(mesh) == 2
 
 
 def test_a_batch_placed_by_batch_sharding_is_split_over_the_batch_axes_and_whole_over_model(mesh42: Mesh) -> None:
@@ -422,99 +427,10 @@ def test_two_dimensions_on_one_mesh_axis_the_first_takes_it_the_later_stays_whol
     assert sh.placement(state, mesh3, "tensor")[0]["wi"].spec == P("expert", None, "model")
 
 
-@pytest.mark.parametrize(("text", "devices", "shape"), [
-    ("data=4,expert=2", 8, {"data": 4, "expert": 2}),
-    ("data=-1,expert=2", 8, {"data": 4, "expert": 2}),
-    ("data=2, model=-1", 8, {"data": 2, "model": 4}),
-    ("sequence=8", 8, {"sequence": 8}),
-])
-def test_a_mesh_flag_names_axes_and_sizes_with_one_minus_one_for_the_rest(text: str, devices: int,
-                                                                          shape: dict) -> None:
-    assert sh.mesh_shape(sh.parse_mesh(text), devices) == shape
-
-
-@pytest.mark.parametrize(("text", "devices", "fix"), [
-    ("data=-1,model=3", 4, "model=3 does not divide 4 devices; e.g. --mesh data=-1,model=2"),
-    ("data=2,model=3", 8, "model=3 does not divide the 4 devices the axes before it leave; e.g. --mesh data=2,model=-1"),
-    ("data=-1,expert=4,model=4", 8,
-     "model=4 does not divide the 2 devices the axes before it leave; e.g. --mesh data=-1,expert=4,model=2"),
-    ("data=2,model=2", 8, "give one axis -1 (the devices the others leave), e.g. --mesh data=-1,model=2"),
-])
-def test_a_mesh_size_that_does_not_divide_the_devices_is_named_with_a_divisor_in_the_fix(
-        text: str, devices: int, fix: str) -> None:
-    with pytest.raises(ConfigError) as raised:
-        sh.mesh_shape(sh.parse_mesh(text), devices)
-    assert raised.value.fix == fix
-    suggested = fix.rpartition("--mesh ")[2]
-    assert sh.mesh_shape(sh.parse_mesh(suggested), devices)  # the fix's mesh fits
-
-
-def test_a_mesh_axis_the_task_declares_is_accepted_and_one_nobody_maps_to_is_refused() -> None:
-    from job.train import config
-    from job.train import task as tasks
-
-    lm, own = tasks.load("lm"), tasks.load("tests.user_tasks.own_axis:TASK")  # own: "hidden" over "width"
-    cfg = dataclasses.replace(config.defaults(lm), mesh="data=2,width=2")
-    with pytest.raises(ConfigError) as raised:
-        config.validate(cfg, lm)
-    assert raised.value.what == "--mesh" and raised.value.found == "axis 'width' in 'data=2,width=2'"
-    assert "did you mean" not in raised.value.fix and "logical_axes={'mlp': {'tensor': 'width'}}" in raised.value.fix
-    config.validate(dataclasses.replace(config.defaults(own), mesh="data=2,width=2", rule="tensor"), own)
-    config.validate(dataclasses.replace(cfg, mesh="data=2,expert=2,sequence=1,model=1"), lm)  # the presets' axes
-
-
-@pytest.mark.parametrize(("mesh", "fix"), [
-    ("data=2,modle=2", "did you mean 'model'? --mesh data=2,model=2"),  # the name meant, nothing else
-    ("model=2,modle=2", "drop modle=2 (the mesh already has the axis it is close to), or declare it in the task, "
-                        "e.g. logical_axes={'mlp': {'tensor': 'modle'}}"),  # never a second model axis
-])
-def test_a_mesh_typo_is_told_the_name_it_meant_and_never_an_axis_the_mesh_already_has(mesh: str, fix: str) -> None:
-    from job.train import config
-    from job.train import task as tasks
-
-    lm = tasks.load("lm")
-    with pytest.raises(ConfigError) as raised:
-        config.validate(dataclasses.replace(config.defaults(lm), mesh=mesh), lm)
-    assert raised.value.fix == fix
-
-
-@pytest.mark.parametrize(("flags", "said"), [
-    (("--mesh", "data=2,modle=2", "--rule", "tensor"),
-     "found \"axis 'modle' in 'data=2,modle=2'\". Fix: did you mean 'model'? --mesh data=2,model=2"),
-    (("--task", "tests.user_tasks.own_axis:TASK", "--mesh", "data=2,widht=2", "--rule", "tensor"),
-     "Fix: did you mean 'width'? --mesh data=2,width=2"),  # the task's own axis is a known name
-    (("--mesh", "data=-1,model=3"), "Fix: model=3 does not divide 4 devices; e.g. --mesh data=-1,model=2"),
-])
-def test_python_m_job_train_refuses_a_mesh_that_would_not_split_as_asked_in_one_error(
-        flags: tuple[str, ...], said: str, tmp_path: Path) -> None:
-    proc = launching.run([sys.executable, "-m", "job", "train", *flags, "--steps", "2", "--run-dir",
-                          str(tmp_path / "run")], XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    assert proc.returncode == 2, launching.explain(proc)
-    errors = [line for line in proc.stderr.splitlines() if "--mesh:" in line]
-    assert len(errors) == 1 and said in errors[0] and "Traceback" not in proc.stderr, launching.explain(proc)
-    assert not list((tmp_path / "run").glob("checkpoints/*")), "nothing trained, nothing saved"
-
-
-@pytest.mark.parametrize(("text", "said"), [
-    ("data=4,data=2", "distinct NAME=SIZE words"), ("data", "distinct NAME=SIZE words"),
-    ("data=0", "axis 'data' of a size >= 1, or -1"), ("data=two", "axis 'data' of a size >= 1"),
-    ("data=-1,model=-1", "-1 for one axis at most"), ("4=data", "distinct NAME=SIZE words"),
-])
-def test_a_bad_mesh_flag_is_one_error_with_the_fix(text: str, said: str) -> None:
-    with pytest.raises(ConfigError, match=said) as raised:
-        sh.parse_mesh(text)
-    assert raised.value.what == "--mesh" and "--mesh data=-1,expert=2" in raised.value.fix
-
-
-def test_a_mesh_whose_sizes_do_not_multiply_to_the_devices_names_the_count_and_a_fix() -> None:
-    with pytest.raises(ConfigError) as raised:
-        sh.mesh_shape(sh.parse_mesh("data=3,expert=2"), 8)
-    assert str(raised.value) == ("--mesh: expected axis sizes whose product is the job's 8 devices, found "
-                                 "'data=3,expert=2'. Fix: data=3 does not divide 8 devices; e.g. "
-                                 "--mesh data=-1,expert=2")
+def test_a_mesh_of_named_axes_fills_in_its_minus_one_and_its_batch_axes_are_all_but_model() -> None:
     mesh = sh.make_mesh(axes={"data": -1, "expert": 2, "model": 2})
     assert dict(mesh.shape) == {"data": 2, "expert": 2, "model": 2} and sh.batch_axes(mesh) == ("data", "expert")
-    assert sh.train_batch_size_divisor(sh.make_mesh(axes={"data": 2, "sequence": 4})) == 2  # sequence: not the batch
+    assert sh.data_parallel_size(sh.make_mesh(axes={"data": 2, "sequence": 4})) == 2  # sequence: not the batch
 
 
 def test_constrain_lays_an_activation_out_by_logical_names_under_the_rules_and_is_a_no_op_outside() -> None:
