@@ -143,14 +143,14 @@ def _skipped(detail: str) -> Check:
     return Check(NAME, True, detail)
 
 
-def check(cfg: TpuConfig, check_run: bool = True) -> Check:
+def fit_line(cfg: TpuConfig, check_run: bool = True) -> Check:
     """The fit line of `python -m deploy.tpu doctor`: ARGS' train step compiled for the slice, HBM per chip needed
     against available; skipped, saying why, where it cannot be checked here."""
     return prepare(cfg, check_run)()
 
 
 def prepare(cfg: TpuConfig, check_run: bool = True) -> Callable[[], Check]:
-    """`check`, made ready in the calling thread: where the step will be compiled, what compiles it (jax, flax, the
+    """`fit_line`, made ready in the calling thread: where the step will be compiled, what compiles it (jax, flax, the
     loop) is imported here. The doctor runs the returned check in a thread of its own alongside its other checks,
     and two threads importing at once may each find the other's modules half made (numpy's C extension refuses to
     load so)."""
@@ -200,7 +200,7 @@ def _compiled(cfg: TpuConfig, version: str) -> Check:
                         "batch's shapes come from them")
     try:
         slice_ = target(cfg.accel, cfg.slices)
-        found = fit.check(run, task, slice_, [target(more, cfg.slices) for more in larger(cfg.accel)], row=row)
+        found = fit.step_fits(run, task, slice_, [target(more, cfg.slices) for more in larger(cfg.accel)], row=row)
     except ConfigError as exc:
         return failed(NAME, exc)
     except Exception as exc:  # noqa: BLE001 - any other error compiling the step: the slice's job would meet it too
@@ -220,5 +220,5 @@ def _compiled(cfg: TpuConfig, version: str) -> Check:
                  f"time by libtpu {version} in {math.ceil(found.seconds)} s){note}")
 
 
-__all__ = ["GENERATIONS", "INSTALL", "NAME", "Topology", "check", "devices", "larger", "libtpu_version", "prepare",
+__all__ = ["GENERATIONS", "INSTALL", "NAME", "Topology", "devices", "fit_line", "larger", "libtpu_version", "prepare",
            "target", "topology"]
