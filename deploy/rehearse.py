@@ -75,15 +75,9 @@ TALL = Layout(1, 4)
 DEVICES = 4
 
 
-class Skipped(Check):
-    """A check not run because a run it needs failed: neither ok nor a failure of its own."""
-
-    def line(self) -> str:
-        return f"skip  {self.name}: {self.detail}"
-
-
 def skipped(name: str, needs: str) -> Check:
-    return Skipped(name, True, f"not run: it needs {needs}, which failed")
+    """A check not run because a run it needs failed: neither ok nor a failure of its own."""
+    return Check.skip(name, f"not run: it needs {needs}, which failed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,8 +215,8 @@ def evaluation(runs_own: Sequence[Mapping[str, Any]], written: Mapping[str, Any]
     own = {r["split"]: r for r in runs_own if r.get("step") == step and r.get("split") not in ("train", "hosts")}
     splits = written.get("splits", {})
     if not splits and not own:
-        return Check("eval", True, "the task evaluates no split (no eval split declared, or --data.eval-batches 0): "
-                     "nothing to compare")
+        return Check.skip("eval", "the task evaluates no split (no eval split declared, or --data.eval-batches 0): "
+                          "nothing to compare", to_run="a task with an eval split and --data.eval-batches over 0")
     for split in sorted({*splits, *own}):
         computed = _metrics(splits.get(split, {}), NOT_METRICS)
         logged = _metrics(own.get(split, {}), ("step", "split"))

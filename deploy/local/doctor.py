@@ -144,8 +144,8 @@ def cores(cfg: launch.LaunchConfig, machine: Machine) -> Check:
 def memory(cfg: launch.LaunchConfig, machine: Machine) -> Check:
     needed = cfg.num_processes * PROCESS_BYTES
     if machine.available is None:
-        return Check("memory", True, f"not known here (no /proc/meminfo); {cfg.num_processes} processes need "
-                     f"about {size(needed)} beyond the model")
+        return Check.skip("memory", f"not known here (no /proc/meminfo); {cfg.num_processes} processes need about "
+                          f"{size(needed)} beyond the model", to_run="the doctor on Linux (it reads /proc/meminfo)")
     if machine.available < needed:
         most = max(machine.available // PROCESS_BYTES, 1)
         return Check("memory", False, f"{size(machine.available)} available, under the {size(needed)} that "

@@ -34,7 +34,8 @@ def test_all_checks_pass_for_a_request_the_zone_can_serve(cloud: Cloud) -> None:
     proc = cloud.make("tpu-doctor", TPU_NAME="pod-x", ZONE=ZONE, ACCELERATOR="v4-16", ARGS=RUN_DIR)
     assert proc.returncode == 0, explain(proc)
     found = check_lines(proc.stdout)
-    assert list(found) == list(CHECKS) and all(line.startswith("ok    ") for line in found.values()), proc.stdout
+    assert list(found) == list(CHECKS), proc.stdout
+    assert all(line.startswith("ok    ") for name, line in found.items() if name != "fit"), proc.stdout  # fit: below
     assert found["run"] == "ok    run: task lm: global batch 32 splits over 8 devices (v4-16: 8 chips)"
     assert found["account"] == "ok    account: tester@example.com"
     assert found["project"].startswith("ok    project: fake-project (gcloud's configured project")
@@ -42,7 +43,7 @@ def test_all_checks_pass_for_a_request_the_zone_can_serve(cloud: Cloud) -> None:
     assert found["runtime version"] == ("ok    runtime version: tpu-ubuntu2204-base (the v4 default) is offered in "
                                         f"{ZONE}")
     assert "pod-x does not exist yet" in found["slice"]
-    assert found["fit"].startswith(("ok    fit: the train step needs ", "ok    fit: skipped: libtpu is not installed"))
+    assert found["fit"].startswith(("ok    fit: the train step needs ", "skip  fit: libtpu is not installed"))
     assert changes(cloud) == []
 
 
@@ -256,7 +257,7 @@ def test_a_task_that_does_not_import_is_the_runs_fail_line_and_the_rest_is_still
 def test_make_doctor_without_args_says_the_run_was_not_checked(cloud: Cloud) -> None:
     proc = cloud.make("doctor", TPU_NAME="pod-x", ZONE=ZONE, ACCELERATOR="v5litepod-16")
     assert check_lines(proc.stdout)["run"] == (
-        "ok    run: not checked: no ARGS given (with ARGS='train ...' its task, config and global batch on 16 devices "
+        "skip  run: no ARGS given. To run it: ARGS='train ...' (its task, config and global batch on 16 devices "
         "(v5litepod-16: 16 chips) are checked)"), explain(proc)
 
 

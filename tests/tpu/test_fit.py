@@ -54,16 +54,20 @@ def test_an_accelerator_type_is_the_topology_cloud_tpu_gives_it(accelerator: str
     assert (found.name, found.chip_config, found.host_bounds) == (name, chip_config, bounds)
 
 
-def test_the_fit_line_says_why_it_was_not_checked_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert tpu_fit.fit_line(request("v4-8"), check_run=False).line().startswith("ok    fit: not checked: no ARGS given")
+def test_a_fit_line_that_was_not_checked_is_a_skip_saying_why_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    no_args = tpu_fit.fit_line(request("v4-8"), check_run=False)
+    assert no_args.skipped and not no_args.ok and not no_args.failed
+    assert no_args.line().startswith("skip  fit: no ARGS given. To run it: ARGS='train ...'")
     assert tpu_fit.fit_line(request("v3-8")).line() == (
-        "ok    fit: not checked: the fit is compiled for v4, v5p, v5litepod, v6e, not v3-8")
+        "skip  fit: the fit is compiled for v4, v5p, v5litepod, v6e, not v3-8")
     sweep = dataclasses.replace(request("v4-8"), sweep="optim.lr=1e-3,3e-3")
-    assert "not checked for a SWEEP" in tpu_fit.fit_line(sweep).line()
+    assert tpu_fit.fit_line(sweep).skipped and "not checked for a SWEEP" in tpu_fit.fit_line(sweep).line()
     monkeypatch.setattr(tpu_fit, "libtpu_version", lambda: None)
-    assert tpu_fit.fit_line(request("v5litepod-1")).line() == (
-        "ok    fit: skipped: libtpu is not installed here; .venv/bin/pip install -e '.[tpu-fit]' (libtpu: Linux "
-        "x86_64, Python 3.12 or newer) compiles the train step for v5litepod-1 on this machine")
+    no_libtpu = tpu_fit.fit_line(request("v5litepod-1"))
+    assert no_libtpu.skipped and not no_libtpu.ok
+    assert no_libtpu.line() == (
+        "skip  fit: libtpu is not installed here. To run it: .venv/bin/pip install -e '.[tpu-fit]' (libtpu: Linux "
+        "x86_64, Python 3.12 or newer) (the train step is then compiled for v5litepod-1 on this machine)")
 
 
 # ------------------------------------------------------------------------------------------------ with libtpu
