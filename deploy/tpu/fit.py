@@ -113,7 +113,7 @@ def _quiet_libtpu(accelerator: str) -> Iterator[None]:
             os.environ.pop(name, None)
 
 
-def devices(accel: Accelerator, slices: int = 1) -> tuple[Any, ...]:
+def compile_only_devices(accel: Accelerator, slices: int = 1) -> tuple[Any, ...]:
     """Compile-only devices of the slice(s), made by libtpu on this machine; the CPU is the only platform jax
     starts here (a TPU of this machine, if any, stays free for the job it may be running)."""
     # jax and libtpu only for the fit check: the doctor's other checks start without them
@@ -132,7 +132,7 @@ def target(accel: Accelerator, slices: int = 1) -> Any:
     """job.train.fit's Target of the slice(s): named as the error names them."""
     from job.train.fit import Target  # jax and flax: only when the fit is checked
 
-    found = devices(accel, slices)
+    found = compile_only_devices(accel, slices)
     chips = len(found) // slices
     unit = "chip" if chips == 1 else "chips"
     times = f" x {slices} slices" if slices > 1 else ""
@@ -218,5 +218,5 @@ def _compiled(cfg: TpuConfig, version: str) -> Check:
                  f"time by libtpu {version} in {math.ceil(found.seconds)} s){note}")
 
 
-__all__ = ["GENERATIONS", "INSTALL", "NAME", "Topology", "devices", "fit_line", "larger", "libtpu_version", "prepare",
-           "target", "topology"]
+__all__ = ["GENERATIONS", "INSTALL", "NAME", "Topology", "compile_only_devices", "fit_line", "larger", "libtpu_version",
+           "prepare", "target", "topology"]

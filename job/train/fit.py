@@ -156,9 +156,9 @@ def _tries(cfg: TrainConfig, task: Task, target: Target, larger: Sequence[Target
     mesh = loop.run_mesh(cfg.model_axis, cfg.mesh, devices=target.devices)
     data_parallel = sharding.train_batch_size_divisor(mesh)
     makers: Mapping[str, Callable[[], Iterable[tuple[Remedy, Target]]]] = {
-        "remat": lambda: ((r, target) for r in memory.remat(cfg, task)),
-        "accum_steps": lambda: ((r, target) for r in memory.accum_steps(cfg, data_parallel, task)),
-        "global_batch": lambda: ((r, target) for r in memory.global_batch(cfg, data_parallel, task)),
+        "remat": lambda: ((r, target) for r in memory.remat_remedies(cfg, task)),
+        "accum_steps": lambda: ((r, target) for r in memory.accum_steps_remedies(cfg, data_parallel, task)),
+        "global_batch": lambda: ((r, target) for r in memory.global_batch_remedies(cfg, data_parallel, task)),
         "more_devices": lambda: ((memory.more_devices(cfg, len(target.devices), len(t.devices) // len(target.devices),
                                                       t.name), t) for t in larger),
     }

@@ -77,7 +77,7 @@ def test_a_fit_line_that_was_not_checked_is_a_skip_saying_why_in_one_line(monkey
 ])
 def test_the_compiled_for_devices_are_the_slices_chips_on_its_hosts(libtpu: str, accelerator: str, slices: int) -> None:
     accel = parse_accelerator(accelerator)
-    devices = tpu_fit.devices(accel, slices)
+    devices = tpu_fit.compile_only_devices(accel, slices)
     assert len(devices) == doctor.devices(request(accelerator, slices=slices)).count  # what the run's check counts
     assert len({device.process_index for device in devices}) == accel.hosts * slices  # one process per worker
 

@@ -178,7 +178,7 @@ def test_the_cgroup_cpu_quota_caps_the_cores(tmp_path: Path) -> None:
 
 
 def test_this_machine_is_read() -> None:
-    machine = local_doctor.here()
+    machine = local_doctor.this_machine()
     assert machine.cores >= 1 and (machine.available is None or machine.available > 0)
 
 
