@@ -251,7 +251,9 @@ def test_a_task_that_does_not_import_is_the_runs_fail_line_and_the_rest_is_still
                             "(installed, or on PYTHONPATH)")
     # nor can what does not exist be shipped: the code line names the package the workers would miss
     assert found["code"].startswith("FAIL  code: ARGS --task nosuch.mod:TASK: expected its top-level package nosuch")
-    assert all(found[name].startswith("ok ") for name in CHECKS if name not in ("run", "code")), proc.stdout
+    assert found["fit"] == ("skip  fit: ARGS does not pass the run's check (its line says why). To run it: ARGS that "
+                            "pass the run's check"), proc.stdout  # not compiled: never an ok
+    assert all(found[name].startswith("ok ") for name in CHECKS if name not in ("run", "code", "fit")), proc.stdout
 
 
 def test_make_doctor_without_args_says_the_run_was_not_checked(cloud: Cloud) -> None:
