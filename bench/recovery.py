@@ -61,13 +61,14 @@ def _cluster_env() -> dict[str, str] | None:
 def one(env: dict[str, str], folder: Path, case: str) -> dict[str, float]:
     """One job of `case`: its restart gap, steps redone, and the whole job's wall time."""
     from job.runs.config import CheckpointConfig
+    from job.runs.local_format import shard_file
     from job.runs.local_tier import run_folder
 
     submit, ckpt, tier = CASES[case]
     run_dir = folder / "run"
     fault = {"NODE_FAULT": "node2", "NODE_FAULT_STEP": str(FAULT_STEP)}
     if tier == "local":  # the local step 20 is in on node2 (and so, sent at the same time, on node1)
-        held = run_folder(CheckpointConfig.local_dir, str(run_dir)) / "20" / "process-0.jlt"
+        held = shard_file(run_folder(CheckpointConfig.local_dir, str(run_dir)), 20, 0)
         fault.update(NODE_FAULT_AFTER=str(held), NODE_FAULT_SETTLE_S="1")
     argv = [sys.executable, "-m", "deploy.slurm", "--nodes", "2", "--partition", "strict", "--retries", "1",
             "--log-dir", str(folder / "logs"), "--wait", *submit, "--", "train", "--run-dir", str(run_dir),

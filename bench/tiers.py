@@ -113,6 +113,7 @@ def worker(argv: list[str]) -> None:
     from bench.ckpt import normal_priority
     from job.runs.checkpoint import Checkpointer, abstract
     from job.runs.config import CheckpointConfig
+    from job.runs.local_format import shard_file
     from job.runs.local_tier import LocalTier
 
     state = make_state(QUICK_SHAPE if quick else SHAPE)
@@ -215,7 +216,7 @@ def worker(argv: list[str]) -> None:
         current["local"] = next(steps)
         tier.save(current["local"], state)
         tier.wait()
-        if not (tier.folder / str(current["local"]) / f"process-{tier.me}.jlt").exists():
+        if not shard_file(tier.folder, current["local"], tier.me).exists():
             raise RuntimeError(f"the node-local tier did not write step {current['local']} (skipped: see its warning)")
 
     def tier_read() -> object:

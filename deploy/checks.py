@@ -1,9 +1,11 @@
-"""`make doctor`'s findings: one line per check of a request, ok or the problem and its fix.
+"""`make doctor`'s findings: one line per check of a request, in one of three states: ok (it ran and passed),
+FAIL (the problem and its fix), or skip (it did not run here: why, and what to install or pass to run it).
 
     checks = [Check("partition", True, "debug: up, 4 nodes idle"),
               Check("time", False, "TIME=99-00:00:00 is over partition debug's MaxTime 7-00:00:00",
-                    fix="TIME=7-00:00:00 or less, or PARTITION=... with a longer MaxTime")]
-    sys.exit(report(checks))   # prints one line each; 1 when any failed
+                    fix="TIME=7-00:00:00 or less, or PARTITION=... with a longer MaxTime"),
+              Check.skip("fit", "libtpu is not installed here", to_run="pip install -e '.[tpu-fit]'")]
+    sys.exit(report(checks))   # prints one line each; 1 when any failed (a skip is neither ok nor a failure)
 
 The Slurm checks live in deploy/slurm/doctor.py, the Cloud TPU ones in deploy/tpu/doctor.py, the local
 launcher's in deploy/local/doctor.py. Each module's quick part (no job, no probe) is what the submit path
@@ -36,23 +38,51 @@ RUN = "run"  # the run's check: ARGS (every run of SWEEP with it) as `python -m 
 @dataclasses.dataclass(frozen=True)
 class Check:
     name: str  # what was checked: 'partition', 'time', 'run dir on a compute node', ...
-    ok: bool
-    detail: str  # ok: what was found; else the problem, naming the value and what was expected
-    fix: str = ""  # else: what to do about it
+    ok: bool  # it ran and passed; False for a failure and for a check that did not run (`skipped`)
+    detail: str  # ok: what was found; skipped: why it did not run; else the problem, the value and what was expected
+    fix: str = ""  # failed: what to do about it; skipped: what to install or pass to run it ('' when nothing can)
+    skipped: bool = False  # it did not run here: neither ok nor a failure
+
+    def __post_init__(self) -> None:
+        if self.ok and self.skipped:
+            raise ValueError(f"check {self.name}: expected ok or skipped, found both")
+
+    @classmethod
+    def skip(cls, name: str, why: str, to_run: str = "") -> Check:
+        """A check that did not run here: `why`, and `to_run` what to install or pass to run it."""
+        return cls(name, False, why, fix=to_run, skipped=True)
+
+    @property
+    def failed(self) -> bool:
+        return not self.ok and not self.skipped
 
     def line(self) -> str:
         if self.ok:
             return f"ok    {self.name}: {self.detail}"
+        if self.skipped:
+            return f"skip  {self.name}: {self.detail}" + (f". To run it: {self.fix}" if self.fix else "")
         return f"FAIL  {self.name}: {self.detail}" + (f". Fix: {self.fix}" if self.fix else "")
 
 
 def report(checks: Iterable[Check], out: TextIO | None = None, before: str = "submitting") -> int:
-    """Print each check's line as it comes; 0 when every check is ok, else 1 (with a closing count)."""
+    """Print each check's line as it comes, then a count of the skipped ones (and what runs each) and of the
+    failed ones; 1 when any failed, else 0.
+
+    A skipped check counts neither way: the exit code answers "did a check find something wrong?", which is
+    what a submit path or a script asks before it goes on; a check that could not run here (no libtpu, no
+    ARGS) found nothing, and stopping a submit for it would punish the machine the doctor runs on. Its line
+    and the count say it was not checked, so no one reads a skip as a pass."""
     stream = out if out is not None else sys.stdout
-    failures = 0
+    failures, skipped = 0, []
     for check in checks:
         print(check.line(), file=stream, flush=True)
-        failures += not check.ok
+        failures += check.failed
+        if check.skipped:
+            skipped.append(check)
+    if skipped:
+        runs = [f"{check.name}: {check.fix}" for check in skipped if check.fix]
+        print(f"{len(skipped)} check(s) skipped ({', '.join(check.name for check in skipped)}): not checked here"
+              + (f"; to run them: {'; '.join(runs)}" if runs else ""), file=stream, flush=True)
     if failures:
         print(f"{failures} check(s) failed: fix them before {before}", file=stream, flush=True)
     return 1 if failures else 0
@@ -76,8 +106,8 @@ class Devices:
 
 def run_skipped(devices: Devices) -> Check:
     """The run's line when make was given neither ARGS nor SWEEP."""
-    return Check(RUN, True, f"not checked: no ARGS given (with ARGS='train ...' its task, config and global batch "
-                 f"on {devices} are checked)")
+    return Check.skip(RUN, "no ARGS given", to_run=f"ARGS='train ...' (its task, config and global batch on "
+                      f"{devices} are checked)")
 
 
 def run_check(args: Sequence[str], sweep: str | None, devices: Devices) -> Check:
@@ -121,8 +151,8 @@ def _not_training(args: Sequence[str]) -> Check:
     if not args:
         return Check(RUN, False, "ARGS: expected a command of python -m job first (train, eval, runs, ...), found "
                      "none: python -m job alone prints its usage and exits 2", fix="ARGS='train ...'")
-    return Check(RUN, True, f"not checked: ARGS runs `python -m job {args[0]}`, not train (only a training run's "
-                 "flags are checked)")
+    return Check.skip(RUN, f"ARGS runs `python -m job {args[0]}`, not train (only a training run's flags are "
+                      "checked)")
 
 
 def _raised(exc: Exception) -> Check:

@@ -44,7 +44,7 @@ from deploy.checks import Check, failed, report
 from deploy.runner import Runner, shell_words
 from job.core import flags, rundir, values
 from job.core.errors import BAD_INPUT_EXIT_CODE, ConfigError
-from job.launch import command as launch_command
+from job.launch import command_line
 from job.observe.plot import series
 from job.train import sweep_check
 from job.train import task as tasks
@@ -75,15 +75,9 @@ TALL = Layout(1, 4)
 DEVICES = 4
 
 
-class Skipped(Check):
-    """A check not run because a run it needs failed: neither ok nor a failure of its own."""
-
-    def line(self) -> str:
-        return f"skip  {self.name}: {self.detail}"
-
-
 def skipped(name: str, needs: str) -> Check:
-    return Skipped(name, True, f"not run: it needs {needs}, which failed")
+    """A check not run because a run it needs failed: neither ok nor a failure of its own."""
+    return Check.skip(name, f"not run: it needs {needs}, which failed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +173,7 @@ def _shown(value: float | None) -> str:
     return "nothing" if value is None else repr(value)
 
 
-def topology(wide: Mapping[int, float], tall: Mapping[int, float], steps: int,
+def topologies_agree(wide: Mapping[int, float], tall: Mapping[int, float], steps: int,
              rows: Callable[[], str | None] | None = None) -> Check:
     """The train losses of the same S steps on 2 x 2 and 1 x 4: within TOPOLOGY_RTOL, step by step. On a
     difference, `rows()` (when given) says where the task's rows break the contract they must keep
@@ -213,7 +207,7 @@ def resume(straight: Mapping[int, float], resumed: Mapping[int, float], shrink: 
                  "after the resume and params_sha256 equal the straight run's bitwise")
 
 
-def evaluation(runs_own: Sequence[Mapping[str, Any]], written: Mapping[str, Any] | None, step: int) -> Check:
+def eval_agrees(runs_own: Sequence[Mapping[str, Any]], written: Mapping[str, Any] | None, step: int) -> Check:
     """`python -m job eval`'s eval-S.json against the run's own evaluation of step S in metrics.jsonl."""
     if written is None:
         return Check("eval", False, f"python -m job eval left no {rundir.evaluation(Path(), step)} in the run dir",
@@ -221,8 +215,8 @@ def evaluation(runs_own: Sequence[Mapping[str, Any]], written: Mapping[str, Any]
     own = {r["split"]: r for r in runs_own if r.get("step") == step and r.get("split") not in ("train", "hosts")}
     splits = written.get("splits", {})
     if not splits and not own:
-        return Check("eval", True, "the task evaluates no split (no eval split declared, or --data.eval-batches 0): "
-                     "nothing to compare")
+        return Check.skip("eval", "the task evaluates no split (no eval split declared, or --data.eval-batches 0): "
+                          "nothing to compare", to_run="a task with an eval split and --data.eval-batches over 0")
     for split in sorted({*splits, *own}):
         computed = _metrics(splits.get(split, {}), NOT_METRICS)
         logged = _metrics(own.get(split, {}), ("step", "split"))
@@ -265,7 +259,7 @@ class Rehearsal:
 
     def launch(self, name: str, what: str, layout: Layout, job: Sequence[str], run_dir: Path) -> Launch:
         """`python -m job JOB` on `layout` through the local launcher; its output kept in FOLDER/NAME.log."""
-        argv = launch_command(layout.processes, layout.devices, job)
+        argv = command_line(layout.processes, layout.devices, job)
         proc = self.runner.run(argv, check=False, capture=True, env=cpu_env())
         log = self.folder / f"{name}.log"
         log.write_text(f"$ {shlex.join(argv)}\n{proc.stdout or ''}{proc.stderr or ''}", encoding="utf-8")
@@ -286,7 +280,7 @@ class Rehearsal:
             yield skipped("eval", wide.what)
             return
         tall = self.train("1x4", f"the {TALL} run", TALL, "1x4")
-        yield topology(train_losses(wide.run_dir), train_losses(tall.run_dir), self.shrink.steps, self.rows) \
+        yield topologies_agree(train_losses(wide.run_dir), train_losses(tall.run_dir), self.shrink.steps, self.rows) \
             if tall.ok else tall.failure("topology")
         yield self.resume(wide)
         yield self.evaluation(wide)
@@ -320,7 +314,7 @@ class Rehearsal:
         if not ran.ok:
             return ran.failure("eval")
         step = self.shrink.steps
-        return evaluation(rundir.records(rundir.metrics(wide.run_dir)),
+        return eval_agrees(rundir.records(rundir.metrics(wide.run_dir)),
                           rundir.document(rundir.evaluation(wide.run_dir, step)), step)
 
 

@@ -212,7 +212,7 @@ def problems(folder: Path, root: Path | None = None) -> list[str]:
     return found
 
 
-def summary(folder: Path) -> str:
+def describe(folder: Path) -> str:
     """'Python 3.12 on manylinux_2_35_x86_64, 71 pins of docker/requirements-tpu.lock': what the folder is for."""
     made = manifest(folder)
     pins = made.get("pins")
@@ -233,7 +233,7 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int
     try:
         if args.check:
             found = problems(Path(args.check), Path.cwd())
-            for line in found or [f"ok: {args.check}: {summary(Path(args.check))}, every pin has its wheel"]:
+            for line in found or [f"ok: {args.check}: {describe(Path(args.check))}, every pin has its wheel"]:
                 print(line, flush=True)
             return 1 if found else 0
         target = Target(args.python or "{}.{}".format(*sys.version_info[:2]), args.platform or this_platform())

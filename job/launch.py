@@ -62,7 +62,7 @@ class LaunchConfig:
 positive_int = values.for_argparse(values.whole, minimum=1)
 
 
-def command(nproc: int, devices: int | None, job_argv: Sequence[str]) -> list[str]:
+def command_line(nproc: int, devices: int | None, job_argv: Sequence[str]) -> list[str]:
     """The command line that runs `python -m job JOB_ARGV` on `nproc` local processes (`devices` CPU devices each)."""
     argv = [sys.executable, "-m", "job.launch", "-n", str(nproc)]
     if devices is not None:

@@ -24,5 +24,5 @@ def train_losses(run_dir: Path) -> dict[int, float]:
 
 def check_lines(out: str) -> dict[str, str]:
     """Each check's line of a doctor's output by its name: 'ok    account: ...' -> {'account': 'ok    account: ...'}."""
-    found = (re.match(r"(?:ok|FAIL) +([^:]+): ", line) for line in out.splitlines())
+    found = (re.match(r"(?:ok|FAIL|skip) +([^:]+): ", line) for line in out.splitlines())
     return {m.group(1): m.string for m in found if m}

@@ -47,18 +47,18 @@ VENV_PROBE = "import sys, job, jax; print(sys.version.split()[0], jax.__version_
 
 @dataclasses.dataclass(frozen=True)
 class Machine:
-    """What this machine offers the launcher; read by `Machine.here()`, given by tests."""
+    """What this machine offers the launcher; read by `this_machine()`, given by tests."""
 
     cores: float  # usable: CPU affinity, capped by the cgroup's cpu.max quota
     available: int | None  # bytes of memory the run may take; None: unknown
     shm: Path = SHM
 
 
-def here() -> Machine:
+def this_machine() -> Machine:
     return Machine(cores=usable_cores(), available=host_available())
 
 
-def size(n: float) -> str:
+def _size(n: float) -> str:
     return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
 
 
@@ -119,9 +119,9 @@ def shared_memory(cfg: launch.LaunchConfig, machine: Machine) -> Check:
                      "multiprocessing and NCCL keep their shared memory there",
                      fix="mount it (mount -t tmpfs -o size=2g tmpfs /dev/shm), or docker run --shm-size=2g")
     total, free = stat.f_blocks * stat.f_frsize, stat.f_bavail * stat.f_frsize
-    found = f"{size(total)}, {size(free)} free"
+    found = f"{_size(total)}, {_size(free)} free"
     if cfg.gpus and free < SHM_FOR_GPUS:
-        return Check(name, False, f"{found}: under the {size(SHM_FOR_GPUS)} NCCL needs between the GPUs of "
+        return Check(name, False, f"{found}: under the {_size(SHM_FOR_GPUS)} NCCL needs between the GPUs of "
                      f"{cfg.num_processes} processes", fix="docker run --shm-size=8g, or mount -o remount,size=8g "
                      "/dev/shm")
     return Check(name, True, found)
@@ -144,15 +144,15 @@ def cores(cfg: launch.LaunchConfig, machine: Machine) -> Check:
 def memory(cfg: launch.LaunchConfig, machine: Machine) -> Check:
     needed = cfg.num_processes * PROCESS_BYTES
     if machine.available is None:
-        return Check("memory", True, f"not known here (no /proc/meminfo); {cfg.num_processes} processes need "
-                     f"about {size(needed)} beyond the model")
+        return Check.skip("memory", f"not known here (no /proc/meminfo); {cfg.num_processes} processes need about "
+                          f"{_size(needed)} beyond the model", to_run="the doctor on Linux (it reads /proc/meminfo)")
     if machine.available < needed:
         most = max(machine.available // PROCESS_BYTES, 1)
-        return Check("memory", False, f"{size(machine.available)} available, under the {size(needed)} that "
-                     f"{cfg.num_processes} processes of jax need before the model (about {size(PROCESS_BYTES)} each)",
+        return Check("memory", False, f"{_size(machine.available)} available, under the {_size(needed)} that "
+                     f"{cfg.num_processes} processes of jax need before the model (about {_size(PROCESS_BYTES)} each)",
                      fix=f"NPROC={most} or fewer, or free memory")
-    return Check("memory", True, f"{size(machine.available)} available, {cfg.num_processes} processes need about "
-                 f"{size(needed)} before the model")
+    return Check("memory", True, f"{_size(machine.available)} available, {cfg.num_processes} processes need about "
+                 f"{_size(needed)} before the model")
 
 
 def venv(python: str, runner: Runner) -> Check:
@@ -216,7 +216,7 @@ def parse(argv: Sequence[str]) -> tuple[launch.LaunchConfig, DoctorOptions]:
 
 def main(argv: Sequence[str] | None = None, runner: Runner | None = None, machine: Machine | None = None) -> int:
     cfg, options = parse(sys.argv[1:] if argv is None else argv)
-    return report(checks(cfg, options, runner or Runner(), machine or here()), before="running")
+    return report(checks(cfg, options, runner or Runner(), machine or this_machine()), before="running")
 
 
 if __name__ == "__main__":

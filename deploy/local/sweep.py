@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def launch_argv(run: Run, nproc: int, devices: int | None) -> list[str]:
     """The local launcher's command line for one run."""
-    return launch.command(nproc, devices, run.flags)
+    return launch.command_line(nproc, devices, run.flags)
 
 
 def run_all(todo: sweeps.Todo, nproc: int, devices: int | None) -> int:

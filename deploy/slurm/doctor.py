@@ -100,8 +100,9 @@ def quick_checks(cfg: SlurmConfig, runner: Runner, environ: Mapping[str, str]) -
     if cfg.gpus_per_node and not cfg.image:
         try:
             check_gpu_python(cfg, runner, environ)
-            yield Check("GPU interpreter here", True, f"{cfg.task_python}: not checked ({SKIP_GPU_CHECK}=1)"
-                        if skips_gpu_check(environ) else f"{cfg.task_python} has jax's CUDA plugin")
+            yield (Check.skip("GPU interpreter here", f"{cfg.task_python}: {SKIP_GPU_CHECK}=1",
+                              to_run=f"unset {SKIP_GPU_CHECK}") if skips_gpu_check(environ)
+                   else Check("GPU interpreter here", True, f"{cfg.task_python} has jax's CUDA plugin"))
         except ConfigError as exc:
             yield failed("GPU interpreter here", exc)
 
@@ -218,8 +219,8 @@ def probe_checks(cfg: SlurmConfig, runner: Runner, environ: Mapping[str, str], w
     run_dir = run_dir_of(cfg.args)
     path = None if "://" in run_dir else Path(run_dir).expanduser().absolute()
     if path is None:
-        yield Check("run dir on a compute node", True, f"{run_dir} is object storage, not a folder: not probed "
-                    f"(`python -m job check-run-dir {run_dir}` checks that a host can write there)")
+        yield Check.skip("run dir on a compute node", f"{run_dir} is object storage, not a folder: not probed",
+                         to_run=f"`python -m job check-run-dir {run_dir}` checks that a host can write there")
     try:
         made = make_run_dir(path) if path is not None else []
     except OSError as exc:

@@ -42,7 +42,7 @@ def here(folder: str) -> Check:
     if found:
         return Check(name, False, f"WHEELHOUSE={folder}: {'; '.join(found)}",
                      fix=FIX.format(w=folder, python="X.Y", machine="x86_64"))
-    return Check(name, True, f"{folder}: {wheelhouse.summary(Path(folder))}, a wheel for every pin")
+    return Check(name, True, f"{folder}: {wheelhouse.describe(Path(folder))}, a wheel for every pin")
 
 
 def on_node(cfg: SlurmConfig, folder: str, found: Mapping[str, str], node: str) -> Check:

@@ -113,7 +113,7 @@ def _quiet_libtpu(accelerator: str) -> Iterator[None]:
             os.environ.pop(name, None)
 
 
-def devices(accel: Accelerator, slices: int = 1) -> tuple[Any, ...]:
+def compile_only_devices(accel: Accelerator, slices: int = 1) -> tuple[Any, ...]:
     """Compile-only devices of the slice(s), made by libtpu on this machine; the CPU is the only platform jax
     starts here (a TPU of this machine, if any, stays free for the job it may be running)."""
     # jax and libtpu only for the fit check: the doctor's other checks start without them
@@ -132,25 +132,21 @@ def target(accel: Accelerator, slices: int = 1) -> Any:
     """job.train.fit's Target of the slice(s): named as the error names them."""
     from job.train.fit import Target  # jax and flax: only when the fit is checked
 
-    found = devices(accel, slices)
+    found = compile_only_devices(accel, slices)
     chips = len(found) // slices
     unit = "chip" if chips == 1 else "chips"
     times = f" x {slices} slices" if slices > 1 else ""
     return Target(accel.type, f"{chips} {unit}{times} ({found[0].device_kind})", found)
 
 
-def _skipped(detail: str) -> Check:
-    return Check(NAME, True, detail)
-
-
-def check(cfg: TpuConfig, check_run: bool = True) -> Check:
+def fit_line(cfg: TpuConfig, check_run: bool = True) -> Check:
     """The fit line of `python -m deploy.tpu doctor`: ARGS' train step compiled for the slice, HBM per chip needed
-    against available; skipped, saying why, where it cannot be checked here."""
+    against available; skipped, saying why and what runs it, where it cannot be checked here."""
     return prepare(cfg, check_run)()
 
 
 def prepare(cfg: TpuConfig, check_run: bool = True) -> Callable[[], Check]:
-    """`check`, made ready in the calling thread: where the step will be compiled, what compiles it (jax, flax, the
+    """`fit_line`, made ready in the calling thread: where the step will be compiled, what compiles it (jax, flax, the
     loop) is imported here. The doctor runs the returned check in a thread of its own alongside its other checks,
     and two threads importing at once may each find the other's modules half made (numpy's C extension refuses to
     load so)."""
@@ -167,17 +163,18 @@ def _not_compiled(cfg: TpuConfig, check_run: bool) -> Check | None:
     """The fit line when the step is not compiled here, saying why; None when it is."""
     args = cfg.job_args
     if not check_run or not args:
-        return _skipped(f"not checked: no ARGS given (with ARGS='train ...' the train step is compiled for "
-                        f"{cfg.accelerator} here: HBM per chip needed against available)")
+        return Check.skip(NAME, "no ARGS given", to_run=f"ARGS='train ...' (the train step is compiled for "
+                          f"{cfg.accelerator} here: HBM per chip needed against available)")
     if args[0] != "train":
-        return _skipped(f"not checked: ARGS runs `python -m job {args[0]}`, not train")
+        return Check.skip(NAME, f"ARGS runs `python -m job {args[0]}`, not train")
     if cfg.sweep is not None:
-        return _skipped("not checked for a SWEEP (ARGS with one run's flags checks that run's fit)")
+        return Check.skip(NAME, "not checked for a SWEEP", to_run="ARGS with one run's flags and no SWEEP (that "
+                          "run's fit is checked)")
     if cfg.accel.generation.name not in GENERATIONS:
-        return _skipped(f"not checked: the fit is compiled for {', '.join(GENERATIONS)}, not {cfg.accelerator}")
+        return Check.skip(NAME, f"the fit is compiled for {', '.join(GENERATIONS)}, not {cfg.accelerator}")
     if libtpu_version() is None:
-        return _skipped(f"skipped: libtpu is not installed here; {INSTALL} compiles the train step for "
-                        f"{cfg.accelerator} on this machine")
+        return Check.skip(NAME, "libtpu is not installed here", to_run=f"{INSTALL} (the train step is then "
+                          f"compiled for {cfg.accelerator} on this machine)")
     return None
 
 
@@ -191,16 +188,17 @@ def _compiled(cfg: TpuConfig, version: str) -> Check:
     try:
         run = sweep_check.check_args(cfg.job_args, shape.chips * shape.slices)
     except Exception:  # noqa: BLE001 - the run's own line says what is wrong with ARGS
-        return _skipped("not checked: ARGS does not pass the run's check (its line says why)")
+        return Check.skip(NAME, "ARGS does not pass the run's check (its line says why)",
+                          to_run="ARGS that pass the run's check")
     task = tasks.load(run.task)
     try:
         row = fit.first_row(run, task)
     except Exception as exc:  # noqa: BLE001 - a task's data may be anything, and may live only on the workers
-        return _skipped(f"not checked: the task's rows cannot be read here ({type(exc).__name__}: {exc}); the "
-                        "batch's shapes come from them")
+        return Check.skip(NAME, f"the task's rows cannot be read here ({type(exc).__name__}: {exc}); the batch's "
+                          "shapes come from them", to_run="the doctor on a machine that has the task's data")
     try:
         slice_ = target(cfg.accel, cfg.slices)
-        found = fit.check(run, task, slice_, [target(more, cfg.slices) for more in larger(cfg.accel)], row=row)
+        found = fit.step_fits(run, task, slice_, [target(more, cfg.slices) for more in larger(cfg.accel)], row=row)
     except ConfigError as exc:
         return failed(NAME, exc)
     except Exception as exc:  # noqa: BLE001 - any other error compiling the step: the slice's job would meet it too
@@ -220,5 +218,5 @@ def _compiled(cfg: TpuConfig, version: str) -> Check:
                  f"time by libtpu {version} in {math.ceil(found.seconds)} s){note}")
 
 
-__all__ = ["GENERATIONS", "INSTALL", "NAME", "Topology", "check", "devices", "larger", "libtpu_version", "prepare",
-           "target", "topology"]
+__all__ = ["GENERATIONS", "INSTALL", "NAME", "Topology", "compile_only_devices", "fit_line", "larger", "libtpu_version",
+           "prepare", "target", "topology"]

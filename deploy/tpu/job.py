@@ -43,7 +43,7 @@ MEGASCALE_PORT = "8080"  # multislice: the port of the coordinator on worker 0 o
 
 def _keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     parts = Path(info.name).parts
-    if ship.skipped(parts) is not None:
+    if ship.left_out(parts) is not None:
         if ship.secret_like(parts):
             log.warning("not shipping %s: its name says it may hold a secret (keys, tokens, credentials)", info.name)
         return None

@@ -54,7 +54,7 @@ def secret_like(parts: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(part, pattern) for part in parts for pattern in SECRET_NAMES)
 
 
-def skipped(parts: Sequence[str]) -> str | None:
+def left_out(parts: Sequence[str]) -> str | None:
     """Why a path (its parts under the source folder) is left out of the archive, or None when it is shipped."""
     if any(p in SKIPPED_DIRS or p.endswith(".egg-info") for p in parts):
         return "a cache or tool folder, never shipped"
@@ -134,7 +134,7 @@ def _task_path(cfg: TpuConfig, spec: str) -> str | None:
     found = _find(module, [str(source)])
     relative = Path(os.path.relpath(found, source)).parts if found is not None else (top,)
     why = ("a symbolic link: it would be shipped as the link, without its files" if (source / relative[0]).is_symlink()
-           else f"no file of {module} in it" if found is None else skipped(relative))
+           else f"no file of {module} in it" if found is None else left_out(relative))
     if why is not None:
         raise ConfigError(what, expected=f"the module {module} in a file that make tpu-pod ships",
                           found=f"{'/'.join(relative)}: {why}",

@@ -56,7 +56,8 @@ def require(cfg: TpuConfig) -> None:
     if not platform.endswith(f"_{MACHINE}") or NEEDED not in pinned:
         raise ConfigError("WHEELHOUSE (--wheelhouse)", expected=f"wheels for TPU VMs: {MACHINE}, with {NEEDED} (JAX on "
                           "the VM would train on its CPU without it)",
-                          found=f"{folder}: {wheelhouse.summary(folder)}" + ("" if NEEDED in pinned else f", no {NEEDED}"),
+                          found=f"{folder}: {wheelhouse.describe(folder)}"
+                          + ("" if NEEDED in pinned else f", no {NEEDED}"),
                           fix=FIX)
 
 
@@ -83,5 +84,5 @@ def describe(cfg: TpuConfig) -> str:
     require(cfg)
     folder = Path(cfg.wheelhouse or "")
     size = sum(p.stat().st_size for p in folder.glob("*.whl")) / 2**20
-    return (f"{folder}: {wheelhouse.summary(folder)}, {size:.0f} MiB; every worker installs from it with no index "
+    return (f"{folder}: {wheelhouse.describe(folder)}, {size:.0f} MiB; every worker installs from it with no index "
             "(its python3 must be that version)")

@@ -213,11 +213,12 @@ class JobLog:
     def lines(self) -> list[dict[str, Any]]:
         return rundir.records(self.path)
 
-    def ended(self) -> list[dict[str, Any]]:
-        return [r for r in self.lines() if r.get("event") == "ended"]
+    def ended(self) -> list[Ended]:
+        """This job's `ended` records, oldest first: `Ended`, as the module's `ended` reads a run dir's."""
+        return _typed([r for r in self.lines() if r.get("event") == "ended"])
 
     def failures(self) -> int:
-        return sum(1 for r in self.ended() if r.get("outcome") == Outcome.FAILED.value)
+        return sum(1 for e in self.ended() if e.outcome is Outcome.FAILED)
 
     def run_dir(self) -> str | None:
         """The run dir process 0 noted at its newest start; None before any."""

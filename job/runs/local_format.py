@@ -10,6 +10,7 @@ restore checks the digest before a shard is placed: a file changed by one bit is
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import mmap
@@ -28,6 +29,21 @@ ALIGN = 64  # every shard starts at a multiple of this in the file
 DIGEST = 32  # bytes of the SHA-256 that ends every file
 _LENGTH = 8  # bytes of the header's length
 _WIDEST_STEP = 2**63 - 1  # the step with the most digits, for the size bound
+
+
+def shard_file(folder: Path, step: int, process: int) -> Path:
+    """FOLDER/STEP/process-P.jlt: the file of `process`'s shards of `step` in a node's folder (the only place
+    the name is spelled)."""
+    return folder / str(step) / f"process-{process}.jlt"
+
+
+def shard_files(folder: Path) -> list[tuple[int, int]]:
+    """(step, process) of every file `shard_file` names in `folder`, sorted; none where the folder is not."""
+    found = []
+    for path in folder.glob("*/process-*.jlt") if folder.exists() else []:
+        with contextlib.suppress(ValueError):
+            found.append((int(path.parent.name), int(path.stem.split("-", 1)[1])))
+    return sorted(found)
 
 
 class Unreadable(ValueError):
@@ -192,4 +208,5 @@ def read_shards(path: Path, like: Any, fingerprint: str) -> Any:
     return jax.tree.unflatten(treedef, out)
 
 
-__all__ = ["ALIGN", "DIGEST", "MAGIC", "Unreadable", "layout", "read_shards", "size_bound", "write_shards"]
+__all__ = ["ALIGN", "DIGEST", "MAGIC", "Unreadable", "layout", "read_shards", "shard_file", "shard_files",
+           "size_bound", "write_shards"]

@@ -48,7 +48,7 @@ import jax
 from job.core.errors import ConfigError
 from job.parallel.multihost import coordination_client
 from job.runs import local_transport as transport
-from job.runs.local_format import Unreadable, layout, read_shards, size_bound, write_shards
+from job.runs.local_format import Unreadable, layout, read_shards, shard_file, shard_files, size_bound, write_shards
 from job.runtime.host import host_available
 from job.runtime.preflight import raise_together
 
@@ -110,17 +110,9 @@ def open_run_folder(local_dir: str, run_dir: str, uid: int | None = None) -> Pat
     return folder
 
 
-def _file(folder: Path, step: int, process: int) -> Path:
-    return folder / str(step) / f"process-{process}.jlt"
-
-
 def held(folder: Path) -> list[tuple[int, int]]:
     """(step, process) of every sealed file in this node's folder."""
-    out = []
-    for path in folder.glob("*/process-*.jlt") if folder.exists() else []:
-        with contextlib.suppress(ValueError):
-            out.append((int(path.parent.name), int(path.stem.split("-", 1)[1])))
-    return sorted(out)
+    return shard_files(folder)
 
 
 def _prune(folder: Path) -> None:
@@ -314,7 +306,7 @@ class LocalTier:
                        f"{size / 2**20:.0f} MiB free in {self.folder}, found {free / 2**20:.0f} MiB. Fix: "
                        "--ckpt.local-dir on a larger file system (node scratch), or a larger --ckpt.local-every")
             return
-        path = _file(self.folder, done, self.me)
+        path = shard_file(self.folder, done, self.me)
         try:
             write_shards(path, state, done, self.fingerprint)
         except OSError as exc:
@@ -359,7 +351,7 @@ class LocalTier:
 
     def _load(self, step: int, like: Any) -> Any:
         """This process's state of `step`, from its node's folder or from the process the plan names."""
-        source, path = self.plan.sources[self.me], _file(self.folder, step, self.me)
+        source, path = self.plan.sources[self.me], shard_file(self.folder, step, self.me)
         if source != self.me:  # held here from now on: the next restart needs no peer
             address = self.peers[source].address
             if address is None:
@@ -379,7 +371,7 @@ class LocalTier:
         step = self.plan.step
         if step is None:
             return None
-        state, problem, path = None, "", _file(self.folder, step, self.me)
+        state, problem, path = None, "", shard_file(self.folder, step, self.me)
         try:
             state = self._load(step, like)
         except Exception as exc:  # noqa: BLE001 - any failure here means: the persistent tier, on every process
@@ -406,5 +398,5 @@ class LocalTier:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-__all__ = ["KEEP", "Group", "Listing", "LocalTier", "Peer", "Plan", "choose", "held", "identity", "layout",
-           "open_run_folder", "read_shards", "run_folder", "user_folder", "write_shards"]
+__all__ = ["KEEP", "Group", "Listing", "LocalTier", "Peer", "Plan", "choose", "held", "identity", "open_run_folder",
+           "run_folder", "user_folder"]

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from job.runs.local_format import DIGEST
+from job.runs.local_format import DIGEST, shard_file
 
 TIMEOUT_S = 120  # a peer that does not answer within this is taken as gone
 HELLO_TIMEOUT_S = 10  # a connection that does not send a signed request within this is closed
@@ -89,10 +89,6 @@ def _line(reader: io.BufferedIOBase) -> list[str]:
     if not raw.endswith(b"\n"):
         raise Refused(f"expected a line of at most {LINE} bytes, found {raw[:40]!r}")
     return raw.decode("ascii", "replace").split()
-
-
-def _file(folder: Path, step: int, process: int) -> Path:
-    return folder / str(step) / f"process-{process}.jlt"
 
 
 def _receive(reader: io.BufferedIOBase, size: int, digest: bytes, path: Path) -> None:
@@ -154,12 +150,12 @@ class _Handler(socketserver.StreamRequestHandler):
         else:
             self.wfile.write(b"go\n")
             self.wfile.flush()
-            _receive(self.rfile, size, digest, _file(self.server.folder, step, process))
+            _receive(self.rfile, size, digest, shard_file(self.server.folder, step, process))
             self.server.received(step)
             self.wfile.write(b"ok\n")
 
     def get(self, step: int, process: int, cnonce: str) -> None:
-        path = _file(self.server.folder, step, process)
+        path = shard_file(self.server.folder, step, process)
         if not path.exists():
             self.wfile.write(b"none\n")
             return

@@ -88,7 +88,7 @@ def _sha256(path: Path) -> str | None:
         return None
 
 
-def environment(env: Mapping[str, str]) -> dict[str, str]:
+def jax_variables(env: Mapping[str, str]) -> dict[str, str]:
     """The variables that change what jax, XLA and the collectives do."""
     return {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES)}
 
@@ -230,7 +230,7 @@ def attempt(argv: Sequence[str] | None, topology: Mapping[str, Any], env: Mappin
         "code": code,
         "task": task_state(spec, env, sys.path, sys.modules),  # its module is imported: that one is hashed
         **software(),
-        "env": environment(env),
+        "env": jax_variables(env),
         "topology": dict(topology),
     }, diff
 

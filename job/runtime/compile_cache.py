@@ -108,7 +108,7 @@ class CacheEvents:
         jax.monitoring.unregister_event_listener(self._on_event)
 
 
-def record(folder: str | None, counts: Sequence[Sequence[float]]) -> dict[str, Any]:
+def summary_entry(folder: str | None, counts: Sequence[Sequence[float]]) -> dict[str, Any]:
     """The summary's `compile_cache` entry from every process's (hits, misses, seconds compiling ahead),
     by process index: process 0's `hits` and `misses` at the top (as before), every process's under
     `by_process`."""

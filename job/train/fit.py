@@ -1,7 +1,7 @@
 """Whether a run's train step fits devices this machine does not have: compiled ahead of time for them.
 
     target = Target("v5litepod-1", "1 chip", devices)      # compile-only devices (deploy/tpu/fit.py makes them)
-    found = fit.check(cfg, task, target, larger=[Target("v5litepod-4", "4 chips", more)])
+    found = fit.step_fits(cfg, task, target, larger=[Target("v5litepod-4", "4 chips", more)])
     found.fits, found.need.needed, found.need.available    # bytes per device
     raise found.error()                                      # job/train/memory.py's error, each flag checked
 
@@ -37,7 +37,7 @@ from job.train.task import Task
 
 log = logging.getLogger("job.train")
 
-KINDS = ("remat", "accum_steps", "global_batch", "more_devices")  # the kinds of flag `check` tries, in this order
+KINDS = ("remat", "accum_steps", "global_batch", "more_devices")  # the kinds of flag `step_fits` tries, in this order
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,9 +156,9 @@ def _tries(cfg: TrainConfig, task: Task, target: Target, larger: Sequence[Target
     mesh = loop.run_mesh(cfg.model_axis, cfg.mesh, devices=target.devices)
     data_parallel = sharding.data_parallel_size(mesh)
     makers: Mapping[str, Callable[[], Iterable[tuple[Remedy, Target]]]] = {
-        "remat": lambda: ((r, target) for r in memory.remat(cfg, task)),
-        "accum_steps": lambda: ((r, target) for r in memory.accum_steps(cfg, data_parallel, task)),
-        "global_batch": lambda: ((r, target) for r in memory.global_batch(cfg, data_parallel, task)),
+        "remat": lambda: ((r, target) for r in memory.remat_remedies(cfg, task)),
+        "accum_steps": lambda: ((r, target) for r in memory.accum_steps_remedies(cfg, data_parallel, task)),
+        "global_batch": lambda: ((r, target) for r in memory.global_batch_remedies(cfg, data_parallel, task)),
         "more_devices": lambda: ((memory.more_devices(cfg, len(target.devices), len(t.devices) // len(target.devices),
                                                       t.name), t) for t in larger),
     }
@@ -167,8 +167,8 @@ def _tries(cfg: TrainConfig, task: Task, target: Target, larger: Sequence[Target
             yield kind, remedy, where
 
 
-def check(cfg: TrainConfig, task: Task, target: Target, larger: Sequence[Target] = (),
-          kinds: Iterable[str] = KINDS, row: Mapping[str, Any] | None = None) -> Fit:
+def step_fits(cfg: TrainConfig, task: Task, target: Target, larger: Sequence[Target] = (),
+              kinds: Iterable[str] = KINDS, row: Mapping[str, Any] | None = None) -> Fit:
     """The run's train step compiled for `target`; where it does not fit, each of `kinds` of flags (KINDS) too,
     until one of that kind fits (`larger`: targets with more devices, for --rule fsdp over them). `row`: the
     task's `first_row`, when read already."""
@@ -195,5 +195,5 @@ def check(cfg: TrainConfig, task: Task, target: Target, larger: Sequence[Target]
     return Fit(target, need, tuple(remedies), time.perf_counter() - began)
 
 
-__all__ = ["FALLS", "KINDS", "SPLIT_RULES", "Fit", "Scaling", "Target", "abstract_batch", "check", "first_row",
-           "measure", "scaling"]
+__all__ = ["FALLS", "KINDS", "SPLIT_RULES", "Fit", "Scaling", "Target", "abstract_batch", "first_row", "measure",
+           "scaling", "step_fits"]

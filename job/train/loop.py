@@ -399,7 +399,7 @@ class Training:
         timer.seconds["profile"] = self.profiler.seconds
         mine = np.array([self.cache_events.hits, self.cache_events.misses, self.compile_s], np.float32)
         counts = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 3)  # one small all-gather
-        split = {**timer.finish(), "compile_cache": compile_cache.record(built.cache_dir, counts.tolist())}
+        split = {**timer.finish(), "compile_cache": compile_cache.summary_entry(built.cache_dir, counts.tolist())}
         on_process_zero(timer.progress, built.run_dir, self.checkpoints.last_saved, "end")
         self.report.message("%s", describe(split))
         final = jax.device_get(self.metrics)

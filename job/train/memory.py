@@ -83,7 +83,7 @@ def offered(cfg: TrainConfig, task: Task, flags: Sequence[str]) -> TrainConfig |
 REMAT_FLAGS = ((f"--model.{REMAT_FIELD}", "dots"), (f"--model.{REMAT_FIELD}", "full"), (f"--model.{REMAT_FIELD}",))
 
 
-def remat(cfg: TrainConfig, task: Task) -> Iterator[Remedy]:
+def remat_remedies(cfg: TrainConfig, task: Task) -> Iterator[Remedy]:
     """--model.remat dots, then full (or --model.remat, for a boolean), where the task's model config has that
     field and its parser and validation take the value (the example LM's; a user's model may name it otherwise,
     or not have it)."""
@@ -100,7 +100,7 @@ def remat(cfg: TrainConfig, task: Task) -> Iterator[Remedy]:
         yield Remedy(flags, changed, why)
 
 
-def accum_steps(cfg: TrainConfig, data_parallel: int, task: Task) -> Iterator[Remedy]:
+def accum_steps_remedies(cfg: TrainConfig, data_parallel: int, task: Task) -> Iterator[Remedy]:
     """--accum-steps 2x, 4x, 8x, 16x the run's: the same global batch in smaller micro-batches, where they split."""
     for factor in (2, 4, 8, 16):
         k = cfg.accum_steps * factor
@@ -113,7 +113,7 @@ def accum_steps(cfg: TrainConfig, data_parallel: int, task: Task) -> Iterator[Re
                              f"{rows}", shrink=factor)
 
 
-def global_batch(cfg: TrainConfig, data_parallel: int, task: Task) -> Iterator[Remedy]:
+def global_batch_remedies(cfg: TrainConfig, data_parallel: int, task: Task) -> Iterator[Remedy]:
     """--data.global-batch a half, a quarter, ... of the run's, where it still splits over the devices."""
     for factor in (2, 4, 8, 16):
         size = cfg.data.global_batch // factor
@@ -144,8 +144,8 @@ def suggested(cfg: TrainConfig, task: Task, devices: int, data_parallel: int, ne
     over = MARGIN * need.needed / need.available if need.needed and need.available else 2.0
     factor = 2 ** max(1, math.ceil(math.log2(max(over, 1.0))))  # how many times fewer rows a device must hold
     found = []
-    for kind in (list(remat(cfg, task)), list(accum_steps(cfg, data_parallel, task)),
-                 list(global_batch(cfg, data_parallel, task))):
+    for kind in (list(remat_remedies(cfg, task)), list(accum_steps_remedies(cfg, data_parallel, task)),
+                 list(global_batch_remedies(cfg, data_parallel, task))):
         if kind:  # the first of its kind that shrinks enough, else the one that shrinks most (remat: the least memory)
             found.append(next((r for r in kind if r.shrink >= factor), kind[-1]))
     return [*found, more_devices(cfg, devices, factor)]
@@ -207,5 +207,5 @@ def raise_out_of_memory(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh, n
     preflight.raise_together(found, "out_of_memory")
 
 
-__all__ = ["Remedy", "accum_steps", "describe", "error", "fsdp_rule", "global_batch", "more_devices", "offered",
-           "one_error", "raise_out_of_memory", "remat", "suggested"]
+__all__ = ["Remedy", "accum_steps_remedies", "describe", "error", "fsdp_rule", "global_batch_remedies", "more_devices",
+           "offered", "one_error", "raise_out_of_memory", "remat_remedies", "suggested"]

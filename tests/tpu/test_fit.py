@@ -54,16 +54,20 @@ def test_an_accelerator_type_is_the_topology_cloud_tpu_gives_it(accelerator: str
     assert (found.name, found.chip_config, found.host_bounds) == (name, chip_config, bounds)
 
 
-def test_the_fit_line_says_why_it_was_not_checked_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert tpu_fit.check(request("v4-8"), check_run=False).line().startswith("ok    fit: not checked: no ARGS given")
-    assert tpu_fit.check(request("v3-8")).line() == (
-        "ok    fit: not checked: the fit is compiled for v4, v5p, v5litepod, v6e, not v3-8")
+def test_a_fit_line_that_was_not_checked_is_a_skip_saying_why_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    no_args = tpu_fit.fit_line(request("v4-8"), check_run=False)
+    assert no_args.skipped and not no_args.ok and not no_args.failed
+    assert no_args.line().startswith("skip  fit: no ARGS given. To run it: ARGS='train ...'")
+    assert tpu_fit.fit_line(request("v3-8")).line() == (
+        "skip  fit: the fit is compiled for v4, v5p, v5litepod, v6e, not v3-8")
     sweep = dataclasses.replace(request("v4-8"), sweep="optim.lr=1e-3,3e-3")
-    assert "not checked for a SWEEP" in tpu_fit.check(sweep).line()
+    assert tpu_fit.fit_line(sweep).skipped and "not checked for a SWEEP" in tpu_fit.fit_line(sweep).line()
     monkeypatch.setattr(tpu_fit, "libtpu_version", lambda: None)
-    assert tpu_fit.check(request("v5litepod-1")).line() == (
-        "ok    fit: skipped: libtpu is not installed here; .venv/bin/pip install -e '.[tpu-fit]' (libtpu: Linux "
-        "x86_64, Python 3.12 or newer) compiles the train step for v5litepod-1 on this machine")
+    no_libtpu = tpu_fit.fit_line(request("v5litepod-1"))
+    assert no_libtpu.skipped and not no_libtpu.ok
+    assert no_libtpu.line() == (
+        "skip  fit: libtpu is not installed here. To run it: .venv/bin/pip install -e '.[tpu-fit]' (libtpu: Linux "
+        "x86_64, Python 3.12 or newer) (the train step is then compiled for v5litepod-1 on this machine)")
 
 
 # ------------------------------------------------------------------------------------------------ with libtpu
@@ -73,13 +77,13 @@ def test_the_fit_line_says_why_it_was_not_checked_in_one_line(monkeypatch: pytes
 ])
 def test_the_compiled_for_devices_are_the_slices_chips_on_its_hosts(libtpu: str, accelerator: str, slices: int) -> None:
     accel = parse_accelerator(accelerator)
-    devices = tpu_fit.devices(accel, slices)
+    devices = tpu_fit.compile_only_devices(accel, slices)
     assert len(devices) == doctor.devices(request(accelerator, slices=slices)).count  # what the run's check counts
     assert len({device.process_index for device in devices}) == accel.hosts * slices  # one process per worker
 
 
 def test_a_run_that_fits_is_one_ok_line_with_the_bytes_per_chip(libtpu: str) -> None:
-    line = tpu_fit.check(request("v5litepod-4", "--steps", "10")).line()
+    line = tpu_fit.fit_line(request("v5litepod-4", "--steps", "10")).line()
     match = re.fullmatch(r"ok    fit: the train step needs ([0-9.]+) GiB of HBM per chip, 15\.75 GiB available "
                          rf"\(v5litepod-4: 4 chips \(TPU v5 lite\); compiled ahead of time by libtpu {libtpu} in "
                          r"[0-9]+ s\)", line)
@@ -87,7 +91,7 @@ def test_a_run_that_fits_is_one_ok_line_with_the_bytes_per_chip(libtpu: str) -> 
 
 
 def test_several_slices_compile_as_one_hybrid_mesh(libtpu: str) -> None:
-    line = tpu_fit.check(request("v5litepod-4", "--steps", "10", "--rule", "fsdp", slices=2)).line()
+    line = tpu_fit.fit_line(request("v5litepod-4", "--steps", "10", "--rule", "fsdp", slices=2)).line()
     assert line.startswith("ok    fit: the train step needs ") and "(v5litepod-4: 4 chips x 2 slices (TPU v5 lite)" in line
 
 
@@ -100,7 +104,7 @@ def test_gpt2_small_without_remat_does_not_fit_a_v5e_chip_and_the_error_names_a_
     if "attention" in {f.name for f in dataclasses.fields(task.model_config)}:
         flags += ["--model.attention", "xla"]  # the kernel the chip ran out with (splash holds no T x T scores)
     cfg = config.parse(flags, task)
-    found = fit.check(cfg, task, tpu_fit.target(parse_accelerator("v5litepod-1")), kinds=("remat",))
+    found = fit.step_fits(cfg, task, tpu_fit.target(parse_accelerator("v5litepod-1")), kinds=("remat",))
     assert not found.fits and found.need.available == int(V5E_HBM)
     assert found.need.needed is not None and found.need.needed > 1.2 * V5E_HBM  # the chip said 30.39 GiB (old model)
     dots = found.remedies[0]

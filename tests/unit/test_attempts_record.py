@@ -53,6 +53,13 @@ def test_a_line_no_backend_wrote_is_not_a_record_but_still_counts_for_the_number
     assert attempts.ended(tmp_path) == [written]
 
 
+def test_a_jobs_own_record_reads_its_ended_lines_as_the_run_dirs_do(tmp_path: Path) -> None:
+    log = attempts.JobLog(tmp_path / "5-attempts.jsonl")
+    written = log.add(FAILED)  # no run dir noted yet: numbered here only
+    assert log.ended() == [written] and isinstance(written, Ended)
+    assert log.failures() == 1
+
+
 def test_the_runs_table_reads_the_action_not_the_words(tmp_path: Path) -> None:
     rundir.config(tmp_path).write_text(json.dumps({"steps": 30}))
     restarted = Ended("pod-a", 1.0, 2.0, 139, Outcome.FAILED, Action.RESTART, "again on the same slice")

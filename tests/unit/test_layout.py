@@ -14,6 +14,8 @@
   the class or names its environment variables, and deploy/'s shared modules import no backend folder.
 - An import inside a function of `job/` says why it is not at the top of its module (an entry point kept
   light, an optional dependency), in a comment on its line or the line above.
+- One name, one meaning: a module basename or public function defined in more than one module of `job/` and
+  `deploy/` is listed (`SAME_MODULE_NAMES`, `SAME_FUNCTION_NAMES`) with why it repeats.
 - A test helper is defined once: what two test files need lives in `tests/launching.py` (launch runs),
   `tests/records.py` (read what they leave) or a conftest.
 """
@@ -309,3 +311,108 @@ def test_the_top_level_modules_of_deploy_import_no_backend_folder() -> None:
     assert not found, ("deploy/'s top-level modules serve every backend and import no backend's folder: what one "
                        "backend alone uses belongs in its folder, what more share in a top-level module or the "
                        f"library (job.launch for the local launcher's command line): {found}")
+
+
+# One name, one meaning: a module basename or a public top-level function defined in more than one module of job/
+# and deploy/ is here, with the modules that define it and why they share it. A new repeat fails until it is
+# listed with its reason (or renamed: two meanings get two names); a listed one that is gone fails too.
+SAME_MODULE_NAMES = {
+    "__init__": "a package's own module",
+    "__main__": "`python -m PACKAGE`'s entry point",
+    "batches": "job/batches.py is the deprecated old path of job/train/batches.py",
+    "entry": "job/entry.py is the deprecated old path of job/train/entry.py",
+    "errors": "job/errors.py is the public face of job/core/errors.py",
+    "multihost": "job/multihost.py is the public face of job/parallel/multihost.py",
+    "random": "job/random.py is the public face of job/train/random.py",
+    "sharding": "job/sharding.py is the public face of job/parallel/sharding.py",
+    "trained": "job/trained.py is the deprecated old path of job/train/trained.py",
+    "values": "job/values.py is the deprecated old path of job/core/values.py",
+    "task": "job/task.py is the public face of job/train/task.py (the Task interface); each example task's "
+            "task.py is its TASK; deploy/slurm/task.py is what a Slurm task (one process of the job) runs",
+    "model": "each example task's model",
+    "data": "each example task's data",
+    "cross_entropy": "job/tasks/lm/cross_entropy.py is the deprecated old path of job/kernels/cross_entropy.py",
+    "config": "each room's typed config beside the code that reads it: the checkpointer's (job/runs), the "
+              "training run's (job/train), the Cloud TPU request's (deploy/tpu)",
+    "doctor": "each backend's doctor (one role: `make doctor` for that backend)",
+    "wheels": "each backend's wheelhouse for its workers (one role)",
+    "fit": "one subject in two layers: job/train/fit.py compiles a run's step for any devices; deploy/tpu/fit.py "
+           "makes a TPU slice's compile-only devices for it and the doctor's fit line",
+    "sweep": "one subject in two layers: job/runs/sweep.py plans a sweep's runs; deploy/local/sweep.py runs "
+             "them with the local launcher",
+}
+SAME_FUNCTION_NAMES = {
+    "main": "a command's entry point: `python -m MODULE`",
+    "run": "run what the module is about (train, the demo, tpu-run); in each backend's doctor, the run's check",
+    "parse": "text or argv into the module's typed value",
+    "parse_args": "a command line into its config",
+    "validate": "raise ConfigError on the first bad value of the module's config or request",
+    "check": "raise the module's error where its subject is wrong (a remat policy, a resumed config, the "
+             "processes' facts, Slurm options)",
+    "checks": "each backend's doctor's checks (one role)",
+    "devices": "each backend's devices of the job, as its doctor counts them (deploy/slurm/array.py: the count "
+               "the slurm doctor asks)",
+    "memory": "each backend's doctor's memory check",
+    "describe": "a value as one line of text for people",
+    "require": "raise ConfigError unless what is named holds",
+    "resolve": "a setting as given -> the value to use",
+    "problems": "what is wrong, one string each",
+    "report": "findings as lines for people",
+    "render": "a run's records drawn for people (a figure, a table)",
+    "load": "the module's object read from where it is named (a tokenizer file, a task)",
+    "loss_fn": "each example task's model's loss",
+    "append": "a record as the new last line of a JSON-lines file: attempts.append is rundir.append for "
+              "attempts.jsonl, numbered",
+    "build_archive": "each tar the TPU workers are sent (the code, the wheelhouse)",
+    "upload": "gcloud.upload is the command; wheels.upload runs it for the wheelhouse",
+    "active_account": "gcloud.active_account is the command; the doctor runs it and reads the answer",
+    "coordination_client": "job/core/internals.py reaches jax's private client; job/parallel/multihost.py is its "
+                           "public face",
+    "check_args": "ARGS parsed and validated as `python -m job train` does (the rehearsal's shrunk runs too)",
+    "choose": "the module's pick among its candidates (an attention kernel, a local step, a remat policy)",
+    "plan": "what will be made, before it is made (a sweep's runs, the train state's placement)",
+    "probe": "find out by trying (a folder's writability, whether a job runs on worker 0)",
+    "fits": "whether what a program needs fits a device's memory with room kept (checkpoint copy, remat auto)",
+    "first_difference": "the first place two runs' values part",
+    "first_failure": "the cause among an attempt's failures, per backend",
+    "dry_run": "the Slurm submission printed, not made (an array of a sweep, one job)",
+    "submit": "the Slurm submission (an array of a sweep, one job)",
+    "wait": "follow a Slurm submission to its end (an array of a sweep, one job)",
+    "duration_seconds": "a duration flag's text -> seconds, in each backend's own grammar",
+    "run_dir_of": "the job's --run-dir read from its ARGS as the job's parser reads it, per backend",
+    "saved_config": "the run dir's saved config, in the form each layer reads it (a dict, a TrainConfig with the "
+                    "changed fields' saved values, with its task)",
+    "switch": "an on/off word -> bool",
+    "nodes": "the graph nodes a run trains (job/train/state.py); the Slurm doctor's nodes check (partitions)",
+    "remat": "rundir.remat is remat.json's path (rundir names each file of a run dir); rematerialize.remat runs "
+             "a block under the policy that file records",
+}
+
+
+def _definitions() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Module basenames and public top-level functions of job/ and deploy/, each with the modules defining it."""
+    modules: dict[str, list[str]] = {}
+    functions: dict[str, list[str]] = {}
+    for path in sorted([*ROOT.glob("job/**/*.py"), *ROOT.glob("deploy/**/*.py")]):
+        relative = str(path.relative_to(ROOT))
+        modules.setdefault(path.stem, []).append(relative)
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not node.name.startswith("_"):
+                defined = functions.setdefault(node.name, [])
+                if relative not in defined:  # a function defined twice in one module (under `if`) is one name
+                    defined.append(relative)
+    return modules, functions
+
+
+def test_a_module_or_public_function_name_repeats_only_where_listed_with_its_reason() -> None:
+    modules, functions = _definitions()
+    repeated_modules = {name for name, where in modules.items() if len(where) > 1}
+    repeated_functions = {name for name, where in functions.items() if len(where) > 1}
+    new = [f"module {name}: {modules[name]}" for name in sorted(repeated_modules - set(SAME_MODULE_NAMES))]
+    new += [f"function {name}: {functions[name]}" for name in sorted(repeated_functions - set(SAME_FUNCTION_NAMES))]
+    assert not new, ("a name defined in more than one module of job/ and deploy/: rename one where the two mean "
+                     "different things, or list it in SAME_MODULE_NAMES / SAME_FUNCTION_NAMES with its reason: "
+                     + "; ".join(new))
+    stale = sorted({*SAME_MODULE_NAMES} - repeated_modules) + sorted({*SAME_FUNCTION_NAMES} - repeated_functions)
+    assert not stale, f"listed as repeated, found once or not at all (take them off the list): {stale}"
+    assert all(SAME_MODULE_NAMES.values()) and all(SAME_FUNCTION_NAMES.values())

@@ -51,7 +51,7 @@ def test_the_default_request_passes_on_a_roomy_machine(cpu_only: None, capsys: p
     assert code == 0, lines
     assert list(lines) == ["coordinator port", "/dev/shm", "cores", "memory", "venv", "run"]
     assert lines["cores"] == "ok    cores: 4 processes x 2 CPU device(s) on 16 usable core(s)"
-    assert lines["run"] == ("ok    run: not checked: no ARGS given (with ARGS='train ...' its task, config and global "
+    assert lines["run"] == ("skip  run: no ARGS given. To run it: ARGS='train ...' (its task, config and global "
                             "batch on 8 devices (NPROC=4 x DEVICES=2) are checked)")
     assert lines["venv"] == f"ok    venv: {sys.executable}: Python 3.11.7, jax 0.10.2, job from /repo/job/__init__.py"
     assert runner.calls == [[sys.executable, "-c", local_doctor.VENV_PROBE]]
@@ -178,7 +178,7 @@ def test_the_cgroup_cpu_quota_caps_the_cores(tmp_path: Path) -> None:
 
 
 def test_this_machine_is_read() -> None:
-    machine = local_doctor.here()
+    machine = local_doctor.this_machine()
     assert machine.cores >= 1 and (machine.available is None or machine.available > 0)
 
 
@@ -254,8 +254,8 @@ def test_a_task_module_that_raises_as_it_is_imported_is_a_fail_line_not_a_crash(
 
 
 @pytest.mark.parametrize(("args", "line"), [
-    ("eval --run-dir runs/a", "ok    run: not checked: ARGS runs `python -m job eval`, not train (only a training "
-                              "run's flags are checked)"),
+    ("eval --run-dir runs/a", "skip  run: ARGS runs `python -m job eval`, not train (only a training run's flags "
+                              "are checked)"),
     ("--steps 5", "FAIL  run: ARGS: expected a command of python -m job first (train, eval, runs, ...), found "
                   "'--steps 5'. Fix: ARGS='train --steps 5'"),
 ])
@@ -266,7 +266,7 @@ def test_args_that_train_nothing_are_said_so(args: str, line: str, cpu_only: Non
 
 def test_check_run_0_leaves_the_run_unchecked_and_says_so(cpu_only: None, capsys: pytest.CaptureFixture[str]) -> None:
     code, lines = run_local_doctor(["-n", "2", "--args=train --task nosuch.mod:TASK", "--check-run=0"], capsys)
-    assert code == 0 and lines["run"].startswith("ok    run: not checked: no ARGS given"), lines
+    assert code == 0 and lines["run"].startswith("skip  run: no ARGS given"), lines
 
 
 def test_make_doctor_says_it_chose_local_and_checks_the_args_it_was_given(tmp_path: Path) -> None:

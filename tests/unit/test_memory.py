@@ -89,15 +89,15 @@ def test_the_flags_named_shrink_what_a_device_holds_by_what_it_is_over() -> None
 
 def test_remat_is_named_only_for_a_model_config_that_has_it_and_takes_the_value() -> None:
     cfg, task = gpt2_small(), tasks.load("lm")
-    assert [r.flags for r in memory.remat(cfg, task)] == [("--model.remat", "dots"), ("--model.remat", "full")]
+    assert [r.flags for r in memory.remat_remedies(cfg, task)] == [("--model.remat", "dots"), ("--model.remat", "full")]
     full = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat="full"))
-    assert [r.flags for r in memory.remat(full, task)] == [("--model.remat", "dots")]
+    assert [r.flags for r in memory.remat_remedies(full, task)] == [("--model.remat", "dots")]
 
     @dataclasses.dataclass(frozen=True)
     class Plain:
         dim: int = 4
 
-    assert list(memory.remat(dataclasses.replace(cfg, model=Plain()), task)) == []
+    assert list(memory.remat_remedies(dataclasses.replace(cfg, model=Plain()), task)) == []
 
 
 def test_the_error_states_the_bytes_against_the_devices_and_the_flags() -> None:

@@ -213,10 +213,10 @@ def test_a_gs_run_dir_without_a_cache_folder_caches_in_its_bucket(
 
 
 def test_the_summary_holds_every_process_cache_counts_and_process_0s_at_the_top() -> None:
-    assert compile_cache.record("/c", [[19, 0, 1.6789], [0, 19, 40.86]]) == {
+    assert compile_cache.summary_entry("/c", [[19, 0, 1.6789], [0, 19, 40.86]]) == {
         "dir": "/c", "hits": 19, "misses": 0,
         "by_process": {"hits": [19, 0], "misses": [0, 19], "compile_s": [1.679, 40.86]}}
-    assert compile_cache.record(None, [[0, 0, 2.0]]) == {
+    assert compile_cache.summary_entry(None, [[0, 0, 2.0]]) == {
         "dir": None, "hits": 0, "misses": 0, "by_process": {"hits": [0], "misses": [0], "compile_s": [2.0]}}
 
 

@@ -143,7 +143,8 @@ def test_rows_seeded_by_the_range_asked_break_the_contract_at_a_named_row_and_fi
     assert row_contract.first_difference(range_seeded.Rows(3), 8, 2) == (
         "step 0, global row 4, field 'x': asked as rows [0, 8) and as [4, 8) (the 2nd of 2 ranges) it differs")
     assert row_contract.first_difference(regression.Rows(3), 8, 2) is None
-    check = rehearse.topology({1: 4.0}, {1: 4.5}, 1, lambda: row_contract.first_difference(range_seeded.Rows(3), 8, 1))
+    check = rehearse.topologies_agree({1: 4.0}, {1: 4.5}, 1,
+                                      lambda: row_contract.first_difference(range_seeded.Rows(3), 8, 1))
     assert check.line() == (
         "FAIL  topology: the train loss of step 1 differs: 4.0 on 2 x 2, 4.5 on 1 x 4 (expected within 1e-4 relative)."
         " Fix: a row's values are a function of split, step and its global row index, never of the range [start, "
@@ -165,7 +166,7 @@ def test_the_rows_checked_are_those_of_the_task_args_name(task: str, found: str 
 
 def test_a_loss_within_1e_4_relative_passes_the_topology_check_but_would_fail_a_bitwise_one() -> None:
     wide, tall = {1: 2.0, 2: 1.0}, {1: 2.0, 2: 1.0 + 5e-5}
-    assert rehearse.topology(wide, tall, 2).ok
+    assert rehearse.topologies_agree(wide, tall, 2).ok
     assert rehearse.first_difference(wide, tall, [1, 2], 0.0) == (2, 1.0, 1.0 + 5e-5)
     assert rehearse.first_difference(wide, {1: 2.0}, [1, 2], 1e-4) == (2, 1.0, None)  # a step not logged differs
 
@@ -189,8 +190,9 @@ def test_an_eval_metric_that_differs_from_the_runs_own_fails_naming_split_metric
     assert code == 1
     assert check_lines(out)["eval"].startswith("FAIL  eval: split eval's loss at step 6: 3.501 from python -m job eval "
                                                "on 2 x 2, 3.5 in the run's metrics.jsonl (expected within 1e-6")
-    assert rehearse.evaluation([], {"step": 6, "splits": {}}, 6).ok  # a task without eval splits: nothing to compare
-    assert not rehearse.evaluation([], None, 6).ok
+    nothing = rehearse.eval_agrees([], {"step": 6, "splits": {}}, 6)  # a task without eval splits: nothing to compare
+    assert nothing.skipped and not nothing.ok and not nothing.failed
+    assert not rehearse.eval_agrees([], None, 6).ok
 
 
 def test_a_failed_run_is_its_checks_fail_line_with_the_runs_error_and_the_checks_after_it_are_skipped(

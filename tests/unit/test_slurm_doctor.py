@@ -417,8 +417,8 @@ def test_a_gs_run_dir_is_not_probed_as_a_folder(tmp_path: Path, capsys: pytest.C
                         "gs://my-bucket/run1"], runner=runner, environ={})
     out = capsys.readouterr().out
     assert code == 0, out  # a valid bucket name: the run's check refuses one under 3 characters
-    assert ("ok    run dir on a compute node: gs://my-bucket/run1 is object storage, not a folder: not probed (`python "
-            "-m job check-run-dir gs://my-bucket/run1` checks that a host can write there)") in out
+    assert ("skip  run dir on a compute node: gs://my-bucket/run1 is object storage, not a folder: not probed. To "
+            "run it: `python -m job check-run-dir gs://my-bucket/run1` checks that a host can write there") in out
     (srun,) = [call for call in runner.calls if call[0] == "srun"]
     assert srun[-5] == ""  # no folder for the probe to write its token into
 
@@ -541,7 +541,7 @@ def test_every_run_of_a_sweep_is_checked_on_the_jobs_devices(tmp_path: Path,
 
 def test_check_run_0_says_the_run_was_not_checked(capsys: pytest.CaptureFixture[str]) -> None:
     line = slurm_run_line("--nodes=2", "--check-run=0", args="train --task nosuch.mod:TASK", capsys=capsys)
-    assert line == ("ok    run: not checked: no ARGS given (with ARGS='train ...' its task, config and global batch on "
+    assert line == ("skip  run: no ARGS given. To run it: ARGS='train ...' (its task, config and global batch on "
                     "2 devices (NODES=2 x TASKS_PER_NODE=1, one CPU device each) are checked)")
 
 

@@ -99,9 +99,9 @@ def test_an_out_of_memory_offers_a_boolean_remat_only_the_flag_its_parser_takes(
 
 def test_a_policy_name_is_offered_where_remat_is_a_string_and_nothing_where_it_is_set_already() -> None:
     cfg = _cfg(LM, "--model.remat", "none")
-    assert [r.flags for r in memory.remat(cfg, LM)] == [("--model.remat", "dots"), ("--model.remat", "full")]
+    assert [r.flags for r in memory.remat_remedies(cfg, LM)] == [("--model.remat", "dots"), ("--model.remat", "full")]
     on = _cfg(llama.TASK, "--task", "tests.user_tasks.llama:TASK")  # remat=True already: nothing to offer
-    assert list(memory.remat(on, llama.TASK)) == []
+    assert list(memory.remat_remedies(on, llama.TASK)) == []
     assert config.parse_onto(on, llama.TASK, ["--model.remat", "full"]) is None
 
 
