@@ -283,7 +283,7 @@ class Training:
             for step in range(start, cfg.steps):
                 state, stop = self.step(built, state, step, upcoming, first=step == start)
                 if step == start:  # the first step after a restart (a failed attempt on record): the gap it cost
-                    on_process_zero(attempts.note_resumed, built.run_dir, step + 1, start, self.origin.tier)
+                    on_process_zero(attempts.note_resumed, built.run_dir, step + 1, start, self.origin.tier.value)
                 if stop:
                     done = step + 1
                     if self.last_saved != done:

@@ -1,6 +1,6 @@
 """The one record of each attempt (job/runs/attempts.py): its JSON form, the records written before it had `says`,
-the one attempt number per run dir (goodput, the runs table and the supervisor read it), and one rule for a
-line that cannot be written."""
+the one attempt number per run dir (goodput, the runs table and the supervisor read it), one rule for a line that
+cannot be written, and the tier a restore took read back from it."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from job.core import rundir
 from job.observe.status import State, state_of
 from job.runs import attempts
 from job.runs.attempts import Action, Ended, Outcome
+from job.runs.tiers import Origin, Tier
 
 FAILED = Ended("5123", 1764782000.0, 1764782950.25, 137, Outcome.FAILED, Action.REQUEUE,
                "retry 1 of 3, excluding node2", node="node2", process="1", cause="Killed", nodes="node1,node2")
@@ -195,3 +196,18 @@ def test_an_unwritable_note_for_the_supervisor_is_one_warning_naming_it_and_trai
     assert said[1].startswith("attempts: expected to note the stuck process in ")
     assert [r["event"] for r in rundir.records(rundir.attempts(tmp_path / "run"))] == ["started"]
 
+
+# ------------------------------------------------------------------------------- the tier a restore took
+@pytest.mark.parametrize("tier", list(Tier))
+def test_the_tier_of_a_restore_reads_back_from_the_record_as_the_same_member(tmp_path: Path, tier: Tier) -> None:
+    origin = Origin(40, tier, "")
+    assert attempts.append(tmp_path, FAILED) is not None
+    assert attempts.note_resumed(tmp_path, step=41, start=40, tier=origin.tier.value, now=FAILED.ended + 60) is not None
+    (resumed,) = [r for r in rundir.records(rundir.attempts(tmp_path)) if r["event"] == "resumed"]
+    assert Tier(json.loads(json.dumps(resumed))["tier"]) is origin.tier
+
+
+@pytest.mark.parametrize(("words", "tier"), [("node-local", Tier.LOCAL), ("persistent", Tier.PERSISTENT),
+                                             ("none (from step 0)", Tier.FRESH)])
+def test_the_words_records_on_disk_hold_read_as_tiers(words: str, tier: Tier) -> None:
+    assert Tier(words) is tier and tier.value == words
