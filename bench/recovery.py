@@ -63,6 +63,7 @@ def one(env: dict[str, str], folder: Path, case: str) -> dict[str, float]:
     from job.runs.config import CheckpointConfig
     from job.runs.local_format import shard_file
     from job.runs.local_tier import run_folder
+    from job.runs.tiers import Tier
 
     submit, ckpt, tier = CASES[case]
     run_dir = folder / "run"
@@ -84,7 +85,7 @@ def one(env: dict[str, str], folder: Path, case: str) -> dict[str, float]:
     failed = next(r for r in records if r["event"] == "ended" and r["outcome"] == "failed")
     return {"gap_s": float(resumed["gap_s"]), "redone": float(FAULT_STEP - int(resumed["from_step"])),
             "from_step": float(resumed["from_step"]), "wall_s": wall, "failed_code": float(failed["code"]),
-            "tier_local": float(resumed["tier"] == "node-local")}
+            "tier_local": float(Tier(resumed["tier"]) is Tier.LOCAL)}
 
 
 def run(quick: bool = False) -> Section:

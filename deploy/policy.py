@@ -13,8 +13,9 @@ By exit code (job/core/exits.py):
   2   a configuration error: the same flags fail again, so it is never retried.
   130 saved and stopped after Ctrl-C: a person asked to stop; never retried (the same command resumes).
   whatever the code (but 0), an attempt of a job the scheduler cancelled (scancel) is "cancelled": nothing runs
-  after it (the same command resumes); one a person stopped (Ctrl-C: Situation.interrupted) is "stopped" and
-  never retried; one whose machines were taken away (a preempted slice: Situation.preempted) is "preempted".
+  after it (the same command resumes); one a person stopped (Ctrl-C: Situation.interrupted, or the backend's stop
+  command, `tpu-stop`: Situation.stopped_by) is "stopped" and never retried; one whose machines were taken away
+  (a preempted slice: Situation.preempted) is "preempted".
   any other code is a failure. While the retry budget (RETRIES) lasts:
       - with a spare node left in the allocation: restart there at once, without the failed node (Slurm);
       - with no spare left, where the job can be requeued: requeue it with the failed node excluded;
@@ -48,6 +49,7 @@ class Situation:
     cancelled: bool = False  # the scheduler cancelled the job (scancel): nothing can run after this attempt
     interrupted: bool = False  # a person asked to stop (Ctrl-C): nothing restarts, whatever the code
     preempted: bool = False  # the machines were taken away (a preempted TPU slice), whatever the code
+    stopped_by: str | None = None  # the backend's stop command a person ran (`tpu-stop`): nothing reruns
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,10 +87,17 @@ class Decision:
 def decide(ended: Situation) -> Decision:
     """The one decision, for every backend."""
     decision = _by_code(ended)
-    if ended.interrupted and decision.action not in (Action.NONE, Action.STOP):  # stopped on purpose
-        return Decision(Outcome.STOPPED, Action.STOP, spends_retry=False, retry=0, retries=ended.retries,
-                        why=_STOPPED)
+    if decision.action is Action.NONE or decision.outcome is Outcome.CONFIGURATION_ERROR:
+        return decision  # completed, or would fail again: its own reason, whoever stopped it
+    if ended.stopped_by:  # a person ran the stop command: stopped, whatever the retry budget says
+        return _stopped(ended, f"stopped by {ended.stopped_by}; the same command resumes")
+    if ended.interrupted and decision.action is not Action.STOP:  # Ctrl-C: what stops anyway keeps its reason
+        return _stopped(ended, _STOPPED)
     return decision
+
+
+def _stopped(ended: Situation, why: str) -> Decision:
+    return Decision(Outcome.STOPPED, Action.STOP, spends_retry=False, retry=0, retries=ended.retries, why=why)
 
 
 _STOPPED = "stopped with Ctrl-C after a save; the same command resumes"

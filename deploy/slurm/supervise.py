@@ -187,9 +187,6 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._on_sigint)
         signal.signal(signal.SIGTERM, self._on_sigterm)
         while True:
-            # the run dir numbers its attempts (across job ids); without one, requeues are counted by Slurm,
-            # restarts in an allocation by the job's record: whichever knows more
-            attempt = max(len(self.records.ended()), self.alloc.restart_count) + 1
             nodes = self.alloc.step_nodes(self.lost) if self.alloc.nodes else []
             began = time.time()
             proc = self.runner.run_echoing_stderr(step_argv(srun, self.args, self.alloc, self.lost), env=step_env)
@@ -200,12 +197,15 @@ class Supervisor:
             if code != 0:  # a hang the watchdog ended: the process its roll call named, not the first to exit
                 failure = self.stuck(began, nodes) or failure
             decision = self.decide(code, failure)
+            # numbered by the run dir's record (across job ids); without one, by the job's own, or by Slurm's count
+            # of requeues where that knows more (job.runs.attempts.number)
             attempt = self.records.add(Ended(
                 job=self.alloc.job_id, began=began, ended=time.time(), code=code, outcome=decision.outcome,
                 action=decision.action, says=decision.describe(),
                 node=failure.node if failure and failure.node else "-",
                 process=failure.process if failure and failure.process else "-",
-                cause=failure.cause if failure else "", nodes=",".join(nodes), attempt=attempt)).attempt
+                cause=failure.cause if failure else "", nodes=",".join(nodes)),
+                requeues=self.alloc.restart_count).attempt
             if decision.action is not Action.RESTART:
                 return self.finish(code, attempt, decision, failure)
             self.say(f"job {self.alloc.job_id} attempt {attempt} {self.ended_words(code, decision, failure)}: "

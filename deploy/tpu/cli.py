@@ -42,7 +42,7 @@ import time
 from collections.abc import Sequence
 
 from deploy import sweeps
-from deploy.policy import Situation, decide
+from deploy.policy import Decision, Situation, decide
 from deploy.runner import Runner, shell_words
 from deploy.tpu import capacity, doctor, preview, ship, wheels
 from deploy.tpu import job as tpu_job
@@ -59,6 +59,7 @@ log = logging.getLogger("deploy.tpu")
 
 TAIL_LINES = 40  # `logs` prints this many lines of worker 0's log
 SSH_LOST = tpu_job.SSH_LOST
+STOP_COMMAND = "`tpu-stop`"  # the stop a person runs (make tpu-stop): an input of the attempt policy
 
 
 _DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?)([smhd]?)$")
@@ -104,12 +105,13 @@ def pod(cfg: TpuConfig, runner: Runner) -> int:
             return code
         if code == exits.COMPLETED:
             tpu_job.fetch_logs(cfg, runner)
-            decision = decide(Situation(code, budget.used, cfg.retries, same_allocation=True))
-            _record_attempt(cfg, span, code, decision.outcome, decision.action, decision.describe(), None)
+            _record_attempt(cfg, span, code, decide(Situation(code, budget.used, cfg.retries, same_allocation=True)))
             return code
         if code != SSH_LOST and tpu_job.stop_requested(cfg, runner):
-            log.info("the job was stopped by `tpu-stop` (exit code %d): not restarting it", code)
-            _record_attempt(cfg, span, code, Outcome.of(code), Action.STOP, "not rerun: stopped by `tpu-stop`", None)
+            log.info("the job was stopped by %s (exit code %d): not restarting it", STOP_COMMAND, code)
+            # the policy's decision (stopped, never rerun: Situation.stopped_by), recorded as every other
+            _record_attempt(cfg, span, code, decide(Situation(code, budget.used, cfg.retries, same_allocation=True,
+                                                              stopped_by=STOP_COMMAND)))
             return code
         status = slice_.status()
         if status.ready:
@@ -124,8 +126,7 @@ def pod(cfg: TpuConfig, runner: Runner) -> int:
         decision = decide(Situation(code if failure is None else failure.code, budget.used, cfg.retries,
                                     node=None if failure is None else failure.where(), same_allocation=True,
                                     preempted=preempted))
-        _record_attempt(cfg, span, code if failure is None else failure.code, decision.outcome, decision.action,
-                        decision.describe(), failure)
+        _record_attempt(cfg, span, code if failure is None else failure.code, decision, failure)
         logs = cfg.slice_dir / "logs"
         if failure is None:
             preemptions += 1
@@ -153,17 +154,18 @@ def pod(cfg: TpuConfig, runner: Runner) -> int:
                         logs)
 
 
-def _record_attempt(cfg: TpuConfig, span: tuple[float, float], code: int, outcome: Outcome, action: Action,
-                    says: str, failure: Failure | None) -> None:
+def _record_attempt(cfg: TpuConfig, span: tuple[float, float], code: int, decision: Decision,
+                    failure: Failure | None = None) -> None:
     """One `ended` record in RUN_DIR/attempts.jsonl (job.runs.attempts), as the Slurm supervisor writes it: the
     slice's name as the job, `span` the attempt's (start, end) as this loop saw them, the failed worker as the
-    node, `says` the decision in words. Nothing for a run dir on the workers' own disks."""
+    node, the policy's decision (its outcome, action and words). Nothing for a run dir on the workers' own disks."""
     run_dir = run_dir_of(cfg.job_args)
     if run_dir is None or not ("://" in run_dir or run_dir.startswith("/")):
         return  # each worker's own disk: no reader here (the configuration check said so before the start)
     cause = failure.cause if failure is not None else None
     attempt_records.append(run_dir, attempt_records.Ended(
-        job=cfg.name, began=span[0], ended=span[1], code=code, outcome=outcome, action=action, says=says,
+        job=cfg.name, began=span[0], ended=span[1], code=code, outcome=decision.outcome, action=decision.action,
+        says=decision.describe(),
         node=(failure.where() if failure is not None else None) or "-",
         process=str(cause.process) if cause is not None else "-", cause=cause.last_line if cause else "",
         nodes=",".join(cfg.slice_names)))

@@ -9,7 +9,7 @@ of its JSON-lines files.
                            checkpoints.before-fresh-start-TIME/ (job/runs/resume.py)
       metrics.jsonl        one record per logged step and evaluation (job/observe/metrics.py)
       goodput.jsonl        each attempt's start, progress and end (job/observe/goodput.py)
-      attempts.jsonl       how each attempt ended, as the backend saw it (job/runs/attempts.py)
+      attempts.jsonl       each attempt: its start (process 0), how it ended (the backend) (job/runs/attempts.py)
       summary.json         an attempt's end: final step, completed, exit code, goodput (job/observe/report.py)
       eval-STEP.json       `python -m job eval` of checkpoint STEP (job/train/trained.py)
       logs/process-N.log   process N's output (job/observe/process_log.py)

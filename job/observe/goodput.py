@@ -13,8 +13,9 @@ for the other processes to have compiled theirs) plus the first training step's
 time minus one ordinary step.
 
 Across requeues of one run directory, process 0 appends to RUN_DIR/goodput.jsonl:
-an "attempt" line when a run starts, a "progress" line whenever it logs a step,
-and an "end" line when it stops. The next attempt reads them back: the time
+an "attempt" line when a run starts (its number the run dir's attempt record's,
+job.runs.attempts.number), a "progress" line whenever it logs a step, and an
+"end" line when it stops. The next attempt reads them back: the time
 from the previous attempt's last line to its own start is `restart_s`, and the
 steps the previous attempt had reached beyond the checkpoint it resumes from
 are `redone_steps` (costing `redone_s` at the previous attempt's step time).
@@ -102,16 +103,18 @@ class Goodput:
         return self.seconds["steps"] / self.steps_timed if self.steps_timed else 0.0
 
     # -------------------------------------------------------------- across attempts (process 0)
-    def resume(self, run_dir: Path | epath.Path, start_step: int) -> None:
-        """Read earlier attempts' lines from RUN_DIR/goodput.jsonl; append this attempt's start."""
+    def resume(self, run_dir: Path | epath.Path, start_step: int, attempt: int) -> None:
+        """Read earlier attempts' lines from RUN_DIR/goodput.jsonl; append this attempt's start. `attempt`: its
+        number, the run dir's attempt record's (job.runs.attempts.note_start)."""
         path = rundir.goodput(run_dir)
         lines = read_records(path)
         attempts = [r for r in lines if r.get("event") == "attempt"]
         last = lines[-1] if lines else None
-        previous: dict[str, Any] = {"attempt": len(attempts) + 1}
+        previous: dict[str, Any] = {"attempt": attempt}
         lost: dict[str, Any] = {}
         if last is not None:
-            reached = max((int(r.get("step", 0)) for r in lines if r.get("attempt") == len(attempts)), default=0)
+            begun = max((i for i, r in enumerate(lines) if r.get("event") == "attempt"), default=0)
+            reached = max((int(r.get("step", 0)) for r in lines[begun:]), default=0)  # the previous attempt's lines
             redone = max(0, reached - start_step)
             step_s = float(last.get("step_time_s", 0.0))
             previous.update({

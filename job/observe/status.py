@@ -7,8 +7,9 @@
 What is read: config.json (`--steps`), summary.json (written at an attempt's end:
 `final_step`, `completed`, `goodput`), goodput.jsonl (an `attempt` line at each
 start, `progress` at each logged step, `end` at the end), provenance.json (one
-entry per start, before the state is restored) and metrics.jsonl (the newest
-record of each split). The states:
+entry per start, before the state is restored), metrics.jsonl (the newest
+record of each split) and attempts.jsonl (each attempt's start and end, and the
+attempt number: job.runs.attempts). The states:
 
 - completed: summary.json says completed, and its final step is config.json's `--steps`;
 - preempted: the newest record is an attempt's `end` and summary.json says not completed: an
@@ -68,7 +69,7 @@ class RunStatus:
     state: State
     step: int = 0  # the newest step the run is known to have reached
     total: int | None = None  # its --steps (config.json)
-    attempts: int = 0  # attempts started
+    attempts: int = 0  # the newest attempt's number (job.runs.attempts.number): 1 where there is no attempt record
     quiet_s: float | None = None  # seconds since its newest record
     latest: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)  # split -> newest record
     goodput: float | None = None  # steps' share of the time: the last ended attempt's, or the running one's so far
@@ -159,7 +160,7 @@ def state_of(run_dir: str | epath.Path, *, now: float | None = None, stale_s: fl
     steps = [int(summary.get("final_step") or 0), *(int(r.get("step", 0)) for r in records),
              *(int(r.get("step", 0)) for r in latest.values())]
     newest = max([float(r["time"]) for r in records] + started, default=None)
-    attempts = max(len(started), sum(r.get("event") == "attempt" for r in records))
+    attempts = attempt_records.number(rundir.records(rundir.attempts(path)))
     known = RunStatus(State.STOPPED, step=max(steps), total=total, attempts=attempts, latest=latest,
                       quiet_s=None if newest is None else max(0.0, now - newest),
                       goodput=summary["goodput"].get("goodput") if isinstance(summary.get("goodput"), dict) else None)

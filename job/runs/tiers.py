@@ -22,6 +22,7 @@ node-local tier cleared of an earlier run's steps. Every process makes the same 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Callable
 from typing import Any
 
@@ -34,24 +35,29 @@ from job.runs.local_tier import LocalTier
 from job.runs.resume import move_aside_for_fresh_start, refuse_fresh_start_over_set_aside
 from job.runtime.preflight import raised_together
 
-# Where a run's state came from, in the words of the attempt record's `resumed` line (job/runs/attempts.py).
-LOCAL, PERSISTENT, FRESH = "node-local", "persistent", "none (from step 0)"
+class Tier(enum.Enum):
+    """Where a run's state came from. Each value is the words of the attempt record's `resumed` line
+    (job/runs/attempts.py, `tier`), so `Tier(record["tier"])` reads back the records already on disk."""
+
+    LOCAL = "node-local"
+    PERSISTENT = "persistent"
+    FRESH = "none (from step 0)"
 
 
 @dataclasses.dataclass(frozen=True)
 class Origin:
-    """Where a restore took the state from: its step, its tier (LOCAL, PERSISTENT or FRESH) and the source, in
-    words (where each process read its node-local shards, or the persistent tier's folder; "" for FRESH)."""
+    """Where a restore took the state from: its step, its tier and the source, in words (where each process read
+    its node-local shards, or the persistent tier's folder; "" for Tier.FRESH)."""
 
     step: int
-    tier: str
+    tier: Tier
     source: str
 
     def said(self) -> str | None:
         """The run's opening line about it; None for a fresh start."""
-        if self.tier == LOCAL:
+        if self.tier is Tier.LOCAL:
             return f"resumed from step {self.step} (the node-local tier: {self.source})"
-        if self.tier == PERSISTENT:
+        if self.tier is Tier.PERSISTENT:
             return f"resumed from step {self.step} ({self.source})"
         return None
 
@@ -89,9 +95,10 @@ class Checkpoints:
         return self.persistent.newest_specs() if self.resume else None
 
     def restore(self, init: Callable[[], Any]) -> Restored:
-        """Sets `last_saved` to the step restored. The node-local tier's step when newer than the persistent tier's newest, else the persistent tier's
+        """The node-local tier's step when newer than the persistent tier's newest, else the persistent tier's
         newest readable step, else `init()` (a fresh start: refused over checkpoints set aside as unreadable,
-        unless --no-resume). Makes the node-local tier first (--ckpt.local-every). Collective."""
+        unless --no-resume); `last_saved` becomes its step. Makes the node-local tier first (--ckpt.local-every).
+        Collective."""
         if self.cfg.local_every:
             self.local = LocalTier(self.cfg.local_dir, str(self.run_dir), self.cfg.local_every, self.node, self.like)
         restored = self._restored(init)
@@ -104,14 +111,14 @@ class Checkpoints:
             return local
         if self.resume and self.persistent.all_steps():  # read back first: an unreadable newest step is set aside
             step, state = self.persistent.restore_newest(self.like)
-            return Restored(Origin(step, PERSISTENT, str(self.directory)), state)
+            return Restored(Origin(step, Tier.PERSISTENT, str(self.directory)), state)
         if self.resume:  # never from step 0 over checkpoints that were set aside as unreadable
             with raised_together("set_aside"):
                 refuse_fresh_start_over_set_aside(self.persistent.directory)
         state = init()
         if self.local is not None:
             self.local.clear()  # an earlier run's local steps are never restored into this one
-        return Restored(Origin(0, FRESH, ""), state)
+        return Restored(Origin(0, Tier.FRESH, ""), state)
 
     def _restore_local(self, newer_than: int | None) -> Restored | None:
         """The node-local tier's step when it holds one newer than the persistent tier's newest (`newer_than`)
@@ -122,7 +129,7 @@ class Checkpoints:
         if restored is None:
             return None
         step, state = restored
-        return Restored(Origin(step, LOCAL, self.local.sources(step)), state)
+        return Restored(Origin(step, Tier.LOCAL, self.local.sources(step)), state)
 
     def latest_step(self) -> int | None:
         """The persistent tier's newest step."""

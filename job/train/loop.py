@@ -113,6 +113,7 @@ class Training:
         self.began = time.perf_counter()  # the loop's own start (open_records), for summary.json's seconds
         # set by restore, read by open_records
         self.changed: list[resume.Change] = []  # the config fields changed since the saved run
+        self.attempt = 1  # this attempt's number in the run dir's attempt record (process 0's: note_start)
         self.compile_s = 0.0  # this process's own time compiling the steps ahead (the barrier's wait excluded)
         self.remat = "none"  # what remat auto stands for in this run: chosen by compiling (choose_remat)
         self.progress = Progress()  # where the loop is: the hang watchdog's roll call reads it
@@ -177,6 +178,7 @@ class Training:
                 self.changed = resume.check(run_dir, to_dict(cfg), *newest, built.planned.abstract)
         on_process_zero(_save_config, run_dir, cfg)
         on_process_zero(provenance.record, run_dir, self.argv, _topology(self.info, built.mesh), task=self.cfg.task)
+        self.attempt = on_process_zero(attempts.note_start, run_dir) or self.attempt  # on record, numbered there
         restored = checkpoints.restore(built.planned.init)
         self.origin = restored.origin
         return restored.origin.step, restored.state
@@ -187,8 +189,7 @@ class Training:
         self.report = report = Reporter(
             run_dir, start_step=start, total_steps=cfg.steps, shown=task.shown, unit=task.unit,
             items_per_step=cfg.data.global_batch * task.items_per_row(cfg.model), wandb=cfg.wandb, config=to_dict(cfg))
-        on_process_zero(self.timer.resume, run_dir, start)
-        on_process_zero(attempts.note_start, run_dir, self.timer.previous.get("attempt", 1))
+        on_process_zero(self.timer.resume, run_dir, start, self.attempt)
         self.profiler = StepProfiler(cfg.profile.steps, cfg.steps, run_dir, self.info.process_id)
         resumed = self.origin.said()
         if resumed is not None:
@@ -281,7 +282,7 @@ class Training:
             for step in range(start, cfg.steps):
                 state, stop = self.step(built, state, step, upcoming, first=step == start)
                 if step == start:  # the first step after a restart (a failed attempt on record): the gap it cost
-                    on_process_zero(attempts.note_resumed, built.run_dir, step + 1, start, self.origin.tier)
+                    on_process_zero(attempts.note_resumed, built.run_dir, step + 1, start, self.origin.tier.value)
                 if stop:  # the step is saved (`step` asked the checkpoints, which save a stop); finish says so
                     if step + 1 == cfg.steps:  # agreed at the last step: saved, the run is complete (0)
                         break

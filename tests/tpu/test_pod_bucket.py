@@ -51,6 +51,7 @@ def test_a_two_worker_run_keeps_its_checkpoints_in_the_bucket(cloud: Cloud, gcs:
     assert "checking that every worker can write to gs://job-test/run1" in proc.stderr
     assert json.loads(gcs.read("run1/summary.json"))["final_step"] == 10
     assert any(name.startswith("run1/checkpoints/10/") for name in gcs.objects("run1/checkpoints/"))
-    (record,) = [json.loads(line) for line in gcs.read("run1/attempts.jsonl").decode().splitlines()]
+    started, record = [json.loads(line) for line in gcs.read("run1/attempts.jsonl").decode().splitlines()]
+    assert started == {**started, "event": "started", "attempt": 1}, started  # process 0's, at its start
     assert record == {**record, "event": "ended", "job": "pod-l", "attempt": 1, "code": 0, "outcome": "completed",
                       "action": "none", "says": "none"}, record

@@ -133,8 +133,8 @@ def test_a_configuration_error_is_never_retried(cfg: TpuConfig, caplog: pytest.L
     assert "never retried" in caplog.records[-1].getMessage()
 
 
-def test_a_job_stopped_by_tpu_stop_is_not_restarted(cfg: TpuConfig, monkeypatch: pytest.MonkeyPatch) -> None:
-    runner = SimRunner(node="READY", job_outcomes=[(REQUEUE, None), (0, None)])
+def _stopped_meanwhile(monkeypatch: pytest.MonkeyPatch) -> SimRunner:
+    """A runner whose job ends 75 (then 0, were it rerun), `make tpu-stop` having run while it ran."""
     original = tpu_job.run_job
 
     def run_then_stop(c: TpuConfig, r: SimRunner) -> int:
@@ -143,6 +143,11 @@ def test_a_job_stopped_by_tpu_stop_is_not_restarted(cfg: TpuConfig, monkeypatch:
         return code
 
     monkeypatch.setattr(tpu_job, "run_job", run_then_stop)
+    return SimRunner(node="READY", job_outcomes=[(REQUEUE, None), (0, None)])
+
+
+def test_a_job_stopped_by_tpu_stop_is_not_restarted(cfg: TpuConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = _stopped_meanwhile(monkeypatch)
     assert tpu.pod(cfg, runner) == REQUEUE
     assert sum(c[4] == "ssh" for c in runner.calls) == 5  # probe, setup, start, follow, stop: no second run
 
@@ -322,6 +327,14 @@ def test_a_configuration_error_is_recorded_as_never_retried(recorded: TpuConfig)
     (record,) = records_of(recorded)
     assert (record["outcome"], record["node"], record["process"], record["says"]) == (
         "configuration error", "pod-1 worker 0", "0", "not retried: the same flags would fail again")
+
+
+def test_a_job_stopped_by_tpu_stop_is_recorded_as_the_policys_decision(recorded: TpuConfig,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    assert tpu.pod(recorded, _stopped_meanwhile(monkeypatch)) == REQUEUE
+    (record,) = records_of(recorded)
+    assert (record["attempt"], record["code"], record["outcome"], record["action"], record["says"]) == (
+        1, REQUEUE, "stopped", "stop", "not retried: stopped by `tpu-stop`; the same command resumes")
 
 
 def test_a_lost_connection_and_a_dry_run_record_nothing(recorded: TpuConfig,

@@ -12,6 +12,7 @@ from job.errors import ConfigError
 from job.observe.goodput import Goodput, describe
 from job.observe.metrics import WANDB_ID_FILE, WandbConfig, WandbWriter, open_writers
 from job.observe.profile import parse_steps
+from job.runs import attempts
 from job.runtime import compile_cache
 from tests.events import event_files, scalars, wandb_history, wandb_run
 from tests.records import records
@@ -125,14 +126,14 @@ def test_goodput_splits_the_time_and_the_first_step_pays_for_compilation() -> No
 def test_goodput_of_a_requeued_attempt_counts_the_restart_and_the_steps_redone(tmp_path: Path) -> None:
     clock = FakeClock()
     first = Goodput(clock=clock, wall=clock)
-    first.resume(tmp_path, 0)
+    first.resume(tmp_path, 0, attempts.note_start(tmp_path))
     for step in range(1, 11):
         with first.step():
             clock.now += 2.0
         first.progress(tmp_path, step)  # reached step 10, killed; the newest checkpoint is step 8
     clock.now += 30.0
     second = Goodput(clock=clock, wall=clock)
-    second.resume(tmp_path, 8)
+    second.resume(tmp_path, 8, attempts.note_start(tmp_path))
     split = second.finish()
     assert split["attempt"] == 2 and split["restart_s"] == 30.0
     assert split["redone_steps"] == 2 and split["redone_s"] == 4.0
@@ -146,7 +147,7 @@ def test_goodput_counts_the_time_lost_after_failures_apart_from_preemptions(tmp_
 
     def attempt(start: int, steps: int, *, end: bool) -> Goodput:
         timer = Goodput(clock=clock, wall=clock)
-        timer.resume(tmp_path, start)
+        timer.resume(tmp_path, start, attempts.note_start(tmp_path))
         for step in range(start + 1, start + steps + 1):
             with timer.step():
                 clock.now += 2.0
@@ -160,8 +161,9 @@ def test_goodput_counts_the_time_lost_after_failures_apart_from_preemptions(tmp_
     attempt(4, 4, end=True)  # reached 8 and saved it: 10 s lost to a preemption
     third = attempt(8, 2, end=True)
     began = third.began_wall
-    (tmp_path / "attempts.jsonl").write_text(json.dumps({"event": "ended", "attempt": 3, "ended": began + 5,
-                                                         "code": 137, "outcome": "failed"}) + "\n")
+    with (tmp_path / "attempts.jsonl").open("a") as f:  # the backend's record of attempt 3, after its start's
+        f.write(json.dumps({"event": "ended", "attempt": 3, "ended": began + 5, "code": 137, "outcome": "failed"})
+                + "\n")
     split = attempt(9, 1, end=True).finish()
     assert split["attempt"] == 4 and split["failed_attempts"] == 2
     assert split["lost_to_failures_s"] == 12.0 + 12.0 and split["lost_to_preemption_s"] == 10.0

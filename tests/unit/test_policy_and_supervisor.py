@@ -83,6 +83,24 @@ def test_a_person_stopping_the_run_is_an_input_not_a_code_and_nothing_restarts(c
     assert decide(Situation(0, 0, 3, interrupted=True)).action is Action.NONE
 
 
+@pytest.mark.parametrize(("code", "before", "preempted"), [(1, 0, False), (75, 0, False), (137, 0, False),
+                                                          (143, 3, False), (134, 0, True)])
+def test_a_person_running_the_stop_command_is_an_input_and_nothing_reruns_whatever_the_budget(
+        code: int, before: int, preempted: bool) -> None:
+    decision = decide(Situation(code, before, 3, node="pod-a worker 1", same_allocation=True, preempted=preempted,
+                                stopped_by="`tpu-stop`"))
+    assert (decision.outcome, decision.action, decision.spends_retry) == (Outcome.STOPPED, Action.STOP, False)
+    assert decision.describe() == "not retried: stopped by `tpu-stop`; the same command resumes"
+    # a run that completed stays completed, and a configuration error keeps its own reason
+    assert decide(Situation(0, 0, 3, same_allocation=True, stopped_by="`tpu-stop`")).action is Action.NONE
+    stopped_bad = decide(Situation(2, 0, 3, same_allocation=True, stopped_by="`tpu-stop`"))
+    assert (stopped_bad.outcome, stopped_bad.describe()) == (Outcome.CONFIGURATION_ERROR,
+                                                             "not retried: the same flags would fail again")
+    # without it (every other caller), the same situation is decided as before: reruns, or the budget's end
+    assert decide(Situation(code, before, 3, node="pod-a worker 1", same_allocation=True,
+                            preempted=preempted)).action is (Action.STOP if before == 3 else Action.RESTART)
+
+
 @pytest.mark.parametrize("code", [1, 137, 255, 75])
 def test_machines_taken_away_are_a_preemption_whatever_the_code(code: int) -> None:
     decision = decide(Situation(code, 3, 3, node="pod-a worker 1", same_allocation=True, preempted=True))

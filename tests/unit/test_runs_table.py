@@ -21,7 +21,7 @@ from job.observe import plot, runs_table
 from job.observe.goodput import Goodput
 from job.observe.report import Reporter
 from job.observe.status import State, find_runs, pending, state_of
-from job.runs import provenance, sweep
+from job.runs import attempts, provenance, sweep
 from job.train import config, loop
 from job.train import task as tasks
 
@@ -61,11 +61,13 @@ def cfg_of(run_dir: Path, task: str = "lm", **changes: Any) -> config.TrainConfi
                                  "steps": 40, "optim": config.OptimConfig(**optim), **plain})
 
 
-def restore(run_dir: Path, cfg: config.TrainConfig) -> None:
-    """What the loop's restore phase writes (config.json, a provenance attempt), before any record."""
+def restore(run_dir: Path, cfg: config.TrainConfig) -> int:
+    """What the loop's restore phase writes (config.json, a provenance attempt, the attempt's start in the attempt
+    record), before any other record: the attempt's number."""
     path = epath.Path(run_dir)
     loop._save_config(path, cfg)
     provenance.record(path, ["train", "--run-dir", str(run_dir)], {"kind": "single", "processes": 1})
+    return attempts.note_start(path)
 
 
 def attempt(run_dir: Path, cfg: config.TrainConfig, clock: Clock, *, start: int, reach: int, ends: str | None,
@@ -77,8 +79,8 @@ def attempt(run_dir: Path, cfg: config.TrainConfig, clock: Clock, *, start: int,
     path = epath.Path(run_dir)
     timer = Goodput(clock=clock, wall=clock)
     clock.t += 5.0  # start-up
-    restore(run_dir, cfg)
-    timer.resume(path, start)
+    number = restore(run_dir, cfg)
+    timer.resume(path, start, number)
     task = tasks.load(cfg.task)
     report = Reporter(path, start_step=start, total_steps=cfg.steps, items_per_step=64 * 32, unit=task.unit,
                       shown=task.shown)

@@ -19,7 +19,7 @@ from job.core.errors import ConfigError
 from job.runs.checkpoint import abstract
 from job.runs.config import CheckpointConfig
 from job.runs.local_tier import held
-from job.runs.tiers import FRESH, LOCAL, PERSISTENT, Checkpoints, Origin
+from job.runs.tiers import Checkpoints, Origin, Tier
 
 
 def _state_of(offset: float) -> dict[str, jax.Array]:
@@ -38,7 +38,7 @@ def _earlier_run(tmp_path: Path, persistent: list[int], local: list[int]) -> Non
     tier (state of step S: every value plus S), then stopped."""
     checkpoints = Checkpoints(epath.Path(tmp_path / "run"), _config(tmp_path, 1, every=2), abstract(_state_of(0.0)),
                               "node1", resume=True, end=100)
-    assert checkpoints.restore(lambda: _state_of(0.0)).origin == Origin(0, FRESH, "")
+    assert checkpoints.restore(lambda: _state_of(0.0)).origin == Origin(0, Tier.FRESH, "")
     for step in sorted(persistent + local):
         assert checkpoints.should_save(step)
         checkpoints.save(step, _state_of(float(step)))
@@ -63,7 +63,7 @@ def _values(state: Any) -> float:
 def test_a_node_local_step_newer_than_the_persistent_newest_wins_and_says_where_it_came_from(tmp_path: Path) -> None:
     _earlier_run(tmp_path, persistent=[2], local=[3])
     origin, state, checkpoints = _restored(tmp_path)
-    assert origin == Origin(3, LOCAL, "every process's from its own node") and _values(state) == 3.0
+    assert origin == Origin(3, Tier.LOCAL, "every process's from its own node") and _values(state) == 3.0
     np.testing.assert_array_equal(np.asarray(state["w"]), np.asarray(_state_of(3.0)["w"]))
     assert origin.said() == "resumed from step 3 (the node-local tier: every process's from its own node)"
     checkpoints.close(completed=True)
@@ -73,7 +73,7 @@ def test_a_node_local_step_newer_than_the_persistent_newest_wins_and_says_where_
 def test_a_node_local_step_older_than_the_persistent_newest_is_not_restored(tmp_path: Path) -> None:
     _earlier_run(tmp_path, persistent=[4], local=[3])
     origin, state, checkpoints = _restored(tmp_path)
-    assert origin == Origin(4, PERSISTENT, str(tmp_path / "run" / "checkpoints")) and _values(state) == 4.0
+    assert origin == Origin(4, Tier.PERSISTENT, str(tmp_path / "run" / "checkpoints")) and _values(state) == 4.0
     assert origin.said() == f"resumed from step 4 ({tmp_path / 'run' / 'checkpoints'})"
     checkpoints.close(completed=False)
 
@@ -81,7 +81,7 @@ def test_a_node_local_step_older_than_the_persistent_newest_is_not_restored(tmp_
 def test_without_the_node_local_tier_its_newer_step_is_never_read(tmp_path: Path) -> None:
     _earlier_run(tmp_path, persistent=[2], local=[3])
     origin, state, checkpoints = _restored(tmp_path, local_every=0)
-    assert (origin.step, origin.tier, _values(state)) == (2, PERSISTENT, 2.0)
+    assert (origin.step, origin.tier, _values(state)) == (2, Tier.PERSISTENT, 2.0)
     assert checkpoints.local is None and not checkpoints.should_save(5)
     assert not checkpoints.should_save(2)  # the step it restored
     checkpoints.close(completed=True)
@@ -90,7 +90,7 @@ def test_without_the_node_local_tier_its_newer_step_is_never_read(tmp_path: Path
 def test_no_resume_starts_afresh_moves_the_checkpoints_aside_and_clears_the_node_local_steps(tmp_path: Path) -> None:
     _earlier_run(tmp_path, persistent=[2], local=[3])
     origin, state, checkpoints = _restored(tmp_path, resume=False)
-    assert origin == Origin(0, FRESH, "") and origin.said() is None and _values(state) == -1.0
+    assert origin == Origin(0, Tier.FRESH, "") and origin.said() is None and _values(state) == -1.0
     assert checkpoints.newest_specs() is None and checkpoints.latest_step() is None
     assert checkpoints.moved is not None and (Path(checkpoints.moved) / "2").is_dir()  # kept, not deleted
     assert checkpoints.local is not None and held(checkpoints.local.folder) == []
