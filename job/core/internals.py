@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 # Every private name used here, "module:attribute" (dotted attribute paths allowed).
 JAX_XLA_BRIDGE = "jax._src.xla_bridge"
+JAX_API = "jax._src.api"
 JAX_DISTRIBUTED = "jax._src.distributed"
 JAX_CLOUD_TPU = "jax._src.clusters.cloud_tpu_cluster"
 ORBAX_MULTIHOST = "orbax.checkpoint._src.multihost.multihost"
@@ -46,6 +47,9 @@ PRIVATE = (
     f"{JAX_DISTRIBUTED}:global_state",
     # jax 0.10.2, 0.12.0.1: the preemption sync manager, whose notifier holds SIGTERM
     f"{JAX_DISTRIBUTED}:global_state.preemption_sync_manager",
+    # clears the backends (a TPU runtime letting go of the chip: seconds), then shuts the distributed system down;
+    # jax 0.10.2, 0.12.0.1: jax's exit handler
+    f"{JAX_API}:clean_up",
     # jax 0.10.2, 0.12.0.1: jax's own Cloud TPU VM detection (the metadata server's worker list)
     f"{JAX_CLOUD_TPU}:running_in_cloud_tpu_vm",
     f"{JAX_CLOUD_TPU}:GceTpuCluster.is_env_present",
@@ -78,6 +82,16 @@ def lookup(name: str) -> Any:
     for part in attribute.split("."):
         found = getattr(found, part)
     return found
+
+
+def skip_backend_teardown_at_exit() -> None:
+    """Take jax's exit handler off the list `atexit` runs (if jax was imported): the caller shuts the distributed
+    system down itself (`jax.distributed.shutdown`) and leaves the backends to the process's end."""
+    import atexit
+    import sys
+
+    if "jax" in sys.modules:
+        atexit.unregister(lookup(f"{JAX_API}:clean_up"))
 
 
 def cuda_visible_devices() -> str | None:

@@ -1,10 +1,11 @@
 """On a real TPU chip: the Pallas kernel against XLA's attention, the GPT-2-small preset's step fitting with
-its own batch, a SIGTERM saving and the same command resuming, a profile's trace; a user's model in its own
+its own batch, a SIGTERM saving within a step and the same command resuming bitwise, a profile's trace; a user's model in its own
 package reaching splash through job.kernels, and the same model at the memory's edge surviving its saves."""
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -47,8 +48,16 @@ def test_the_gpt2_small_preset_trains_at_its_own_batch_with_splash_and_the_remat
     assert "attention: splash, blocks of 512 for queries (16, 1024, 12, 64), 12 kv heads" in out
 
 
-def test_sigterm_saves_exits_75_and_the_same_command_resumes_with_a_profile(tmp_path: Path) -> None:
+def test_sigterm_saves_within_a_step_says_when_exits_75_and_the_same_command_resumes_bitwise_with_a_profile(
+        tmp_path: Path) -> None:
+    """The signal after step 40's line (the loop waits for a log step's end to print it, and a step takes about
+    140 ms): the chip runs step 41 when the signal lands, or is between 40 and 41, and the save is the next step's
+    at the latest (42), never one of the steps the host would have dispatched ahead; its line says how long after
+    the signal it was written; the summary leaves the slow figures out; the same command resumes and ends bitwise
+    where a straight run ends."""
     flags = ("--preset", "gpt2-small", "--steps", "60", "--eval-every", "1000", "--profile.steps", "30:31")
+    straight = _train(tmp_path / "straight", *flags)
+    assert straight.returncode == 0, straight.stderr[-4000:]
     proc = subprocess.Popen([sys.executable, "-m", "job", "train", "--run-dir", str(tmp_path / "run"), *flags],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log = []
@@ -58,10 +67,18 @@ def test_sigterm_saves_exits_75_and_the_same_command_resumes_with_a_profile(tmp_
             proc.send_signal(signal.SIGTERM)
             break
     rest, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 75, "".join(log) + rest
+    out = "".join(log) + rest
+    assert proc.returncode == 75, out
+    stopped = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert 40 <= stopped["final_step"] <= 42 and stopped["params_sha256"] is None, stopped
+    assert re.search(rf"preempted: saved step {stopped['final_step']}; exiting with 75 \(requeue\); written "
+                     r"\d+\.\d s after this process's signal", out), out
     resumed = _train(tmp_path, *flags)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert "resum" in resumed.stdout + resumed.stderr
+    assert f"resumed from step {stopped['final_step']}" in resumed.stdout + resumed.stderr
+    ended = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert ended["params_sha256"] == json.loads((tmp_path / "straight" / "run" / "summary.json").read_text())[
+        "params_sha256"]
     traces = list((tmp_path / "run").rglob("*.xplane.pb"))
     assert traces and all(t.stat().st_size > 0 for t in traces)
 
