@@ -121,7 +121,7 @@ def leave_stopped(code: int) -> NoReturn:
     shuts the distributed system down) took 5.5 s after the 838M run's save, and a preempted VM has about 30 s
     after its notice: the exit code, which tells the scheduler to requeue, must not wait for it."""
     if "jax" in sys.modules:  # jax's own handler would also clear the backends, the slow part: shut down only
-        import jax
+        import jax  # already imported by the run; this module starts without it (the commands that need no jax)
 
         jax.distributed.shutdown()  # the coordination service's last barrier, as jax's handler does it
         internals.skip_backend_teardown_at_exit()

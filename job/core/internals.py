@@ -14,9 +14,11 @@ imports no backend.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import os
+import sys
 from collections.abc import Iterator
 from types import CodeType
 from typing import TYPE_CHECKING, Any
@@ -33,6 +35,7 @@ JAX_CLOUD_TPU = "jax._src.clusters.cloud_tpu_cluster"
 ORBAX_MULTIHOST = "orbax.checkpoint._src.multihost.multihost"
 ORBAX_SIGNALING = "orbax.checkpoint._src.futures.signaling_client"
 ORBAX_ASYNC = "orbax.checkpoint._src.checkpointers.async_checkpointer"
+ORBAX_TS_UTILS = "orbax.checkpoint._src.serialization.tensorstore_utils"
 SUBMITIT_SLURM = "submitit.slurm.slurm"
 # submitit 1.5.4: the module each Slurm task runs (`python -m ...` FOLDER: unpickles and runs the job)
 SUBMITIT_TASK_MODULE = "submitit.core._submit"
@@ -62,6 +65,10 @@ PRIVATE = (
     f"{ORBAX_SIGNALING}:get_signaling_client",
     f"{ORBAX_SIGNALING}:ThreadSafeKeyValueSignalingClient",
     ORBAX_SAVE_THREAD,
+    # the tensorstore contexts its array handlers open (bench.ckpt_options turns their file sync off to measure
+    # what the sync costs); orbax-checkpoint 0.12.8
+    f"{ORBAX_TS_UTILS}:_BASE_TS_CONTEXT",
+    f"{ORBAX_TS_UTILS}:_DEFAULT_OCDBT_TS_CONTEXT",
     # submitit 1.5.4: the batch script SlurmExecutor writes, for a dry run and the golden files
     f"{SUBMITIT_SLURM}:_make_sbatch_string",
     f"{SUBMITIT_TASK_MODULE}:submitit_main",
@@ -87,11 +94,14 @@ def lookup(name: str) -> Any:
 def skip_backend_teardown_at_exit() -> None:
     """Take jax's exit handler off the list `atexit` runs (if jax was imported): the caller shuts the distributed
     system down itself (`jax.distributed.shutdown`) and leaves the backends to the process's end."""
-    import atexit
-    import sys
-
     if "jax" in sys.modules:
         atexit.unregister(lookup(f"{JAX_API}:clean_up"))
+
+
+def orbax_ts_contexts() -> tuple[dict[str, Any], ...]:
+    """The tensorstore context specs orbax's array handlers open their stores with (plain, and OCDBT's), which a
+    caller may change before a save."""
+    return (lookup(f"{ORBAX_TS_UTILS}:_BASE_TS_CONTEXT"), lookup(f"{ORBAX_TS_UTILS}:_DEFAULT_OCDBT_TS_CONTEXT"))
 
 
 def cuda_visible_devices() -> str | None:

@@ -1,0 +1,385 @@
+"""Where a checkpoint's time goes on a chip: the disk, orbax's options, the step beside a save, the restore.
+
+    python -m bench.ckpt_options OUT_DIR [--small]      # on a TPU VM; --small: a CPU-sized dry run
+
+One process. The disk's own rates (dd: synced write, O_DIRECT write and read, page-cache read); a one-number state
+saved by the template's Checkpointer and by orbax with the template's handler, synced, unsynced and without OCDBT,
+with orbax's log traced (OUT_DIR/orbax-trace.log, for where the fixed cost goes); a 1.9 GB state shaped like
+gpt2-small's train state (f32 parameters and two moments, 375 arrays) written whole by each option (OCDBT off,
+file sync off, bounded and pinned device-to-host copies, 256 MB data files, zarr3) against numpy (synced and not);
+steps of a ~60 ms matmul taken while a save writes; restore warm and cold (files evicted with posix_fadvise) against
+np.load + device_put. Figures go to OUT_DIR/probe.json and the console (bench/RESULTS-tpu.md section 6).
+Arrays read to the host once keep a host copy in jax: the whole-write figures of the orbax options after the
+first therefore leave the device-to-host copy out (bench.ckpt_beside saves fresh arrays).
+"""
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+OUT = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("bench-ckpt-out")
+OUT.mkdir(parents=True, exist_ok=True)
+ROOT = OUT / "folders"
+shutil.rmtree(ROOT, ignore_errors=True)
+ROOT.mkdir(parents=True)
+results: dict = {}
+
+
+def say(*a):
+    print(*a, flush=True)
+
+
+def sh(cmd):
+    done = subprocess.run(cmd, shell=True, capture_output=True, text=True)
+    return (done.stdout + done.stderr).strip()
+
+
+def save_results():
+    (OUT / "probe.json").write_text(json.dumps(results, indent=1, default=str))
+
+
+# ---- 0. the machine and the disk
+results["df"] = sh(f"df -hT {ROOT} /tmp; findmnt -T {ROOT}; nproc; free -g; cat /sys/block/*/queue/rotational 2>/dev/null | head -3")
+say(results["df"])
+dd = ROOT / "dd"
+DDN = 8 if "--small" in sys.argv else 64
+results["dd_write_fsync"] = sh(f"dd if=/dev/zero of={dd} bs=16M count={DDN} conv=fsync 2>&1 | tail -1")
+results["dd_read_warm"] = sh(f"dd if={dd} of=/dev/null bs=16M 2>&1 | tail -1")
+results["dd_read_direct"] = sh(f"dd if={dd} of=/dev/null bs=16M iflag=direct 2>&1 | tail -1")
+results["dd_write_direct"] = sh(f"dd if=/dev/zero of={dd}2 bs=16M count={DDN} oflag=direct conv=fsync 2>&1 | tail -1")
+results["dd_write_nosync"] = sh(f"rm -f {dd}2; dd if=/dev/zero of={dd}2 bs=16M count={DDN} 2>&1 | tail -1")
+sh(f"sync; rm -f {dd} {dd}2")
+for k in ("dd_write_fsync", "dd_read_warm", "dd_read_direct", "dd_write_direct", "dd_write_nosync"):
+    say(k, results[k])
+save_results()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import orbax.checkpoint as ocp  # noqa: E402
+from orbax.checkpoint.type_handlers import (  # noqa: E402
+    ArrayHandler, create_type_handler_registry, get_type_handler, supported_types)
+
+from job.core import internals  # noqa: E402
+from job.runs.checkpoint import Checkpointer, abstract  # noqa: E402
+from job.runs.config import CheckpointConfig  # noqa: E402
+
+results["versions"] = {"jax": jax.__version__, "orbax": ocp.__version__, "device": str(jax.devices()[0].device_kind)}
+say(results["versions"])
+
+events: dict[str, float] = {}
+listening = {"on": False}
+
+
+def record(event, seconds, **_):
+    if listening["on"]:
+        events[event] = events.get(event, 0.0) + seconds
+
+
+jax.monitoring.register_event_duration_secs_listener(record)
+
+# ---- the state: gpt2-small's train state's shapes (param, mu, nu), f32, about 1.9 GB in about 300 arrays
+SMALL = bool("--small" in sys.argv)
+shapes = [(50304 // (8 if SMALL else 1), 768)] * 2
+for _ in range(12):
+    shapes += [(768, 2304), (2304,), (768, 768), (768,), (768, 3072), (3072,), (3072, 768), (768,), (768,), (768,)]
+shapes += [(1024, 768), (768,), (768,)]
+make = {}
+
+
+def filled(shape, seed):
+    if shape not in make:
+        make[shape] = jax.jit(lambda k, s=shape: jax.random.normal(k, s, jnp.float32))
+    return make[shape](jax.random.key(seed))
+
+
+state = {f"{kind}": [filled(s, i * 3 + j) for i, s in enumerate(shapes)] for j, kind in enumerate(("p", "mu", "nu"))}
+jax.block_until_ready(state)
+leaves = jax.tree.leaves(state)
+nbytes = sum(x.nbytes for x in leaves)
+results["state"] = {"arrays": len(leaves), "bytes": nbytes}
+say("state", len(leaves), nbytes / 2**20, "MiB")
+tiny = {"x": jnp.zeros((), jnp.float32)}
+
+
+def handler(**kw):
+    others = [(ty, get_type_handler(ty)) for ty in supported_types() if ty is not jax.Array]
+    registry = create_type_handler_registry((jax.Array, ArrayHandler(use_replica_parallel=False)), *others)
+    return ocp.PyTreeCheckpointHandler(type_handler_registry=registry, use_compression=False, **kw)
+
+
+def manager(path, **kw):
+    return ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(
+        max_to_keep=1, enable_async_checkpointing=True, enable_background_delete=True, create=True),
+        item_handlers=handler(**kw))
+
+
+def set_sync(on: bool):
+    for ctx in internals.orbax_ts_contexts():
+        if on:
+            ctx.pop("file_io_sync", None)
+        else:
+            ctx["file_io_sync"] = False
+
+
+def du(path):
+    return sh(f"du -sb {path} | cut -f1; find {path} -type f | wc -l")
+
+
+def orbax_variant(name, kw=None, sync=True, file_size=None, item=None, saves=3):
+    """Whole write (save + wait) of `saves` saves into a fresh manager; orbax's events of the last."""
+    item = state if item is None else item
+    set_sync(sync)
+    path = ROOT / name
+    out = {"block": [], "whole": []}
+    m = None
+    try:
+        m = manager(path, **(kw or {}))
+        for step in range(1, saves + 1):
+            events.clear()
+            listening["on"] = True
+            t = time.perf_counter()
+            args = ocp.args.PyTreeSave(item, ocdbt_target_data_file_size=file_size) if file_size else ocp.args.PyTreeSave(item)
+            m.save(step, args=args, force=True)
+            out["block"].append(time.perf_counter() - t)
+            m.wait_until_finished()
+            out["whole"].append(time.perf_counter() - t)
+            listening["on"] = False
+        out["events"] = dict(sorted(events.items()))
+        out["du"] = du(path / str(saves))
+    except Exception as exc:  # noqa: BLE001
+        out["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+        listening["on"] = False
+    finally:
+        try:
+            if m is not None:
+                m.close()
+        except Exception:  # noqa: BLE001
+            pass
+        set_sync(True)
+    results.setdefault("orbax", {})[name] = out
+    say(name, {k: [round(x, 3) for x in v] if isinstance(v, list) else v for k, v in out.items() if k != "events"})
+    save_results()
+    return path
+
+
+def template_variant(name, item, saves=3, **cfg):
+    path = ROOT / name
+    c = Checkpointer(path, CheckpointConfig(every=1, keep=1, **cfg), training=True)
+    out = {"block": [], "whole": []}
+    for step in range(1, saves + 1):
+        events.clear()
+        listening["on"] = True
+        t = time.perf_counter()
+        c.save(step, item)
+        out["block"].append(time.perf_counter() - t)
+        c.wait()
+        out["whole"].append(time.perf_counter() - t)
+        listening["on"] = False
+    out["events"] = dict(sorted(events.items()))
+    results.setdefault("template", {})[name] = out
+    say(name, {k: [round(x, 3) for x in v] for k, v in out.items() if k != "events"})
+    save_results()
+    return c, path
+
+
+def numpy_write(name, sync):
+    path = ROOT / name
+    shutil.rmtree(path, ignore_errors=True)
+    t = time.perf_counter()
+    path.mkdir()
+    for i, x in enumerate(jax.device_get(leaves)):
+        with open(path / f"{i}.npy", "wb") as f:
+            np.save(f, x)
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
+    if sync:
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    return time.perf_counter() - t
+
+
+def drop_cache(path):
+    """Evict a folder's files from the page cache (they are synced first): a cold read without root."""
+    os.sync()
+    for f in Path(path).rglob("*"):
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+
+
+# ---- 1. fixed cost: a one-number state, with a trace of orbax's log
+trace = logging.FileHandler(OUT / "orbax-trace.log")
+trace.setFormatter(logging.Formatter("%(relativeCreated)10.1f %(threadName)s %(name)s %(message)s"))
+trace.setLevel(logging.DEBUG)
+absl = logging.getLogger("absl")
+absl.addHandler(trace)
+absl.setLevel(logging.DEBUG)
+try:
+    from absl import logging as absl_logging
+    absl_logging.set_verbosity(1)
+except Exception:  # noqa: BLE001
+    pass
+logging.getLogger("job").addHandler(trace)
+logging.getLogger("job").setLevel(logging.DEBUG)
+absl.info("=== template, one number, 3 saves")
+template_variant("tiny-template", tiny, saves=2)
+absl.info("=== orbax (our handler), one number")
+orbax_variant("tiny-orbax", item=tiny, saves=2)
+absl.info("=== orbax, one number, no file sync")
+orbax_variant("tiny-orbax-nosync", item=tiny, sync=False, saves=2)
+absl.info("=== orbax, one number, no ocdbt")
+orbax_variant("tiny-orbax-noocdbt", {"use_ocdbt": False}, item=tiny, saves=2)
+absl.info("=== template, the state")
+c, tpath = template_variant("state-template", state, saves=2)
+absl.removeHandler(trace)
+absl.setLevel(logging.WARNING)
+logging.getLogger("job").removeHandler(trace)
+try:
+    from absl import logging as absl_logging
+    absl_logging.set_verbosity(0)
+except Exception:  # noqa: BLE001
+    pass
+
+# ---- 2. the whole write of the state, by option
+nump = {"nosync": [], "sync": []}
+for _ in range(2):
+    nump["sync"].append(numpy_write("np-sync", True))
+    nump["nosync"].append(numpy_write("np-nosync", False))
+results["numpy"] = nump
+say("numpy", nump)
+save_results()
+budget_end = time.monotonic() + 240.0
+for name, kw, sync, fsize in [
+    ("orbax", {}, True, None),
+    ("orbax-nosync", {}, False, None),
+    ("orbax-noocdbt", {"use_ocdbt": False}, True, None),
+    ("orbax-d2h-256M", {"save_device_host_concurrent_gb": 0.25}, True, None),
+    ("orbax-pinned", {"enable_pinned_host_transfer": True}, True, None),
+    ("orbax-files-256M", {}, True, 256 * 2**20),
+    ("orbax-zarr3", {"use_zarr3": True}, True, None),
+]:
+    if time.monotonic() > budget_end:
+        say("skipped", name)
+        continue
+    orbax_variant(name, kw, sync, fsize, saves=2)
+
+# ---- 3. steps beside a save: a ~70 ms matmul step, timed one by one through the write
+N = 1024 if SMALL else 8192
+x = jax.random.normal(jax.random.key(7), (N, N), jnp.bfloat16)
+
+
+@jax.jit
+def step(a):
+    for _ in range(10):
+        a = (a @ a) * 1e-4
+    return a
+
+
+y = step(x).block_until_ready()
+
+
+def one():
+    global y
+    t = time.perf_counter()
+    y = step(y)
+    y.block_until_ready()
+    return time.perf_counter() - t
+
+
+plain = [one() for _ in range(8)]
+results["plain_step"] = plain
+say("plain step", [round(s, 4) for s in plain])
+
+
+def beside(name, start, busy, finish):
+    t0 = time.perf_counter()
+    start()
+    blocked = time.perf_counter() - t0
+    steps = []
+    while busy() and len(steps) < 400 and time.perf_counter() - t0 < 15:
+        steps.append(one())
+    finish()
+    whole = time.perf_counter() - t0
+    results.setdefault("beside", {})[name] = {"blocked": blocked, "steps": steps, "whole": whole}
+    say(name, "blocked", round(blocked, 3), "steps", len(steps), "first", [round(s, 4) for s in steps[:6]],
+        "median", round(sorted(steps)[len(steps) // 2], 4) if steps else None, "whole", round(whole, 2))
+    save_results()
+
+
+counter = iter(range(100, 10_000))
+beside("template (copy + thread)", lambda: c.save(next(counter), state), c._busy, c.wait)
+for name, kw in [("orbax on the loop", {}), ("orbax pinned", {"enable_pinned_host_transfer": True}),
+                 ("orbax d2h 256M", {"save_device_host_concurrent_gb": 0.25})]:
+    try:
+        m = manager(ROOT / ("beside-" + name.replace(" ", "-")), **kw)
+        beside(name, lambda m=m: m.save(next(counter), args=ocp.args.PyTreeSave(state), force=True),
+               m.is_saving_in_progress, m.wait_until_finished)
+    except Exception as exc:  # noqa: BLE001
+        say(name, "failed", exc)
+        continue
+    m.close()
+
+
+# host copy in a thread, chunked, then numpy write: what the chip allows beside a step
+def host_chunks():
+    def run():
+        for x_ in leaves:
+            np.asarray(x_)
+    th = threading.Thread(target=run)
+    th.start()
+    return th
+
+
+holder = {}
+beside("device_get per array on a thread", lambda: holder.update(th=host_chunks()),
+       lambda: holder["th"].is_alive(), lambda: holder["th"].join())
+
+# ---- 4. restore, warm and cold
+like = abstract(state)
+flat_like = jax.tree.leaves(like)
+
+
+def orbax_restore(path, step, cold):
+    if cold:
+        drop_cache(path)
+    m = ocp.CheckpointManager(path, item_handlers=handler())
+    t = time.perf_counter()
+    got = m.restore(step, args=ocp.args.PyTreeRestore(item=like, restore_args=ocp.checkpoint_utils.construct_restore_args(like)))
+    jax.block_until_ready(got)
+    s = time.perf_counter() - t
+    m.close()
+    return s
+
+
+def numpy_restore(cold):
+    path = ROOT / "np-sync"
+    if cold:
+        drop_cache(path)
+    t = time.perf_counter()
+    arrays = [jax.device_put(np.load(path / f"{i}.npy"), x.sharding) for i, x in enumerate(flat_like)]
+    jax.block_until_ready(arrays)
+    return time.perf_counter() - t
+
+
+rest = {}
+opath = ROOT / "orbax"
+ostep = max(int(p.name) for p in opath.iterdir() if p.name.isdigit()) if opath.exists() else None
+for cold in (False, True, False, True):
+    key = "cold" if cold else "warm"
+    if ostep is not None:
+        rest.setdefault(f"orbax {key}", []).append(orbax_restore(opath, ostep, cold))
+    rest.setdefault(f"numpy {key}", []).append(numpy_restore(cold))
+    say(rest)
+results["restore"] = rest
+save_results()
+say("done")
