@@ -9,7 +9,7 @@
 | step | the example train step through the template vs a hand-written `jax.jit` data-parallel step |
 | scaling | `job.launch` + `job.initialize` vs a Popen loop + `jax.distributed.initialize`, 1..32 processes |
 | hostsync | `job.multihost` sync helpers vs the raw `multihost_utils` calls, 4 and 16 processes |
-| ckpt | async orbax save (blocking time vs step time), save and restore vs numpy |
+| ckpt | async orbax save (blocking time, every step beside the write, vs step time), save and restore vs numpy (synced) and the disk's synced rate |
 | pipeline | global batch assembly vs the train step (input stall) |
 | mfu | model FLOPs utilisation of a GPT-2-small-sized example LM on one GPU (skipped without one) |
 | growth | the loop's train step and checkpoint save vs model size (3 sizes) and process count (1..8, weak scaling) |
