@@ -35,9 +35,14 @@ def say(*a):
     print(*a, flush=True)
 
 
-def sh(cmd):
-    done = subprocess.run(cmd, shell=True, capture_output=True, text=True)
+def run(*argv: str) -> str:
+    """A command's output (argv, no shell), stdout and stderr together; its last line for dd's rate."""
+    done = subprocess.run(list(argv), capture_output=True, text=True, check=False)
     return (done.stdout + done.stderr).strip()
+
+
+def last(text: str) -> str:
+    return text.splitlines()[-1] if text else ""
 
 
 def save_results():
@@ -45,16 +50,21 @@ def save_results():
 
 
 # ---- 0. the machine and the disk
-results["df"] = sh(f"df -hT {ROOT} /tmp; findmnt -T {ROOT}; nproc; free -g; cat /sys/block/*/queue/rotational 2>/dev/null | head -3")
+results["df"] = "\n".join([run("df", "-hT", str(ROOT), "/tmp"), run("findmnt", "-T", str(ROOT)), run("nproc"),
+                            run("free", "-g")])
 say(results["df"])
 dd = ROOT / "dd"
 DDN = 8 if "--small" in sys.argv else 64
-results["dd_write_fsync"] = sh(f"dd if=/dev/zero of={dd} bs=16M count={DDN} conv=fsync 2>&1 | tail -1")
-results["dd_read_warm"] = sh(f"dd if={dd} of=/dev/null bs=16M 2>&1 | tail -1")
-results["dd_read_direct"] = sh(f"dd if={dd} of=/dev/null bs=16M iflag=direct 2>&1 | tail -1")
-results["dd_write_direct"] = sh(f"dd if=/dev/zero of={dd}2 bs=16M count={DDN} oflag=direct conv=fsync 2>&1 | tail -1")
-results["dd_write_nosync"] = sh(f"rm -f {dd}2; dd if=/dev/zero of={dd}2 bs=16M count={DDN} 2>&1 | tail -1")
-sh(f"sync; rm -f {dd} {dd}2")
+results["dd_write_fsync"] = last(run("dd", "if=/dev/zero", f"of={dd}", "bs=16M", f"count={DDN}", "conv=fsync"))
+results["dd_read_warm"] = last(run("dd", f"if={dd}", "of=/dev/null", "bs=16M"))
+results["dd_read_direct"] = last(run("dd", f"if={dd}", "of=/dev/null", "bs=16M", "iflag=direct"))
+results["dd_write_direct"] = last(run("dd", "if=/dev/zero", f"of={dd}2", "bs=16M", f"count={DDN}", "oflag=direct",
+                                      "conv=fsync"))
+Path(f"{dd}2").unlink(missing_ok=True)
+results["dd_write_nosync"] = last(run("dd", "if=/dev/zero", f"of={dd}2", "bs=16M", f"count={DDN}"))
+os.sync()
+dd.unlink(missing_ok=True)
+Path(f"{dd}2").unlink(missing_ok=True)
 for k in ("dd_write_fsync", "dd_read_warm", "dd_read_direct", "dd_write_direct", "dd_write_nosync"):
     say(k, results[k])
 save_results()
@@ -129,7 +139,8 @@ def set_sync(on: bool):
 
 
 def du(path):
-    return sh(f"du -sb {path} | cut -f1; find {path} -type f | wc -l")
+    files = [f for f in Path(path).rglob("*") if f.is_file()]
+    return f"{sum(f.stat().st_size for f in files)} bytes in {len(files)} files"
 
 
 def orbax_variant(name, kw=None, sync=True, file_size=None, item=None, saves=3):
