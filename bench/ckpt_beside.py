@@ -42,26 +42,13 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
-from orbax.checkpoint.type_handlers import (  # noqa: E402
-    ArrayHandler, create_type_handler_registry, get_type_handler, supported_types)
 
 import job.runs.checkpoint as jc  # noqa: E402
+from bench.ckpt_chip import Stepper, handler, manager, train_state  # noqa: E402
 from job.runs.checkpoint import Checkpointer, abstract, snapshot  # noqa: E402
 from job.runs.config import CheckpointConfig  # noqa: E402
 
-shapes = [(50304 // (8 if SMALL else 1), 768)] * 2
-for _ in range(12):
-    shapes += [(768, 2304), (2304,), (768, 768), (768,), (768, 3072), (3072,), (3072, 768), (768,), (768,), (768,)]
-make = {}
-
-
-def filled(shape, seed):
-    if shape not in make:
-        make[shape] = jax.jit(lambda k, s=shape: jax.random.normal(k, s, jnp.float32))
-    return make[shape](jax.random.key(seed))
-
-
-state = {k: [filled(s, i * 3 + j) for i, s in enumerate(shapes)] for j, k in enumerate(("p", "mu", "nu"))}
+state = train_state(SMALL)
 bump = jax.jit(lambda t: jax.tree.map(lambda x: x * 1.0001, t))
 
 
@@ -76,42 +63,11 @@ def fresh():
 fresh()
 nbytes = sum(x.nbytes for x in jax.tree.leaves(state))
 say("state MiB", nbytes / 2**20)
-N = 1024 if SMALL else 8192
-y = jax.random.normal(jax.random.key(7), (N, N), jnp.bfloat16)
-
-
-@jax.jit
-def step(a):
-    for _ in range(10):
-        a = (a @ a) * 1e-4
-    return a
-
-
-y = step(y).block_until_ready()
-
-
-def one():
-    global y
-    t = time.perf_counter()
-    y = step(y)
-    y.block_until_ready()
-    return time.perf_counter() - t
-
+stepper = Stepper(SMALL)
+one = stepper.one
 
 results["plain"] = [one() for _ in range(10)]
 say("plain", [round(x, 4) for x in results["plain"]])
-
-
-def handler(**kw):
-    others = [(ty, get_type_handler(ty)) for ty in supported_types() if ty is not jax.Array]
-    registry = create_type_handler_registry((jax.Array, ArrayHandler(use_replica_parallel=False)), *others)
-    return ocp.PyTreeCheckpointHandler(type_handler_registry=registry, use_compression=False, **kw)
-
-
-def manager(path, **kw):
-    return ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(
-        max_to_keep=1, enable_async_checkpointing=True, enable_background_delete=True, create=True),
-        item_handlers=handler(**kw))
 
 
 def beside(name, start, busy, finish, saves=2):

@@ -73,9 +73,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
-from orbax.checkpoint.type_handlers import (  # noqa: E402
-    ArrayHandler, create_type_handler_registry, get_type_handler, supported_types)
 
+from bench.ckpt_chip import Stepper, handler, manager, train_state  # noqa: E402
 from job.core import internals  # noqa: E402
 from job.runs.checkpoint import Checkpointer, abstract  # noqa: E402
 from job.runs.config import CheckpointConfig  # noqa: E402
@@ -96,38 +95,12 @@ jax.monitoring.register_event_duration_secs_listener(record)
 
 # ---- the state: gpt2-small's train state's shapes (param, mu, nu), f32, about 1.9 GB in about 300 arrays
 SMALL = bool("--small" in sys.argv)
-shapes = [(50304 // (8 if SMALL else 1), 768)] * 2
-for _ in range(12):
-    shapes += [(768, 2304), (2304,), (768, 768), (768,), (768, 3072), (3072,), (3072, 768), (768,), (768,), (768,)]
-shapes += [(1024, 768), (768,), (768,)]
-make = {}
-
-
-def filled(shape, seed):
-    if shape not in make:
-        make[shape] = jax.jit(lambda k, s=shape: jax.random.normal(k, s, jnp.float32))
-    return make[shape](jax.random.key(seed))
-
-
-state = {f"{kind}": [filled(s, i * 3 + j) for i, s in enumerate(shapes)] for j, kind in enumerate(("p", "mu", "nu"))}
-jax.block_until_ready(state)
+state = train_state(SMALL)
 leaves = jax.tree.leaves(state)
 nbytes = sum(x.nbytes for x in leaves)
 results["state"] = {"arrays": len(leaves), "bytes": nbytes}
 say("state", len(leaves), nbytes / 2**20, "MiB")
 tiny = {"x": jnp.zeros((), jnp.float32)}
-
-
-def handler(**kw):
-    others = [(ty, get_type_handler(ty)) for ty in supported_types() if ty is not jax.Array]
-    registry = create_type_handler_registry((jax.Array, ArrayHandler(use_replica_parallel=False)), *others)
-    return ocp.PyTreeCheckpointHandler(type_handler_registry=registry, use_compression=False, **kw)
-
-
-def manager(path, **kw):
-    return ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(
-        max_to_keep=1, enable_async_checkpointing=True, enable_background_delete=True, create=True),
-        item_handlers=handler(**kw))
 
 
 def set_sync(on: bool):
@@ -285,28 +258,8 @@ for name, kw, sync, fsize in [
     orbax_variant(name, kw, sync, fsize, saves=2)
 
 # ---- 3. steps beside a save: a ~70 ms matmul step, timed one by one through the write
-N = 1024 if SMALL else 8192
-x = jax.random.normal(jax.random.key(7), (N, N), jnp.bfloat16)
-
-
-@jax.jit
-def step(a):
-    for _ in range(10):
-        a = (a @ a) * 1e-4
-    return a
-
-
-y = step(x).block_until_ready()
-
-
-def one():
-    global y
-    t = time.perf_counter()
-    y = step(y)
-    y.block_until_ready()
-    return time.perf_counter() - t
-
-
+stepper = Stepper(SMALL)
+one = stepper.one
 plain = [one() for _ in range(8)]
 results["plain_step"] = plain
 say("plain step", [round(s, 4) for s in plain])

@@ -1,0 +1,71 @@
+"""What bench.ckpt_options and bench.ckpt_beside share: a state shaped like gpt2-small's train state, orbax's manager
+with the template's handler, and a ~60 ms matmul step timed one by one (imports jax: only those two import it)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+from orbax.checkpoint.type_handlers import ArrayHandler, create_type_handler_registry, get_type_handler, supported_types
+
+
+def state_shapes(small: bool) -> list[tuple[int, ...]]:
+    """gpt2-small's parameters' shapes (its embedding an eighth as tall with `small`): 125 arrays, 1 of 3 in the
+    train state (the parameters and Adam's two moments)."""
+    shapes: list[tuple[int, ...]] = [(50304 // (8 if small else 1), 768)] * 2
+    for _ in range(12):
+        shapes += [(768, 2304), (2304,), (768, 768), (768,), (768, 3072), (3072,), (3072, 768), (768,), (768,), (768,)]
+    return shapes + [(1024, 768), (768,), (768,)]
+
+
+def train_state(small: bool) -> dict[str, list[jax.Array]]:
+    """Random f32 arrays of `state_shapes`, three of each ("p", "mu", "nu"): about 1.9 GB (small: about 1.1 GB)."""
+    made: dict[tuple[int, ...], Callable[[jax.Array], jax.Array]] = {}
+
+    def filled(shape: tuple[int, ...], seed: int) -> jax.Array:
+        if shape not in made:
+            made[shape] = jax.jit(lambda key, s=shape: jax.random.normal(key, s, jnp.float32))
+        return made[shape](jax.random.key(seed))
+
+    state = {kind: [filled(s, i * 3 + j) for i, s in enumerate(state_shapes(small))]
+             for j, kind in enumerate(("p", "mu", "nu"))}
+    return jax.block_until_ready(state)
+
+
+def handler(**options: Any) -> ocp.PyTreeCheckpointHandler:
+    """The template's handler (job/runs/checkpoint.py: one replica per array, no compression) with `options`."""
+    others = [(ty, get_type_handler(ty)) for ty in supported_types() if ty is not jax.Array]
+    registry = create_type_handler_registry((jax.Array, ArrayHandler(use_replica_parallel=False)), *others)
+    return ocp.PyTreeCheckpointHandler(type_handler_registry=registry, use_compression=False, **options)
+
+
+def manager(path: Any, **options: Any) -> ocp.CheckpointManager:
+    """An async manager keeping one step, saving through `handler(**options)`."""
+    return ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(
+        max_to_keep=1, enable_async_checkpointing=True, enable_background_delete=True, create=True),
+        item_handlers=handler(**options))
+
+
+class Stepper:
+    """Ten chained bf16 matmuls of N x N (about 60 ms on a v5e chip at 8192): `one()` times a step to its end."""
+
+    def __init__(self, small: bool) -> None:
+        n = 1024 if small else 8192
+        self.step = jax.jit(self._chain)
+        self.y = self.step(jax.random.normal(jax.random.key(7), (n, n), jnp.bfloat16)).block_until_ready()
+
+    @staticmethod
+    def _chain(a: jax.Array) -> jax.Array:
+        for _ in range(10):
+            a = (a @ a) * 1e-4
+        return a
+
+    def one(self) -> float:
+        began = time.perf_counter()
+        self.y = self.step(self.y)
+        self.y.block_until_ready()
+        return time.perf_counter() - began
