@@ -78,6 +78,27 @@ def synced_write_rate(folder: Path, size: int = 2**31) -> float:
     return rate
 
 
+def write_numpy(folder: Path, arrays: list, *, sync: bool = True) -> None:
+    """The numpy baseline's write: `jax.device_get` of `arrays`, one `np.save` each into `folder` (made), every file
+    and the folder fsynced with `sync`, as orbax's tensorstore syncs what it writes."""
+    import jax  # a benchmark's worker imports jax after setting its device count
+    import numpy as np
+
+    folder.mkdir()
+    for i, x in enumerate(jax.device_get(arrays)):
+        with (folder / f"{i}.npy").open("wb") as f:
+            np.save(f, x)
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
+    if sync:
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def dropped_from_cache(folder: Path) -> None:
     """Every file under `folder` synced and evicted from the page cache (posix_fadvise DONTNEED, no root needed):
     the next read comes from the disk, cold."""
@@ -228,15 +249,7 @@ def worker(argv: list[str]) -> None:
     def numpy_write() -> float:
         shutil.rmtree(npdir, ignore_errors=True)
         start = time.perf_counter()
-        npdir.mkdir()
-        for i, x in enumerate(jax.device_get(jax.tree.leaves(state()))):
-            with (npdir / f"{i}.npy").open("wb") as f:
-                np.save(f, x)
-                f.flush()
-                os.fsync(f.fileno())
-        folder = os.open(npdir, os.O_RDONLY)
-        os.fsync(folder)
-        os.close(folder)
+        write_numpy(npdir, jax.tree.leaves(state()))
         return time.perf_counter() - start
 
     tiny = Checkpointer(root / "orbax-tiny", CheckpointConfig(every=1, keep=2, async_save=True))

@@ -1,4 +1,4 @@
-"""Where a checkpoint's time goes on a chip: the disk, orbax's options, the step beside a save, the restore.
+"""Where a checkpoint's time goes on a chip: the disk, orbax's options, the restore.
 
     python -m bench.ckpt_options OUT_DIR [--small]      # on a TPU VM; --small: a CPU-sized dry run
 
@@ -7,8 +7,9 @@ saved by the template's Checkpointer and by orbax with the template's handler, s
 with orbax's log traced (OUT_DIR/orbax-trace.log, for where the fixed cost goes); a 1.9 GB state shaped like
 gpt2-small's train state (f32 parameters and two moments, 375 arrays) written whole by each option (OCDBT off,
 file sync off, bounded and pinned device-to-host copies, 256 MB data files, zarr3) against numpy (synced and not);
-steps of a ~60 ms matmul taken while a save writes; restore warm and cold (files evicted with posix_fadvise) against
-np.load + device_put. Figures go to OUT_DIR/probe.json and the console (bench/RESULTS-tpu.md section 6).
+restore warm and cold (files evicted with posix_fadvise) against np.load + device_put. The steps beside a save
+are bench.ckpt_beside's, which saves fresh arrays each time. Figures go to OUT_DIR/probe.json and the console
+(bench/RESULTS-tpu.md section 6).
 Arrays read to the host once keep a host copy in jax: the whole-write figures of the orbax options after the
 first therefore leave the device-to-host copy out (bench.ckpt_beside saves fresh arrays).
 """
@@ -19,7 +20,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -74,7 +74,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 
-from bench.ckpt_chip import Stepper, handler, manager, train_state  # noqa: E402
+from bench.ckpt import dropped_from_cache, write_numpy  # noqa: E402
+from bench.ckpt_chip import handler, manager, train_state  # noqa: E402
 from job.core import internals  # noqa: E402
 from job.runs.checkpoint import Checkpointer, abstract  # noqa: E402
 from job.runs.config import CheckpointConfig  # noqa: E402
@@ -177,28 +178,8 @@ def numpy_write(name, sync):
     path = ROOT / name
     shutil.rmtree(path, ignore_errors=True)
     t = time.perf_counter()
-    path.mkdir()
-    for i, x in enumerate(jax.device_get(leaves)):
-        with open(path / f"{i}.npy", "wb") as f:
-            np.save(f, x)
-            if sync:
-                f.flush()
-                os.fsync(f.fileno())
-    if sync:
-        fd = os.open(path, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
+    write_numpy(path, leaves, sync=sync)
     return time.perf_counter() - t
-
-
-def drop_cache(path):
-    """Evict a folder's files from the page cache (they are synced first): a cold read without root."""
-    os.sync()
-    for f in Path(path).rglob("*"):
-        if f.is_file():
-            fd = os.open(f, os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
 
 
 # ---- 1. fixed cost: a one-number state, with a trace of orbax's log
@@ -224,7 +205,7 @@ orbax_variant("tiny-orbax-nosync", item=tiny, sync=False, saves=2)
 absl.info("=== orbax, one number, no ocdbt")
 orbax_variant("tiny-orbax-noocdbt", {"use_ocdbt": False}, item=tiny, saves=2)
 absl.info("=== template, the state")
-c, tpath = template_variant("state-template", state, saves=2)
+template_variant("state-template", state, saves=2)
 absl.removeHandler(trace)
 absl.setLevel(logging.WARNING)
 logging.getLogger("job").removeHandler(trace)
@@ -257,65 +238,14 @@ for name, kw, sync, fsize in [
         continue
     orbax_variant(name, kw, sync, fsize, saves=2)
 
-# ---- 3. steps beside a save: a ~70 ms matmul step, timed one by one through the write
-stepper = Stepper(SMALL)
-one = stepper.one
-plain = [one() for _ in range(8)]
-results["plain_step"] = plain
-say("plain step", [round(s, 4) for s in plain])
-
-
-def beside(name, start, busy, finish):
-    t0 = time.perf_counter()
-    start()
-    blocked = time.perf_counter() - t0
-    steps = []
-    while busy() and len(steps) < 400 and time.perf_counter() - t0 < 15:
-        steps.append(one())
-    finish()
-    whole = time.perf_counter() - t0
-    results.setdefault("beside", {})[name] = {"blocked": blocked, "steps": steps, "whole": whole}
-    say(name, "blocked", round(blocked, 3), "steps", len(steps), "first", [round(s, 4) for s in steps[:6]],
-        "median", round(sorted(steps)[len(steps) // 2], 4) if steps else None, "whole", round(whole, 2))
-    save_results()
-
-
-counter = iter(range(100, 10_000))
-beside("template (copy + thread)", lambda: c.save(next(counter), state), c._busy, c.wait)
-for name, kw in [("orbax on the loop", {}), ("orbax pinned", {"enable_pinned_host_transfer": True}),
-                 ("orbax d2h 256M", {"save_device_host_concurrent_gb": 0.25})]:
-    try:
-        m = manager(ROOT / ("beside-" + name.replace(" ", "-")), **kw)
-        beside(name, lambda m=m: m.save(next(counter), args=ocp.args.PyTreeSave(state), force=True),
-               m.is_saving_in_progress, m.wait_until_finished)
-    except Exception as exc:  # noqa: BLE001
-        say(name, "failed", exc)
-        continue
-    m.close()
-
-
-# host copy in a thread, chunked, then numpy write: what the chip allows beside a step
-def host_chunks():
-    def run():
-        for x_ in leaves:
-            np.asarray(x_)
-    th = threading.Thread(target=run)
-    th.start()
-    return th
-
-
-holder = {}
-beside("device_get per array on a thread", lambda: holder.update(th=host_chunks()),
-       lambda: holder["th"].is_alive(), lambda: holder["th"].join())
-
-# ---- 4. restore, warm and cold
+# ---- 3. restore, warm and cold (steps beside a save of fresh arrays: bench.ckpt_beside)
 like = abstract(state)
 flat_like = jax.tree.leaves(like)
 
 
 def orbax_restore(path, step, cold):
     if cold:
-        drop_cache(path)
+        dropped_from_cache(path)
     m = ocp.CheckpointManager(path, item_handlers=handler())
     t = time.perf_counter()
     got = m.restore(step, args=ocp.args.PyTreeRestore(item=like, restore_args=ocp.checkpoint_utils.construct_restore_args(like)))
@@ -328,7 +258,7 @@ def orbax_restore(path, step, cold):
 def numpy_restore(cold):
     path = ROOT / "np-sync"
     if cold:
-        drop_cache(path)
+        dropped_from_cache(path)
     t = time.perf_counter()
     arrays = [jax.device_put(np.load(path / f"{i}.npy"), x.sharding) for i, x in enumerate(flat_like)]
     jax.block_until_ready(arrays)

@@ -18,7 +18,6 @@ import atexit
 import contextlib
 import importlib
 import os
-import sys
 from collections.abc import Iterator
 from types import CodeType
 from typing import TYPE_CHECKING, Any
@@ -92,10 +91,9 @@ def lookup(name: str) -> Any:
 
 
 def skip_backend_teardown_at_exit() -> None:
-    """Take jax's exit handler off the list `atexit` runs (if jax was imported): the caller shuts the distributed
+    """Take jax's exit handler off the list `atexit` runs (jax imported already): the caller shuts the distributed
     system down itself (`jax.distributed.shutdown`) and leaves the backends to the process's end."""
-    if "jax" in sys.modules:
-        atexit.unregister(lookup(f"{JAX_API}:clean_up"))
+    atexit.unregister(lookup(f"{JAX_API}:clean_up"))
 
 
 def orbax_ts_contexts() -> tuple[dict[str, Any], ...]:

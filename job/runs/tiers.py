@@ -157,7 +157,8 @@ class Checkpoints:
         peer on a thread."""
         if self._persistent_due(step):
             self.persistent.save(step, state, last=self.stopping())
-        elif self.local is not None and self.local.due(step):
+        elif self._local_due(step):
+            assert self.local is not None  # _local_due says so
             self.local.save(step, state)
         else:
             raise AssertionError(f"step {step} is due in no checkpoint tier: ask should_save first")

@@ -43,7 +43,7 @@ from job.runtime import compile_cache, device_memory, preflight
 from job.runtime.cluster import ClusterInfo, node_name
 from job.runtime.compile_cache import CacheEvents
 from job.runtime.distributed import initialize
-from job.runtime.preemption import NOTICES, REQUEUE_EXIT_CODE, PreemptionGuard
+from job.runtime.preemption import NOTICES, PreemptionGuard
 from job.runtime.rollcall import Answer, Progress, leave, roll_call
 from job.runtime.watchdog import Watchdog
 from job.train import memory, optimizers, remat_auto
