@@ -16,15 +16,14 @@
 
 from __future__ import annotations
 
-import atexit
 import gc
 import os
 import sys
-from typing import NoReturn
 
-from job.core import exits, internals
+from job.core import exits
 from job.core.errors import ConfigError
 from job.observe import plot
+from job.runtime.leaving import leave
 from job.runtime.preemption import hear_notices_early
 from job.train import entry, task
 
@@ -113,27 +112,9 @@ def skip_final_collection() -> None:
     gc.freeze()
 
 
-def leave_stopped(code: int) -> NoReturn:
-    """A run that stopped (75 preempted, 130 Ctrl-C) has written its save and closed its records: its exit handlers
-    run (jax's shutdown, with its barrier among the processes; the gloo filter's last lines; logging's flush), its
-    output is flushed, and the process ends without the interpreter's teardown. On a TPU VM that teardown (the
-    runtime letting go of the chip and its buffers, in jax's own exit handler, which clears the backends before it
-    shuts the distributed system down) took 5.5 s after the 838M run's save, and a preempted VM has about 30 s
-    after its notice: the exit code, which tells the scheduler to requeue, must not wait for it."""
-    if "jax" in sys.modules:  # jax's own handler would also clear the backends, the slow part: shut down only
-        import jax  # already imported by the run; this module starts without it (the commands that need no jax)
-
-        jax.distributed.shutdown()  # the coordination service's last barrier, as jax's handler does it
-        internals.skip_backend_teardown_at_exit()
-    atexit._run_exitfuncs()  # noqa: SLF001 - what sys.exit would run, without the teardown after it
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
     code = main()
     skip_final_collection()
-    if code in (exits.REQUEUE, exits.STOPPED):
-        leave_stopped(code)
+    if code in (exits.REQUEUE, exits.STOPPED):  # saved and stopped, every process: the requeue waits for no teardown
+        leave(code, together=True)
     sys.exit(code)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import sys
 
 from job.core.errors import BAD_INPUT_EXIT_CODE
+from job.runtime.leaving import leave
 from job.runtime.preemption import REQUEUE_EXIT_CODE, STOPPED_EXIT_CODE, hear_notices_early
 
 log = logging.getLogger(__name__)
@@ -39,9 +38,7 @@ class JobTask:
             if code == REQUEUE_EXIT_CODE:
                 log.warning("saved after a preemption signal: leaving with %d for the job's supervisor to requeue "
                             "(after a scancel: nothing)", code)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+            leave(code, together=True)  # its exit handlers, its output flushed; no teardown, no result
         if code != 0:
             raise RuntimeError(f"python -m job {' '.join(args)} exited with code {code}")
         skip_final_collection()  # submitit only writes the result down before this process exits

@@ -1,4 +1,4 @@
-"""The one place the job reaches other libraries' private names (jax, orbax, tensorstore, submitit).
+"""The one place the job reaches other libraries' private names (jax, orbax, tensorstore, submitit, Python's atexit).
 
 Each name below is not part of its library's API and may move in any release. Every one
 says the versions it was checked against (the ones requirements.lock pins: jax 0.10.2 on
@@ -36,11 +36,15 @@ ORBAX_SIGNALING = "orbax.checkpoint._src.futures.signaling_client"
 ORBAX_ASYNC = "orbax.checkpoint._src.checkpointers.async_checkpointer"
 ORBAX_TS_UTILS = "orbax.checkpoint._src.serialization.tensorstore_utils"
 SUBMITIT_SLURM = "submitit.slurm.slurm"
+# what sys.exit runs before the interpreter's teardown: every function atexit holds, last registered first
+# (job.runtime.leaving runs them, then ends the process without the teardown); CPython 3.11.7, 3.12.1, 3.13.0
+PYTHON_EXIT_HANDLERS = "atexit:_run_exitfuncs"
 # submitit 1.5.4: the module each Slurm task runs (`python -m ...` FOLDER: unpickles and runs the job)
 SUBMITIT_TASK_MODULE = "submitit.core._submit"
 # orbax-checkpoint 0.12.8: the function its background save thread runs (and logs a failure from)
 ORBAX_SAVE_THREAD = f"{ORBAX_ASYNC}:_AsyncManager._thread_func"
 PRIVATE = (
+    PYTHON_EXIT_HANDLERS,
     # jax 0.10.2, 0.12.0.1: the CUDA_VISIBLE_DEVICES jax itself honours (flag or variable)
     f"{JAX_XLA_BRIDGE}:CUDA_VISIBLE_DEVICES",
     # jax 0.10.2, 0.12.0.1: whether a backend exists yet (jax.distributed.initialize must come first)
@@ -94,6 +98,12 @@ def skip_backend_teardown_at_exit() -> None:
     """Take jax's exit handler off the list `atexit` runs (jax imported already): the caller shuts the distributed
     system down itself (`jax.distributed.shutdown`) and leaves the backends to the process's end."""
     atexit.unregister(lookup(f"{JAX_API}:clean_up"))
+
+
+def run_exit_handlers() -> None:
+    """Every function `atexit` holds, last registered first, as the interpreter runs them at a normal exit (one
+    that raises is printed and the next runs); run, they are off the list."""
+    lookup(PYTHON_EXIT_HANDLERS)()
 
 
 def orbax_ts_contexts() -> tuple[dict[str, Any], ...]:
@@ -163,5 +173,5 @@ def one_host_view(local_devices: list[jax.Device]) -> Iterator[None]:
 __all__ = [
     "PRIVATE", "SUBMITIT_TASK_MODULE", "TENSORSTORE_WRITER_THREADS", "backends_are_initialized", "coordination_client",
     "cuda_visible_devices", "gce_tpu_cluster", "in_cloud_tpu_vm", "is_orbax_save_thread", "lookup",
-    "one_host_view", "submitit_sbatch_script",
+    "one_host_view", "run_exit_handlers", "skip_backend_teardown_at_exit", "submitit_sbatch_script",
 ]

@@ -30,6 +30,7 @@ from job.runtime import watchdog
 from job.runtime.cluster import ClusterInfo, detect
 from job.runtime.cluster.base import CUDA_VISIBLE_DEVICES, read_id_list, read_int
 from job.runtime.gloo_noise import filter_output
+from job.runtime.leaving import leave
 
 log = logging.getLogger(__name__)
 
@@ -216,8 +217,9 @@ def _exit_on_uncaught(previous, before_exit: Callable[[], None] | None = None):
     """An uncaught exception ends this process at once.
 
     A normal interpreter exit runs jax's shutdown barrier, which waits for
-    every peer; the peers wait for us in their next collective. Leaving with
-    os._exit makes the failure visible to the launcher or Slurm in seconds.
+    every peer; the peers wait for us in their next collective. Leaving alone
+    (`leave`: the exit handlers within their bound, no barrier, no teardown)
+    makes the failure visible to the launcher or Slurm in seconds.
     The package's own errors (bad input, a failed preflight, a barrier timeout)
     already say what to do: they print as one message, without a traceback.
     """
@@ -237,7 +239,7 @@ def _exit_on_uncaught(previous, before_exit: Callable[[], None] | None = None):
             code = BAD_INPUT_EXIT_CODE
         else:
             code = value.code if isinstance(value, SystemExit) and isinstance(value.code, int) else 1
-        os._exit(code or 1)
+        leave(code or 1)
 
     return hook
 

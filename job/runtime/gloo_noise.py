@@ -51,8 +51,8 @@ class Relay:
     def restore(self, timeout_s: float = 5.0) -> None:
         """Put the original streams back and wait until the filters have written out everything before.
 
-        Run at exit (and before an os._exit): where the environment kills what is left of a task
-        once it ends (a Slurm step, a container's PID 1), the last lines are out before that."""
+        Run at exit (job.runtime.leaving's `leave` too, and the exit hook before it): where the environment kills
+        what is left of a task once it ends (a Slurm step, a container's PID 1), the last lines are out before that."""
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()

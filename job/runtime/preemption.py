@@ -20,6 +20,7 @@ import numpy as np
 
 from job.core import exits, internals
 from job.core.errors import ConfigError
+from job.runtime.leaving import leave
 
 REQUEUE_EXIT_CODE = exits.REQUEUE  # EX_TEMPFAIL: saved, stopped on purpose, run me again
 STOPPED_EXIT_CODE = exits.STOPPED  # 128 + SIGINT: saved after Ctrl-C, stopped; the same command resumes
@@ -62,7 +63,7 @@ class EarlyNotice:
     def __call__(self, signum: int, _frame: FrameType | None) -> None:
         if signum == INTERRUPT and self.received == INTERRUPT:
             os.write(2, b"second Ctrl-C during start-up: stopping now\n")
-            os._exit(STOPPED_EXIT_CODE)
+            leave(STOPPED_EXIT_CODE)  # alone: a peer may not have heard it
         if self.received is None:  # os.write: no lock a signal could interrupt
             code = STOPPED_EXIT_CODE if signum == INTERRUPT else REQUEUE_EXIT_CODE
             os.write(2, f"received {signal.Signals(signum).name} during start-up: the run stops with {code} once "
@@ -134,7 +135,7 @@ class PreemptionGuard:
         if signum == INTERRUPT and self.received == INTERRUPT:  # os.write: no lock a signal could interrupt
             os.write(2, f"second Ctrl-C: stopping now, exit {STOPPED_EXIT_CODE}; a save in flight is never listed, "
                         "the same command resumes from the newest complete one\n".encode())
-            os._exit(STOPPED_EXIT_CODE)
+            leave(STOPPED_EXIT_CODE)  # alone: a peer may not have heard it
         name = signal.Signals(signum).name
         if self.stopping:
             _say(f"received {name} while leaving with {self.exit_code}: the saved exit stands")

@@ -100,11 +100,11 @@ def roll_call(client: Any, me: Answer, count: int, wait_s: float) -> Verdict:
         time.sleep(0.2)
 
 
-def leave(client: Any, process: int, count: int, wait_s: float) -> None:
-    """Before a process's watchdog ends it: the others say they are leaving, and process 0, whose exit ends every
-    process still joined (its coordination service goes with it, and they abort), waits up to `wait_s` for `count`
-    of them (those that answered the roll call), so each ends with the watchdog's code and its own report, not with
-    an abort in the middle of it."""
+def leave_last(client: Any, process: int, count: int, wait_s: float) -> None:
+    """The last thing before a process's watchdog ends it (job.runtime.leaving's `last`): the others say they are
+    leaving, and process 0, whose exit ends every process still joined (its coordination service goes with it, and
+    they abort), waits up to `wait_s` for `count` of them (those that answered the roll call), so each ends with the
+    watchdog's code and its own report, not with an abort in the middle of it."""
     client.key_value_set(f"{LEFT_KEY}{process}", "1", allow_overwrite=True)
     if process != 0:
         return
@@ -114,4 +114,4 @@ def leave(client: Any, process: int, count: int, wait_s: float) -> None:
     time.sleep(0.5)  # their exits, after they said so
 
 
-__all__ = ["KEY", "LEFT_KEY", "PHASES", "Answer", "Progress", "Verdict", "leave", "roll_call", "verdict"]
+__all__ = ["KEY", "LEFT_KEY", "PHASES", "Answer", "Progress", "Verdict", "leave_last", "roll_call", "verdict"]

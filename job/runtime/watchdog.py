@@ -1,7 +1,8 @@
 """A hang watchdog for the training loop.
 
 If no step completes within `timeout_s`, every thread's stack is written to
-stderr (faulthandler) and the process exits with HANG_EXIT_CODE at once.
+stderr (faulthandler) and the process leaves with HANG_EXIT_CODE at once, alone
+(job.runtime.leaving: its exit handlers within their bound, no barrier).
 Each process watches itself, so a hung collective ends every process that
 is stuck in it, with the stacks that show where.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import faulthandler
 import logging
-import os
 import signal
 import sys
 import tempfile
@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 from job.core import exits
+from job.runtime.leaving import leave
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class Watchdog:
         self.timeout_s = timeout_s
         self.name = name
         self.roll_call = roll_call  # when it fires: one line naming the process that is stuck (job.runtime.rollcall)
-        self.before_exit = before_exit  # after the stacks: the coordinator waits for the others to leave first
+        self.before_exit = before_exit  # the last thing before the end: the coordinator waits for the others to leave
         self._last = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="job-watchdog", daemon=True)
@@ -74,12 +75,9 @@ class Watchdog:
             if said:
                 print(f"watchdog: {said}", file=sys.stderr, flush=True)
         _dump_stacks()
-        if self.before_exit is not None:
-            try:
-                self.before_exit()
-            except Exception:  # noqa: BLE001, S110  (leaving is all that is left to do)
-                pass
-        os._exit(HANG_EXIT_CODE)
+        # alone: the step's collective may never end; the exit handlers (the gloo filter's last lines) within their
+        # bound, then before_exit: a process says it left only when nothing but its end is left
+        leave(HANG_EXIT_CODE, last=self.before_exit)
 
 
 def _dump_stacks() -> None:

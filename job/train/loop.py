@@ -44,7 +44,7 @@ from job.runtime.cluster import ClusterInfo, node_name
 from job.runtime.compile_cache import CacheEvents
 from job.runtime.distributed import initialize
 from job.runtime.preemption import NOTICES, PreemptionGuard
-from job.runtime.rollcall import Answer, Progress, leave, roll_call
+from job.runtime.rollcall import Answer, Progress, leave_last, roll_call
 from job.runtime.watchdog import Watchdog
 from job.train import memory, optimizers, remat_auto
 from job.train import state as state_plan
@@ -370,7 +370,7 @@ class Training:
         """After the watchdog's report: process 0 leaves last (its exit would abort the others mid-report)."""
         client, info = coordination_client(), self.info
         if client is not None and info.is_multiprocess:
-            leave(client, info.process_id, self.answered or info.num_processes, wait_s=5.0)
+            leave_last(client, info.process_id, self.answered or info.num_processes, wait_s=5.0)
 
     def evaluate(self, built: Built, state: nnx.State, done: int) -> bool:
         """Every eval split, each reported under its name; False when a preemption signal cut it short."""

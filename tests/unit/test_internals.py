@@ -12,9 +12,9 @@ import pytest
 from job.core import internals
 
 ROOT = Path(__file__).resolve().parents[2]
-# What only internals.py may write: a private module path, or a private name listed there.
+# What only internals.py may write: a private module path, or a private name listed there (Python's atexit's too).
 PRIVATE_TEXT = re.compile(r"\b(?:jax|orbax|tensorstore|submitit)(?:\.\w+)*\._[a-z]\w*|\bts_pool_worker\b|\b_thread_func\b"
-                          r"|\bunittest\.mock\b|from unittest import mock")
+                          r"|\batexit\._\w+|\b_run_exitfuncs\b|\bunittest\.mock\b|from unittest import mock")
 
 # The tests' own stand-ins that reach inside another library, by file: a fault injected into orbax's commit of
 # a save, jax's distributed runtime replaced by inert objects so that GPU layouts can be initialised on one
