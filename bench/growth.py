@@ -68,7 +68,7 @@ class Trainer:
 
         task = tasks.load(TASK)
         overrides, self.block = SIZES[size]
-        cfg = task.model_config(**{"seq_len": SEQ, **overrides})
+        cfg = task.model_config(**{"seq_len": SEQ, "remat": "none", **overrides})  # traced outside the loop: a policy
         self.mesh = sharding.make_mesh()
         self.rows = ROWS * jax.process_count()
         model = task.build(cfg, nnx.Rngs(0))
@@ -213,8 +213,8 @@ def section(by_size: dict, by_count: list[dict]) -> Section:
                    "interleaved and drifting load lands on it unevenly.")
     s.notes.append(f"Step: a block of steps ({', '.join(str(b) for _, b in SIZES.values())} for the three sizes; "
                    f"{SIZES[PROCESS_SIZE][1]} for the process counts) timed to the last output, per step. "
-                   "Save: `Checkpointer.save` returns once it has dispatched a copy of the state on its "
-                   "devices and started the save's thread (the part that blocks the loop); save + wait is "
+                   "Save: `Checkpointer.save` returns once orbax's async save has copied the state to host "
+                   "memory (the part that blocks the loop); save + wait is "
                    "the whole write, including the barriers every "
                    "process meets and orbax's fixed cost per checkpoint (see section 4), which dominates "
                    "for small states.")

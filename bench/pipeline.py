@@ -84,7 +84,7 @@ def worker(argv: list[str]) -> None:
     from job.train.steps import jit_train_step, make_optimizer
 
     task = tasks.load(TASK)
-    cfg, dcfg = task.model_config(), task.data_config()
+    cfg, dcfg = task.model_config(remat="none"), task.data_config()  # traced outside the loop: a policy
     mesh = sharding.make_mesh()
     batch_sharding = sharding.batch_sharding(mesh)
     size = dcfg.global_batch

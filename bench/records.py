@@ -63,7 +63,7 @@ def worker(argv: list[str]) -> None:
     from job.train.steps import jit_train_step, make_optimizer
 
     task = tasks.load("lm")
-    cfg = dataclasses.replace(task.model_config(), vocab_size=data.BYTE_VOCAB)
+    cfg = dataclasses.replace(task.model_config(remat="none"), vocab_size=data.BYTE_VOCAB)  # an explicit policy
     tmp = Path(tempfile.mkdtemp(prefix="bench-records-"))
     text = tmp / "text.txt"
     text.write_bytes(np.random.default_rng(0).integers(32, 127, TEXT_BYTES, dtype=np.uint8).tobytes())

@@ -68,7 +68,7 @@ PRIVATE = (
     f"{ORBAX_SIGNALING}:get_signaling_client",
     f"{ORBAX_SIGNALING}:ThreadSafeKeyValueSignalingClient",
     ORBAX_SAVE_THREAD,
-    # the tensorstore contexts its array handlers open (bench.ckpt_options turns their file sync off to measure
+    # the tensorstore contexts its array handlers open (bench.ckpt.options turns their file sync off to measure
     # what the sync costs); orbax-checkpoint 0.12.8
     f"{ORBAX_TS_UTILS}:_BASE_TS_CONTEXT",
     f"{ORBAX_TS_UTILS}:_DEFAULT_OCDBT_TS_CONTEXT",

@@ -16,7 +16,7 @@ of its JSON-lines files.
       profile/process-N/   process N's trace of `--profile.steps` (job/observe/profile.py)
       metrics.png          `python -m job plot RUN_DIR` (job/observe/plot.py)
       wandb_run_id         the W&B run every attempt resumes (job/observe/metrics.py)
-      remat.json           remat auto's choice and what it was chosen for: a resume compiles it first (job/train/loop.py)
+      remat.json           remat auto's choice and what it was chosen for: compiled first (job/train/remat_cache.py)
       events.out.tfevents.*  TensorBoard's, named by tensorboardX
     SWEEP_DIR/
       sweep.json           the sweep's runs, written before the first one starts (job/runs/sweep.py)

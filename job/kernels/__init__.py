@@ -6,7 +6,7 @@ docs/your-model.md's "Fast on a TPU").
     from job import kernels
 
     y = kernels.attention(q_blhd, k_blkd, v_blkd)                   # splash on a TPU, XLA elsewhere
-    block_fn = kernels.remat(call, "auto")                           # call(block, x) under a policy
+    block_fn = kernels.remat(call, "auto")                           # call(block, x) under the loop's choice
     loss_sum, hits = kernels.head_cross_entropy(h_bld, w_dv, targets_bl, weights_bl)
 """
 

@@ -10,7 +10,14 @@ blocks; and the blocks' inputs kept split by rows.
 | `dots` | the projections' outputs (x @ W) and attention's output (`job.kernels.attention` names it) | the rest |
 | `dots_all` | every matmul's output, attention's scores too | the rest |
 | `full` | only the block's input | the whole block |
-| `auto` | what the run chose for this step (`choosing`, set by the training loop); none where nothing chose |
+| `auto` | what the training loop chose by compiling the step (`choosing`); an error where nothing chose |
+
+`auto` is a choice the training loop makes (job/train/remat_auto.py) and traces its steps inside. A model
+traced anywhere else (a notebook, a test, an evaluation of your own) with `auto` is one ConfigError, never a
+silent policy: give it an explicit one, or trace it inside `choosing`:
+
+    with choosing("dots"):                 # what `auto` stands for in this trace
+        loss, grads = nnx.value_and_grad(loss_fn)(model, batch)
 
 `remat(call, policy)` also lays the block's input out by rows (`job.sharding.constrain` with
 ("batch", "length", "embed") for a [B, L, D] input, ("batch", ...) otherwise): under `--rule fsdp` a
@@ -47,7 +54,8 @@ CANDIDATES = ("none", "dots", "full")  # auto's order: the fastest first, the le
 ROWS = ("batch", "length", "embed")  # a block's [B, L, D] input: split by rows (and positions), width whole
 
 # the policy `auto` stands for while a step is traced: set by the loop (`choosing`) for the trace it runs or
-# compiles ahead (a context variable: each thread sees its own, none outside the context)
+# compiles ahead (a context variable: each thread sees its own; outside the context `auto` is an error, never a
+# silent policy)
 _CHOSEN: contextvars.ContextVar[str | None] = contextvars.ContextVar("job_remat_chosen", default=None)
 
 
@@ -78,9 +86,20 @@ def choosing(policy: str) -> Iterator[None]:
 
 
 def resolve(policy: str | bool) -> str:
-    """The policy a block runs under: `policy`, or for auto the one the run chose (none where nothing chose)."""
+    """The policy a block runs under: `policy`, or for auto the one the run chose (`choosing`); a ConfigError
+    for auto where nothing chose (a trace outside the training loop's)."""
     asked = check(policy)
-    return (_CHOSEN.get() or "none") if asked == "auto" else asked
+    if asked != "auto":
+        return asked
+    chosen = _CHOSEN.get()
+    if chosen is None:
+        raise ConfigError("remat policy", expected="an explicit policy (none, dots, full, dots_all) where a model "
+                          "is traced outside the training loop", found="auto, with no policy chosen for it",
+                          fix="`auto` is chosen by the training loop, which compiles the step under each policy; "
+                              "outside it pass an explicit policy (e.g. --model.remat dots, or the model config's "
+                              "remat='none'), or trace inside job.kernels.rematerialize.choosing(policy), e.g. "
+                              "`with choosing(\"none\"): loss = loss_fn(model, batch)`")
+    return chosen
 
 
 def rows_split(x: Any) -> Any:

@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
 from job.core.errors import ConfigError
@@ -56,7 +57,7 @@ QUERIES = ("batch", "length", "heads", None)
 KEYS_VALUES = ("batch", None, "heads", None)
 QUERY_SEGMENTS = ("batch", "length")
 KEY_SEGMENTS = ("batch", None)
-RESIDUALS = "attention"  # the checkpoint name of attention's output (and splash's residuals): remat may keep it
+RESIDUALS = "attention"  # the checkpoint name of attention's output (and splash's residuals): remat's dots keeps it
 PADDING_SEGMENT = -1  # the segment id of the positions padded up to a tile (each attends to itself only)
 
 log = logging.getLogger(__name__)
@@ -150,7 +151,13 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
               kernel: str = "auto") -> jax.Array:
     """Causal attention of q [B, L, heads, head_dim] over k, v [B, L, kv_heads, head_dim] (kv_heads dividing
     heads), positions attending only within their segment where `segment_ids` [B, L] is given, by the kernel
-    `kernel` resolves to (module docstring); the result has q's shape and dtype."""
+    `kernel` resolves to (module docstring); the result has q's shape and dtype. It is named RESIDUALS
+    (`checkpoint_name`) on every path, so remat's `dots` keeps it in any model that calls this."""
+    return checkpoint_name(_attended(q, k, v, segment_ids, kernel), RESIDUALS)
+
+
+def _attended(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None, kernel: str) -> jax.Array:
+    """`attention`'s result, unnamed."""
     _check_shapes(q, k, v, segment_ids)
     heads_split = _split_of(activation_spec(QUERIES, q.shape), 2)
     k, v = (_kv_for_split(x, q.shape[2], heads_split) for x in (k, v))

@@ -12,7 +12,6 @@ topology.
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 import os
 import threading
@@ -21,11 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
-from jax.experimental import multihost_utils
 from orbax.checkpoint.type_handlers import (
     ArrayHandler,
     create_type_handler_registry,
@@ -56,6 +52,7 @@ POLL_S = 0.05  # how often wait() looks at this process's save
 PEER_POLL_S = 1.0  # how often wait() asks the coordinator whether another process's save failed
 WRITER_NICE = 19  # the save's threads give way to the loop's, the input's and the step's for CPU time
 WRITER_THREADS = internals.TENSORSTORE_WRITER_THREADS  # tensorstore's pool, which copies and writes the arrays
+ORBAX_COMMIT_THREAD = "async_save"  # orbax-checkpoint 0.12.8: its thread that waits for the write and commits it
 SET_ASIDE = ".unreadable-"  # STEP.unreadable-TIME: a step that did not read back, moved aside and kept
 
 
@@ -72,32 +69,29 @@ def abstract(tree: Any) -> Any:
 
 
 class Checkpointer:
-    """Saves and restores the train state; `save` holds the loop for a device copy and a thread start.
+    """Saves and restores the train state; `save` holds the loop for the copy of the state to host memory.
 
-    With `background` (the default) `save` copies the state on its devices (one jitted copy,
-    dispatched without waiting) and runs orbax's save on a thread: its barriers, tree metadata and
-    copies to host memory no longer hold the loop. Orbax's barriers go through the coordination
-    service (not device collectives, which must not run beside the step's), so the save can run
-    while the next steps do. That thread, and the write on tensorstore's threads, run at a low CPU
-    priority (nice WRITER_NICE): on a busy host they fill the gaps the step leaves instead of slowing
-    it (bench.ckpt), and get the CPU whenever the loop waits.
+    A save copies this process's shards straight from the live arrays to host memory (orbax's
+    `copy_to_host_async`, then one wait): no copy is made on the devices, so a save holds no device
+    memory, and the next step may donate the state the moment `save` returns. The write then runs on
+    orbax's and tensorstore's threads from host memory (async), at a low CPU priority (nice
+    WRITER_NICE): on a busy host they fill the gaps the step leaves instead of slowing it. Orbax's
+    barriers go through the coordination service (every process is named), never device collectives.
 
-    The copy is made only when it fits (job.runs.headroom, asked at every save and agreed by every
-    process); otherwise the save is written from the live state on the loop's thread, as without
-    `background`. `room` reads what is free (tests replace it).
+    What a save needs of the host (its copy, for every process of the run on this host) is weighed
+    once, from the state's plan (`like`), by job.runs.headroom: where it does not fit the host's
+    available memory, the copies go in bounded batches (the loop then waits for part of the write).
     """
 
-    def __init__(self, directory: str | os.PathLike[str], cfg: CheckpointConfig, *, training: bool = False) -> None:
+    def __init__(self, directory: str | os.PathLike[str], cfg: CheckpointConfig, *, training: bool = False,
+                 like: Any = None) -> None:
         """`training`: the run that writes here, which removes what an interrupted save left on a disk
         (orbax's N.orbax-checkpoint-tmp folders: a second Ctrl-C, a kill during a save; in a bucket orbax
         never restores them either); a reader (eval, export) never does, as the run it reads may be saving
-        right now."""
+        right now. `like`: the state a save writes (arrays or their abstract shapes with shardings), whose
+        host copy is weighed against the host's memory; None: not weighed (a reader)."""
         path = storage.run_path(directory)
         self.directory = path if storage.is_remote(path) else path.absolute()
-        self.background = cfg.background
-        self.room: Callable[[list[jax.Device]], headroom.Room] = headroom.room
-        self.reserved = 0  # bytes per device the train step's program takes when it loads (set by the loop)
-        self._copying: bool | None = None  # whether the last background save copied the state (logged on change)
         processes = jax.process_count()
         self.options = ocp.CheckpointManagerOptions(
             max_to_keep=cfg.keep,
@@ -115,9 +109,13 @@ class Checkpointer:
         if processes > 1:
             on_process_zero(storage.make_dirs, self.directory)
             barrier(f"checkpoint folder {self.directory}")
+        # the host copy's weight: None where it fits at once (or nothing says), else orbax's batch bound in GB
+        self.host = None if like is None else headroom.host_fit(like)
+        if self.host is not None and not self.host.fits:
+            _say(self.host.line())
         self._writing: int | None = None  # the step an async save may still be writing
         self._failure: BaseException | None = None  # why this process's last write failed, the moment it did
-        self._starting: threading.Thread | None = None  # the thread running orbax's save of self._writing
+        self._lowering: threading.Thread | None = None  # the thread lowering the write's threads' priority
         self._listener = _FailureListener(self._write_failed)
         logging.getLogger("absl").addHandler(self._listener)  # orbax logs through absl
         self.manager = self._manager()
@@ -130,83 +128,58 @@ class Checkpointer:
         save blocked the loop (bench.ckpt). One replica per array is orbax's GPU default.
         Arrays are stored without zstd: trained float weights hardly compress, and compressing
         took about 30% of the whole write (bench.ckpt); checkpoints written compressed still read.
+        Where the host copy does not fit at once (`self.host`), orbax copies in batches of that many GB.
         """
         others = [(ty, get_type_handler(ty)) for ty in supported_types() if ty is not jax.Array]
         registry = create_type_handler_registry((jax.Array, ArrayHandler(use_replica_parallel=False)), *others)
-        handler = ocp.PyTreeCheckpointHandler(type_handler_registry=registry, use_compression=False)
+        batches = None if self.host is None or self.host.fits else self.host.batch_gb()
+        handler = ocp.PyTreeCheckpointHandler(type_handler_registry=registry, use_compression=False,
+                                              save_device_host_concurrent_gb=batches)
         return ocp.CheckpointManager(self.directory, options=self.options, item_handlers=handler)
 
     def latest_step(self) -> int | None:
-        self._started()
         return self.manager.latest_step()
 
     def all_steps(self) -> list[int]:
-        self._started()
         return list(self.manager.all_steps())
 
-    def save(self, step: int, state: Any, *, last: bool = False) -> None:
-        """Start saving `state` as `step` (collective; returns before the write ends when async). `last`: the
-        run stops after it (agreed by every process) and waits for it: written from the live state, no copy."""
+    def save(self, step: int, state: Any) -> None:
+        """Save `state` as `step` (collective): returns once this process's shards are in host memory, the write
+        going on in the background when async. The next step may donate `state` at once."""
         barrier(f"checkpoint save {step}")
         self.wait()  # orbax waits for the previous save anyway; a failure there is reported as that step's
         self._writing = step
-        if not self.background or last or not self._copy_fits(step, state):
-            try:
-                self._start(step, state)
-            except Exception as exc:
-                raise self._failed(step, exc) from exc
-            return
-        # the next step donates `state`: the thread saves a copy, made on the devices in the loop's order
-        self._starting = threading.Thread(target=self._start_in_background, args=(step, snapshot(state)),
-                                          name=f"checkpoint-save-{step}", daemon=True)
-        self._starting.start()
-
-    def _copy_fits(self, step: int, state: Any) -> bool:
-        """Collective: whether every process has room for the on-device copy now; said on a change."""
-        needed = headroom.copy_bytes(state)
-        fit = headroom.fits(needed, headroom.beside_program(self.room(list(needed)), self.reserved))
-        mine = fit.row()
-        rows = mine[None] if jax.process_count() == 1 else np.asarray(multihost_utils.process_allgather(mine))
-        copying = bool(np.all(rows[:, 0] == 1))
-        if copying != self._copying:
-            _say(headroom.saved_way(step, copying, rows))
-            self._copying = copying
-        return copying
-
-    def _start(self, step: int, state: Any) -> None:
-        """orbax's save: barriers, tree metadata, copies to host; returns while it writes (async)."""
-        self.manager.save(step, args=ocp.args.PyTreeSave(state), force=True)
-        if self.options.enable_async_checkpointing:
-            priority.lower_named(WRITER_THREADS, WRITER_NICE)  # tensorstore's, now writing
-
-    def _start_in_background(self, step: int, state: Any) -> None:
-        priority.lower(WRITER_NICE)  # and so the threads it starts: orbax's writer, tensorstore's
         try:
-            self._start(step, state)
-        except BaseException as exc:  # noqa: BLE001 - kept for wait() and posted for the other processes
-            self._write_failed(exc)
+            self.manager.save(step, args=ocp.args.PyTreeSave(state), force=True)
+        except Exception as exc:
+            raise self._failed(step, exc) from exc
+        if self.options.enable_async_checkpointing:  # orbax's commit thread and tensorstore's, now writing
+            self._lower_writers()
 
-    def _started(self) -> None:
-        """Wait for the thread starting a save (orbax's manager is not shared between threads)."""
-        if self._starting is not None:
-            self._starting.join()
-            self._starting = None
+    def _lower_writers(self) -> None:
+        """The write's threads (orbax's commit thread, tensorstore's pool) at nice WRITER_NICE, found and lowered on
+        a thread of its own: reading every thread's name in /proc took 0.7-1.1 s beside a write on a TPU VM (a
+        gVisor sandbox), which the loop must not wait for."""
+        if self._lowering is not None and self._lowering.is_alive():
+            return  # still at it: the threads it finds are the same
+
+        def lower() -> None:
+            for thread in threading.enumerate():
+                if thread.name == ORBAX_COMMIT_THREAD and thread.native_id is not None:
+                    priority.lower(WRITER_NICE, thread.native_id)
+            priority.lower_named(WRITER_THREADS, WRITER_NICE)
+
+        self._lowering = threading.Thread(target=lower, name="job-checkpoint-nice", daemon=True)
+        self._lowering.start()
 
     def writing(self) -> bool:
         """Whether this process's last save is still being written (`wait` returns once it is not)."""
-        return self._failure is None and self._busy()
-
-    def _busy(self) -> bool:
-        if self._starting is not None and self._starting.is_alive():
-            return True
-        self._started()
-        return self.manager.is_saving_in_progress()
+        return self._failure is None and self.manager.is_saving_in_progress()
 
     def restore(self, step: int, like: Any, *, partial: bool = False) -> Any:
         """The saved state, placed like `like` (which may come from another topology); with `partial`,
         only the parts of it that `like` has (e.g. {"model": ...} without the optimizer)."""
         barrier(f"checkpoint restore {step}")
-        self._started()
         target = abstract(like)
         return self.manager.restore(step, args=ocp.args.PyTreeRestore(
             item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=partial))
@@ -226,7 +199,6 @@ class Checkpointer:
 
         Read before anything is restored, to tell a state this run does not build (bad input,
         job.runs.resume) from a damaged checkpoint (set aside by restore_newest)."""
-        self._started()
         for step in sorted(self.all_steps(), reverse=True):
             try:
                 return step, leaf_specs(self.manager.item_metadata(step))
@@ -269,7 +241,7 @@ class Checkpointer:
         """
         peer_check = time.monotonic()
         try:
-            while self._failure is None and self._busy():
+            while self.writing():
                 if time.monotonic() - peer_check >= PEER_POLL_S:
                     peer_check = time.monotonic()
                     posted = _posted_failures()
@@ -280,7 +252,7 @@ class Checkpointer:
             if self._failure is not None:
                 raise self._failure
             self.manager.wait_until_finished()
-            priority.lower_named(WRITER_THREADS, WRITER_NICE)  # those tensorstore added while writing
+            self._lower_writers()  # those tensorstore added while writing
         except CheckpointError:
             raise
         except Exception as exc:
@@ -316,7 +288,6 @@ class Checkpointer:
         )
 
     def close(self) -> None:
-        self._started()
         self.manager.close()
         logging.getLogger("absl").removeHandler(self._listener)
 
@@ -338,30 +309,6 @@ def _set_aside(source: epath.Path, step: int) -> None:
         target = source.with_name(f"{step}{SET_ASIDE}{int(time.time())}")
         storage.move_aside(source, target)
         log.warning("moved the unreadable checkpoint to %s", target)
-
-
-@functools.cache
-def _copier(shardings: tuple[jax.sharding.Sharding, ...]) -> Callable[[list[jax.Array]], list[jax.Array]]:
-    """One jitted copy per layout of the state (compiled once per run): its out_shardings the arrays' own, so
-    the copy saved records each array's spec as planned (a mesh axis of size 1 included)."""
-    return jax.jit(lambda arrays: [jnp.copy(x) for x in arrays], out_shardings=list(shardings))
-
-
-def snapshot(tree: Any) -> Any:
-    """A copy of every jax.Array leaf in new buffers, same devices and shardings; returns without waiting.
-
-    One jitted copy of them all; leaves on different sets of devices (which one computation cannot
-    take) are copied one by one."""
-    leaves, treedef = jax.tree.flatten(tree)
-    where = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]
-    arrays = [leaves[i] for i in where]
-    if len({frozenset(x.sharding.device_set) for x in arrays}) <= 1:
-        copies = _copier(tuple(x.sharding for x in arrays))(arrays)
-    else:
-        copies = [jax.device_put(x, x.sharding, may_alias=False) for x in arrays]
-    for i, copied in zip(where, copies, strict=True):
-        leaves[i] = copied
-    return jax.tree.unflatten(treedef, leaves)
 
 
 class _FailureListener(logging.Handler):

@@ -16,8 +16,8 @@ import dataclasses
 class CheckpointConfig:
     every: int = 50  # save every N steps (and always at the end and on preemption)
     keep: int = 3  # how many of the newest checkpoints to keep
-    async_save: bool = True  # write in the background while training continues
-    background: bool = True  # copy the state on its devices (2x device memory) when that fits; save from a thread
+    async_save: bool = True  # write from host memory in the background while training continues (the loop waits
+    # only for the state's copy to the host)
     local_every: int = 0  # also save every N steps to a node-local folder, held by a peer too (0: off; local_tier.py)
     local_dir: str = "/dev/shm"  # where node-local folders go: LOCAL_DIR/jax-job-UID/RUN (memory; or node scratch)
 

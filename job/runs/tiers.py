@@ -4,11 +4,13 @@
                               end=cfg.steps, stopping=lambda: guard.stopping)
     newest = checkpoints.newest_specs()             # for the resume check, before anything is restored
     restored = checkpoints.restore(plan.init)       # Restored(Origin(step, tier, source), state)
-    if checkpoints.should_save(step):               # after every step: its cadences, the last step, a stop
-        checkpoints.save(step, state)               # in the tier that step is due in
+    tier = checkpoints.due(step)                    # once a step: its cadences, the last step, a stop; or None
+    if tier is not None:
+        checkpoints.save(step, state, tier)         # in the tier that step is due in
     checkpoints.wait(); checkpoints.close(completed=True)
 
-When to save is decided here alone, as orbax's CheckpointManager decides it (`should_save`, `reached_preemption`):
+When to save is decided here alone, as orbax's CheckpointManager decides it (`should_save`, `reached_preemption`),
+and asked once a step (`due`):
 the persistent tier every `--ckpt.every` steps, at the run's last step and at a stop the processes agreed on
 (a preemption, Ctrl-C); the node-local tier every `--ckpt.local-every` steps in between. The loop asks and saves.
 
@@ -85,7 +87,7 @@ class Checkpoints:
         self.last_saved = 0  # the newest step saved in either tier, or restored (set by restore)
         self.directory = rundir.checkpoints(run_dir)
         self.moved = None if resume else move_aside_for_fresh_start(self.directory)
-        self.persistent = Checkpointer(self.directory, cfg, training=True)
+        self.persistent = Checkpointer(self.directory, cfg, training=True, like=like)
         # made by restore, after the resume check: a state this run does not build stops it with nothing touched
         self.local: LocalTier | None = None
 
@@ -135,33 +137,29 @@ class Checkpoints:
         """The persistent tier's newest step."""
         return self.persistent.latest_step()
 
-    def reserve(self, program_bytes: int) -> None:
-        """Keep `program_bytes` per device free beside a background save's on-device copy: what the train step's
-        program takes when it loads again (job/runs/headroom.py)."""
-        self.persistent.reserved = program_bytes
+    def due(self, step: int) -> Tier | None:
+        """The tier finished step `step` is saved in, or None: never a step already saved (or restored); the
+        persistent tier where both are due. Asked once by every process after each step, once the processes have
+        agreed whether to stop there."""
+        if step == self.last_saved:
+            return None
+        if step % self.cfg.every == 0 or step == self.end or self.stopping():
+            return Tier.PERSISTENT
+        if self.local is not None and self.local.due(step):
+            return Tier.LOCAL
+        return None
 
-    def should_save(self, step: int) -> bool:
-        """Whether finished step `step` is saved, in either tier: never one already saved (or restored); asked by
-        every process after each step, once the processes have agreed whether to stop there."""
-        return step != self.last_saved and (self._persistent_due(step) or self._local_due(step))
-
-    def _persistent_due(self, step: int) -> bool:
-        return step % self.cfg.every == 0 or step == self.end or self.stopping()
-
-    def _local_due(self, step: int) -> bool:
-        return self.local is not None and self.local.due(step)
-
-    def save(self, step: int, state: Any) -> None:
-        """Save `step` in the tier it is due in (`should_save`): the persistent one (collective; returns before
-        the write ends when async) where both are, else this process's shards to its node's folder, sent to its
-        peer on a thread."""
-        if self._persistent_due(step):
-            self.persistent.save(step, state, last=self.stopping())
-        elif self._local_due(step):
-            assert self.local is not None  # _local_due says so
+    def save(self, step: int, state: Any, tier: Tier) -> None:
+        """Save `step` in `tier`, the one `due(step)` gave: the persistent tier (collective; returns once the state
+        is in host memory, the write going on when async), or this process's shards to its node's folder, sent to
+        its peer on a thread."""
+        if tier is Tier.PERSISTENT:
+            self.persistent.save(step, state)
+        elif tier is Tier.LOCAL and self.local is not None:
             self.local.save(step, state)
         else:
-            raise AssertionError(f"step {step} is due in no checkpoint tier: ask should_save first")
+            raise ValueError(f"checkpoints: expected the tier due(step) gives for step {step} (persistent, or "
+                             f"node-local with --ckpt.local-every), found {tier}; fix: save the tier due() returns")
         self.last_saved = step
 
     def wait(self) -> None:

@@ -1,12 +1,10 @@
-"""What a device's memory is: the one place the library asks it (the fit check, remat auto's choice, the
-out-of-memory error and a background save's on-device copy all come here).
+"""What a device's memory is: the one place the library asks it (the fit check, remat auto's choice and the
+out-of-memory error all come here; a save holds none of it).
 
     device_memory.limit(device)       # bytes it may use: its runtime's bytes_limit; None where it does not say
-    device_memory.free(device)        # bytes_limit - bytes_in_use now; None where it does not say (a CPU)
     device_memory.compiler_limit(device)   # what its compiler says it holds (a device compiled for ahead of time)
 
-A running GPU or TPU reports `memory_stats()`; a CPU does not (its arrays are the host's: job/runs/headroom.py
-asks the host instead); a device made by libtpu for compiling ahead of time has no runtime, and its compiler
+A running GPU or TPU reports `memory_stats()`; a CPU does not (its arrays are the host's); a device made by libtpu for compiling ahead of time has no runtime, and its compiler
 names what it holds only when a program is too big for it (`compiler_limit`). What a program needs is the
 compiler's too: `from_compiled` reads `compiled.memory_analysis()`, `from_message` XLA's out-of-memory error.
 """
@@ -130,14 +128,6 @@ def limit(device: Any) -> int | None:
     return int(found) if found else None
 
 
-def free(device: Any) -> int | None:
-    """bytes_limit - bytes_in_use from the device's `memory_stats()`; None where the backend does not say."""
-    stats = _stats(device)
-    if "bytes_limit" not in stats or "bytes_in_use" not in stats:
-        return None
-    return max(0, int(stats["bytes_limit"]) - int(stats["bytes_in_use"]))
-
-
 def compiler_limit(device: Any) -> int | None:
     """The bytes one device holds, as its compiler says when a program is too big for it; None if it does not
     say (a CPU device, another message)."""
@@ -150,5 +140,5 @@ def compiler_limit(device: Any) -> int | None:
     return None
 
 
-__all__ = ["GIB", "Need", "compiler_limit", "free", "from_compiled", "from_message", "gib", "is_out_of_memory",
+__all__ = ["GIB", "Need", "compiler_limit", "from_compiled", "from_message", "gib", "is_out_of_memory",
            "limit"]

@@ -27,7 +27,6 @@ import numpy as np
 
 from job.core.errors import ConfigError
 from job.parallel import sharding
-from job.runs import headroom
 from job.runtime import device_memory
 from job.runtime.device_memory import Need, gib
 from job.train import loop, memory, remat_auto
@@ -94,11 +93,10 @@ def measure(cfg: TrainConfig, task: Task, devices: Sequence[Any], hbm: int | Non
     sharding.check_global_batch(cfg.data.global_batch, cfg.accum_steps, mesh)
     batch = abstract_batch(row, cfg.data.global_batch, sharding.batch_sharding(mesh))
     planned = loop.plan_run(cfg, task, mesh).planned  # outside the mesh's context, as the loop builds it
-    beside = headroom.largest_copy(planned.abstract) if cfg.ckpt.background else 0
     compile_under = remat_auto.compiling(lambda: loop.train_step_of(cfg, task, planned, mesh),
                                          (planned.abstract, batch), hbm)
     with sharding.mesh_context(mesh, loop.run_rules(cfg, task)):  # the model picks its kernels by the mesh's platform
-        choice = remat_auto.choose(compile_under, limit=hbm, beside=beside)  # remat auto, as the loop chooses it
+        choice = remat_auto.choose(compile_under, limit=hbm)  # remat auto, as the loop chooses it
     need = choice.need
     return need if choice.fits or not need.fits else dataclasses.replace(need, fits=False)
 

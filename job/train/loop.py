@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -37,7 +36,7 @@ from job.parallel import mesh_flag, sharding
 from job.parallel.fingerprint import fingerprint
 from job.parallel.multihost import barrier, coordination_client, on_process_zero
 from job.parallel.rows import row_span
-from job.runs import attempts, headroom, provenance, resume
+from job.runs import attempts, provenance, resume
 from job.runs.tiers import Checkpoints, Origin
 from job.runtime import compile_cache, device_memory, preflight
 from job.runtime.cluster import ClusterInfo, node_name
@@ -46,7 +45,7 @@ from job.runtime.distributed import initialize
 from job.runtime.preemption import NOTICES, PreemptionGuard
 from job.runtime.rollcall import Answer, Progress, leave_last, roll_call
 from job.runtime.watchdog import Watchdog
-from job.train import memory, optimizers, remat_auto
+from job.train import memory, optimizers, remat_auto, remat_cache
 from job.train import state as state_plan
 from job.train.batches import Prefetch, global_batch, impurity, to_global
 from job.train.config import TrainConfig, to_dict, to_json
@@ -231,30 +230,25 @@ class Training:
         return batch
 
     def choose_remat(self, built: Built, state: nnx.State, batch: dict[str, jax.Array]) -> str:
-        """The policy remat `auto` stands for in this run, chosen by compiling the train step (job/train/remat_auto.py;
-        `built.train_step` becomes the step compiled under it); one error with the bytes and the flags where
-        nothing fits."""
+        """The policy remat `auto` stands for in this run: the fastest whose compiled train step fits the device
+        (job/train/remat_auto.py), the one an earlier run chose for the same step compiled first
+        (job/train/remat_cache.py); `built.train_step` becomes the step compiled under it. One error with the
+        bytes and the flags where nothing fits."""
         cfg, devices = self.cfg, list(built.mesh.devices.flat)
         limit = device_memory.limit(devices[0])
-        beside = headroom.largest_copy(state) if cfg.ckpt.background else 0
         compile_under = remat_auto.compiling(lambda: train_step_of(cfg, self.task, built.planned, built.mesh),
                                              (state, batch), limit)
-        chosen_for = {"model": to_dict(cfg)["model"], "global_batch": cfg.data.global_batch, "rule": cfg.rule,
-                      "accum_steps": cfg.accum_steps, "mesh": dict(built.mesh.shape), "beside": beside,
-                      "devices": memory.describe(devices)}
-        chosen_for = json.loads(json.dumps(chosen_for, default=str))  # as the file gives it back
-        earlier = rundir.document(rundir.remat(built.run_dir))  # an earlier attempt's choice for the same step
-        first = earlier.get("policy") if isinstance(earlier, dict) and earlier.get("for") == chosen_for else None
-        choice = remat_auto.choose(compile_under, limit=limit, beside=beside, first=first)
-        if limit is not None and choice.fits and choice.policy != first:
-            on_process_zero(_save_remat, built.run_dir, {"policy": choice.policy, "for": chosen_for,
-                                                         "needed": choice.need.needed, "limit": limit})
+        chosen_for = {"task": cfg.task, "model": to_dict(cfg)["model"], "global_batch": cfg.data.global_batch,
+                      "rule": cfg.rule, "accum_steps": cfg.accum_steps, "mesh": dict(built.mesh.shape),
+                      "devices": memory.describe(devices), "limit": limit, "jax": jax.__version__,
+                      "compiler": getattr(devices[0].client, "platform_version", "")}
+        earlier = remat_cache.recall(built.run_dir, built.cache_dir, chosen_for)  # process 0's, on every process
+        choice = remat_auto.choose(compile_under, limit=limit, first=earlier)
         if not choice.fits:  # as XLA's own out-of-memory: one error, the bytes, the flags that may fit
             memory.raise_out_of_memory(cfg, self.task, built.mesh, choice.need, "compiling the train step")
-        if len(choice.tried) > 1 or choice.policy != "none":
-            on_process_zero(log.info, "%s", choice.line())
+        on_process_zero(log.info, "%s", choice.line())
+        on_process_zero(remat_cache.remember, built.run_dir, built.cache_dir, chosen_for, choice)
         built.train_step = choice.step
-        self.checkpoints.reserve(choice.need.program or 0)  # a save's copy leaves the step room to load again
         return choice.policy
 
     def train(self, built: Built, start: int, state: nnx.State,
@@ -301,15 +295,14 @@ class Training:
         done = step + 1
         logs = done % cfg.log_every == 0 or done == cfg.steps
         evaluates = bool(built.evaluator.plan) and (done % cfg.eval_every == 0 or done == cfg.steps)
-        saves = self.checkpoints.should_save(done)  # as due before any stop: what follows the step waits for it
         step_began = time.perf_counter()
         at = self.progress.at
         at(done, "input")
         with timer.part("input_wait"):
             next_batch = upcoming.get(step)
         at(done, "step")
-        # the first step allocates what compiling it planned, a later one loads its program again beside what a
-        # save holds: an out-of-memory there is one error too, once a save under way has finished
+        # the first step allocates what compiling it planned: an out-of-memory there (or at a later step) is one
+        # error too, once a save under way has finished
         fits = memory.one_error(cfg, self.task, built.mesh, "its first step" if first else f"step {done}",
                                 before=self.checkpoints.wait)
         with fits, self.profiler.step(done) as outputs, timer.step():  # starting and ending a trace is not a step
@@ -318,7 +311,7 @@ class Training:
             at(done, "wait")
             host_s = time.perf_counter() - step_began  # this host's own part: its batch and the dispatch
             outputs.append(self.metrics)
-            if first or logs or evaluates or saves:  # what follows waits for it: time it here
+            if first or logs or evaluates:  # what follows waits for it: time it here
                 jax.block_until_ready(self.metrics)
             else:  # one step queued behind the running one, no more: a stop is agreed one step after its signal
                 jax.block_until_ready(previous)
@@ -336,12 +329,16 @@ class Training:
         at(done, "sync")
         with timer.part("steps"):  # the sync point (TPU, GPU) or a collective (CPU): part of a step's cost
             stop = interrupted or self.guard.should_stop(done)
-        # after the step's last collective: every process has finished the step, its state is ready; the
-        # checkpoints say whether it is saved and in which tier (their cadences, the last step, the stop just agreed)
-        if self.checkpoints.should_save(done):
+        # after the step's last collective: every process has finished the step; the checkpoints say, once, whether
+        # it is saved and in which tier (their cadences, the last step, the stop just agreed)
+        tier = self.checkpoints.due(done)
+        if tier is not None:
+            with timer.part("steps"):  # the step itself, not the save's copy to the host
+                jax.block_until_ready(self.metrics)
             at(done, "save")
-            state = self.save(state, done)
-        if not first and not (evaluates or saves):  # a step's time: no compilation, evaluation or save
+            with timer.part("checkpoint"):
+                self.checkpoints.save(done, state, tier)
+        if not first and not (evaluates or tier is not None):  # a step's time: no compilation, evaluation or save
             self.watch.add(host_s, time.perf_counter() - step_began)
         return state, stop
 
@@ -382,12 +379,6 @@ class Training:
         for split, metrics in results.items():
             self.report.eval(done, metrics, split=split)
         return True
-
-    def save(self, state: nnx.State, done: int) -> nnx.State:
-        """Step `done`'s checkpoint, in the tier the checkpoints chose (written in the background when async)."""
-        with self.timer.part("checkpoint"):
-            self.checkpoints.save(done, state)
-        return state
 
     def finish(self, built: Built, state: nnx.State, code: int) -> None:
         """The saves written, the goodput split, and summary.json."""
@@ -506,11 +497,6 @@ def _topology(info: ClusterInfo, mesh: jax.sharding.Mesh) -> dict[str, object]:
     return {"kind": info.kind, "processes": info.num_processes, "local_devices": jax.local_device_count(),
             "devices": len(devices), "platform": devices[0].platform, "device_kind": devices[0].device_kind,
             "mesh": dict(mesh.shape), "hosts": len({d.process_index for d in devices})}
-
-
-def _save_remat(run_dir: epath.Path, record: dict[str, Any]) -> None:
-    storage.make_dirs(run_dir)
-    rundir.remat(run_dir).write_text(json.dumps(record) + "\n")
 
 
 def _save_config(run_dir: epath.Path, cfg: TrainConfig) -> None:

@@ -1,24 +1,29 @@
-"""remat `auto`: the policy a run's blocks take, chosen by compiling the train step, the fastest first.
+"""remat `auto`: the policy a run's blocks take, chosen by compiling the train step: the fastest that fits.
 
     compile_under = remat_auto.compiling(make_step, (state, batch), limit)   # the loop, the fit check, bench.mfu
-    choice = remat_auto.choose(compile_under, limit=limit, beside=state_bytes)
+    choice = remat_auto.choose(compile_under, limit=limit, first=earlier)     # earlier: a Remembered, or None
     choice.policy, choice.step, choice.line()      # "dots", the jitted step to run, the log line
 
 `compile_under(policy)` jits the step afresh (the policy is read while it is traced, not part of jit's cache
 key), traces and compiles it inside `job.kernels.rematerialize.choosing(policy)`, and returns (the step, what it
-needs per device, a function giving the lowered program's text: read only where a later candidate is compared
-with it). The candidates are tried in order (none, dots, full: the most kept first, the least memory last); the
-first whose peak bytes per device, with `beside` bytes for the programs that run beside it (a background
-checkpoint's on-device copy of the state), fit HEADROOM of what a device has is taken; where none leaves that
-room, the first that fits alone (its saves are then written from the live state, job/runs/headroom.py). Where a
-device's memory is not known (a CPU: its arrays are the host's), the first is. A model whose blocks do not read
-`auto` compiles to the same program under each: the first is taken then.
+needs per device, a function giving the lowered program's text: read only where it is compared). The candidates
+are tried in order (none, dots, full: the most kept first, the least memory last, so the fastest first); the first
+whose peak bytes per device fit HEADROOM of what one device has is taken, the step alone: nothing else reserves
+device memory beside it (a save copies the state to the host, job/runs/headroom.py). One compile where the first
+fits. Where a device's memory is not known (a CPU: its arrays are the host's), the first is. A model whose blocks
+do not read `auto` compiles to the same program under each: the first is taken then.
+
+`first`: what an earlier run chose for the same step on the same devices (job/train/remat_cache.py), compiled
+before the others: where it fits and its program is the one remembered (`program_of`), it is taken, one compile
+in all. The record is only an order, never trusted blindly: the compile checks the fit, and a step whose program
+changed since (the model's code) has the faster policies tried before the remembered one is taken.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -30,53 +35,77 @@ from job.runtime.device_memory import Need, from_compiled, from_message, gib, is
 
 log = logging.getLogger("job.train")
 
-# what a program and the copies beside it may take of a device's memory: the rest is for the runtime's own
-# buffers, fragmentation, and the programs loaded beside the step (the evaluation's)
+# what the step's program may take of a device's memory: the rest is for the runtime's own buffers,
+# fragmentation, and the programs loaded beside the step (the evaluation's)
 HEADROOM = 0.9
 
 
 @dataclasses.dataclass(frozen=True)
+class Remembered:
+    """An earlier choice for the same step: its policy, the sha256 of its lowered program (None: not recorded),
+    and where it was made, for the log line ("an earlier run in runs/a")."""
+
+    policy: str
+    program: str | None = None
+    where: str = "an earlier run"
+
+
+@dataclasses.dataclass(frozen=True)
 class Choice:
-    """The policy taken, its step (what `compile_under` returned for it), whether it fits, and what each try
-    needed."""
+    """The policy taken, its step (what `compile_under` returned for it), whether it fits, what each try
+    needed, and whether it was taken on an earlier run's word (`remembered`)."""
 
     policy: str
     step: Any
     need: Need
     tried: tuple[tuple[str, Need], ...]
-    beside: int  # bytes per device kept free for the programs beside the step
     fits: bool = True  # False: no candidate compiled within the device's memory
+    remembered: Remembered | None = None  # the earlier choice this one repeats, taken in one compile
+    text: Callable[[], str] = dataclasses.field(default=lambda: "", repr=False, compare=False)  # its program's
+
+    def program(self) -> str:
+        """The sha256 of the chosen step's lowered program: what a later run checks its own against."""
+        return program_of(self.text())
 
     def line(self) -> str:
-        """'remat auto: dots (9.80 GiB per device of 15.75 GiB, 2.61 GiB beside it; none: 30.39 GiB)'."""
+        """'remat auto: dots (9.80 GiB per device of 15.75 GiB; none: 30.39 GiB)', and where it repeats an
+        earlier choice, 'remat auto: dots (remembered from an earlier run in runs/a, compiled once; 9.80 GiB ...)'."""
         mine = "memory not reported here" if self.need.needed is None or self.need.available is None else (
-            f"{gib(self.need.needed)} per device of {gib(self.need.available)}"
-            + (f", {gib(self.beside)} beside it for a checkpoint's copy" if self.beside else ""))
+            f"{gib(self.need.needed)} per device of {gib(self.need.available)}")
+        if self.remembered is not None:
+            mine = f"remembered from {self.remembered.where}, compiled once; {mine}"
         others = "; ".join(f"{p}: {'an unknown amount' if n.needed is None else gib(n.needed)}"
                            for p, n in self.tried if p != self.policy)
         return f"remat auto: {self.policy} ({mine}{'; ' + others if others else ''})"
 
 
-def fits(need: Need, limit: int | None, beside: int) -> bool:
-    """Whether a program needing `need` fits HEADROOM of `limit` with `beside` bytes kept for others."""
+def program_of(text: str) -> str:
+    """The sha256 of a lowered program's text."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def fits(need: Need, limit: int | None) -> bool:
+    """Whether a program needing `need` fits HEADROOM of `limit` bytes a device (unknown: it does)."""
     if not need.fits:
         return False
     if limit is None or need.needed is None:
         return True
-    return need.needed + beside <= HEADROOM * limit
+    return need.needed <= HEADROOM * limit
 
 
 def choose(compile_under: Callable[[str], tuple[Any, Need, Callable[[], str]]], *, limit: int | None,
-           beside: int = 0, first: str | None = None) -> Choice:
-    """The first of CANDIDATES whose compiled step fits (module docstring); where none does, the last tried, not
-    fitting (the caller raises its out-of-memory error). `first`: a policy to try before the others (what an
-    earlier attempt of the run chose for the same step: where it fits, one compile decides)."""
+           first: Remembered | None = None) -> Choice:
+    """The first of CANDIDATES whose compiled step fits (module docstring), `first`'s policy compiled before
+    the others; where none fits, the last tried, not fitting (the caller raises its out-of-memory error)."""
     tried: list[tuple[str, Need]] = []
     programs: list[Callable[[], str]] = []  # each tried candidate's program text, read once, when a later one comes
-    alone: tuple[str, Any, Need] | None = None  # the first that fits without room beside it
-    last: tuple[str, Any, Need] | None = None
-    order = (first, *(p for p in CANDIDATES if p != first)) if first in CANDIDATES else CANDIDATES
+    changed: Choice | None = None  # the remembered policy, fitting, whose program is no longer the one remembered
+    last: Choice | None = None
+    asked = first.policy if first is not None and first.policy in CANDIDATES else None
+    order = (asked, *(p for p in CANDIDATES if p != asked)) if asked else CANDIDATES
     for policy in order:
+        if changed is not None and CANDIDATES.index(policy) > CANDIDATES.index(changed.policy):
+            break  # slower than the remembered one, which fits
         step, need, text_of = compile_under(policy)
         text_of = functools.cache(text_of)
         if programs:
@@ -85,17 +114,18 @@ def choose(compile_under: Callable[[str], tuple[Any, Need, Callable[[], str]]], 
                 break  # the model does not read auto: every candidate is this program
         programs.append(text_of)
         tried.append((policy, need))
-        last = (policy, step, need)
-        if fits(need, limit, beside):
-            return Choice(policy, step, need, tuple(tried), beside)
-        if alone is None and need.fits:  # the compiler placed it in the device's memory: it runs, without room
-            alone = last
-        if limit is None:
-            break
-    if alone is not None:  # nothing leaves room for a checkpoint's copy: the saves write from the live state
-        return Choice(alone[0], alone[1], alone[2], tuple(tried), 0)
+        last = Choice(policy, step, need, (), text=text_of)
+        if not fits(need, limit):
+            continue
+        if policy != asked or first is None:
+            return dataclasses.replace(last, tried=tuple(tried))
+        if first.program is None or first.program == program_of(text_of()):
+            return dataclasses.replace(last, tried=tuple(tried), remembered=first)
+        changed = last  # the step changed since: a faster policy may fit it now
+    if changed is not None:
+        return dataclasses.replace(changed, tried=tuple(tried))
     assert last is not None
-    return Choice(last[0], last[1], last[2], tuple(tried), beside, fits=False)
+    return dataclasses.replace(last, tried=tuple(tried), fits=False)
 
 
 def need_of(compile_step: Callable[[], Any], limit: int | None) -> Need:
@@ -124,4 +154,4 @@ def compiling(make_step: Callable[[], Any], args: tuple[Any, ...], limit: int | 
     return compile_under
 
 
-__all__ = ["HEADROOM", "Choice", "choose", "compiling", "fits", "need_of"]
+__all__ = ["HEADROOM", "Choice", "Remembered", "choose", "compiling", "fits", "need_of", "program_of"]

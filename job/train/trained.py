@@ -8,7 +8,9 @@
     python -m job eval --run-dir runs/example --model-axis 1   # this tensor-parallel run's model axis here
     python -m job export --run-dir runs/example OUT [--step N] # the model's state alone, an orbax checkpoint
 
-The model comes back in eval mode (dropout off), whole on this host's devices.
+The model comes back in eval mode (dropout off), whole on this host's devices, its remat `auto` replaced by the
+policy the run chose (RUN_DIR/remat.json: `auto` is the training loop's choice, an error outside it); `eval`
+traces its steps under that policy.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import logging
 import math
 import sys
+from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
@@ -27,6 +30,7 @@ from flax import nnx
 
 from job.core import rundir, storage, values
 from job.core.errors import BAD_INPUT_EXIT_CODE, ConfigError
+from job.kernels import rematerialize
 from job.observe import process_log
 from job.parallel import mesh_flag, sharding
 from job.parallel.mesh import slice_sizes
@@ -34,7 +38,7 @@ from job.parallel.multihost import on_process_zero
 from job.runs import resume
 from job.runs.checkpoint import Checkpointer
 from job.runtime.distributed import initialize
-from job.train import config, entry, loop, state
+from job.train import config, entry, loop, memory, remat_cache, state
 from job.train import task as tasks
 from job.train.config import TrainConfig
 from job.train.task import Task
@@ -56,8 +60,10 @@ def saved_config(run_dir: str) -> tuple[TrainConfig, Task]:
 def load_model(run_dir: str, step: int | None = None, *, ema: bool = False) -> tuple[nnx.Module, TrainConfig]:
     """(the trained model in eval mode, its TrainConfig), from one step (default: the newest) of a run
     dir; only the model's own state is read (with `ema`, the EMA's copy of it), onto this host's
-    devices, replicated. One process (it reads the checkpoint alone)."""
+    devices, replicated. One process (it reads the checkpoint alone). A model config's remat `auto` is
+    replaced by what the run chose for it (`_ran_remat`), so the model is called as it is, outside the loop."""
     cfg, chosen = saved_config(run_dir)
+    cfg = dataclasses.replace(cfg, model=_explicit_remat(cfg.model, _ran_remat(run_dir)))
     if ema and not cfg.ema.decay:
         raise ConfigError("ema=True", expected="a run trained with --ema.decay", found=f"{run_dir} (no EMA)",
                           fix="load its model with ema=False")
@@ -149,7 +155,7 @@ def _evaluate(cfg: TrainConfig, task: Task, step: int | None, model_axis: int | 
         restored = checkpoints.restore(chosen, run_plan.planned.abstract, partial=True)  # no optimizer state
     finally:
         checkpoints.close()
-    with sharding.mesh_context(mesh, loop.run_rules(cfg, task)):
+    with sharding.mesh_context(mesh, loop.run_rules(cfg, task)), rematerialize.choosing(_ran_remat(cfg.run_dir)):
         results = evaluator.run(restored) or {}
     record = {"step": chosen, "splits": {split: {"rows": evaluator.rows(split), "batches": len(evaluator.plan[split]),
                                                  **metrics} for split, metrics in results.items()}}
@@ -159,6 +165,22 @@ def _evaluate(cfg: TrainConfig, task: Task, step: int | None, model_axis: int | 
             f"{k} {v:.6g}" for k, v in metrics.items()))
     on_process_zero(log.info, "wrote %s", rundir.evaluation(run_dir, chosen))
     return 0
+
+
+def _ran_remat(run_dir: str) -> str:
+    """The policy remat `auto` stood for in the run (RUN_DIR/remat.json, job/train/remat_cache.py); none for a run
+    that did not record one (before the record was kept): an evaluation runs forward only, where every policy
+    computes the same (a policy says what the backward pass keeps)."""
+    return remat_cache.ran(storage.run_path(run_dir)) or "none"
+
+
+def _explicit_remat(model_cfg: Any, policy: str) -> Any:
+    """`model_cfg` with its remat field (job/train/memory.py's REMAT_FIELD) `policy` where it says auto."""
+    fields = {f.name for f in dataclasses.fields(model_cfg)} if dataclasses.is_dataclass(model_cfg) else set()
+    value = getattr(model_cfg, memory.REMAT_FIELD, None)
+    if memory.REMAT_FIELD not in fields or not isinstance(value, (str, bool)) or rematerialize.name(value) != "auto":
+        return model_cfg
+    return dataclasses.replace(model_cfg, **{memory.REMAT_FIELD: policy})
 
 
 def _write_json(path: epath.Path, record: dict) -> None:

@@ -205,4 +205,5 @@ def test_ctrl_c_saves_at_the_next_step_stops_with_130_and_the_same_command_resum
                                             *flags[2:]], devices=1) if processes > 1 else
                   [*JOB, "--run-dir", str(run_dir), "--steps", str(stopped + 3), *flags[2:]], timeout=300)
     assert resumed.returncode == 0 and f"resumed from step {stopped}" in resumed.stderr, explain(resumed)
+    assert "remat auto: none (remembered from this run's earlier attempt, compiled once" in resumed.stderr
     assert summary(run_dir)["params_sha256"] == summary(reference)["params_sha256"]

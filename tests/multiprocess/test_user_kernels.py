@@ -5,6 +5,7 @@ heads a device)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,9 @@ def test_a_users_grouped_query_model_trains_on_several_processes_under_every_rul
         result = summary(tmp_path / rule)
         assert result["completed"] is True and result["final_step"] == 12, (rule, result)
         assert "for queries (8, 32, 12, 8), 4 kv heads" in proc.stderr, rule  # the library's attention, grouped
+        # its remat auto chosen by the loop, said for the first candidate too, and recorded for `python -m job eval`
+        assert "remat auto: none (memory not reported here)" in proc.stderr, rule
+        assert json.loads((tmp_path / rule / "remat.json").read_text())["policy"] == "none", rule
         losses[rule] = [r["loss"] for r in records(tmp_path / rule) if r["split"] == "train"]
         assert losses[rule][-1] < losses[rule][0] - 0.3, (rule, losses[rule])  # it learns
     for rule, seen in losses.items():

@@ -1,11 +1,12 @@
-"""Checkpointer saves on its thread while the loop runs collectives, on every process.
+"""Checkpointer saves from the live state, written in the background while the loop runs collectives, on every
+process.
 
     background_saves.py ROUNDS
 
-Each round: save a state sharded over every process, then at once (the save's thread still
-running) update the state in place (donated) and run a cross-process all-reduce, as the
-next train step would. Records which device collectives (jax.experimental.multihost_utils)
-ran on which thread: the save's thread must run none, or it could pair with the step's.
+Each round: save a state sharded over every process, then at once (the write still running
+on orbax's threads) update the state in place (donated) and run a cross-process all-reduce, as
+the next train step would. Records which device collectives (jax.experimental.multihost_utils)
+ran on which thread: the write's threads must run none, or one could pair with the step's.
 Writes $SCENARIO_OUT/rank<N>.json: the rounds restored, the threads of device collectives.
 """
 
@@ -28,7 +29,7 @@ from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 from job import sharding  # noqa: E402
-from job.runs.checkpoint import Checkpointer  # noqa: E402
+from job.runs.checkpoint import Checkpointer, abstract  # noqa: E402
 from job.runs.config import CheckpointConfig  # noqa: E402
 
 collectives: list[str] = []  # "function on thread" for every device collective called
@@ -62,12 +63,13 @@ def make_state(i: int) -> dict[str, jax.Array]:
 # the next step: donates the state, adds one everywhere, and all-reduces across processes
 step = jax.jit(lambda s: ({"w": s["w"] + 1, "step": s["step"] + 1}, jnp.sum(s["w"])), donate_argnums=0)
 
-checkpoints = Checkpointer(Path(os.environ["SCENARIO_OUT"]) / "ck", CheckpointConfig(keep=rounds))
+checkpoints = Checkpointer(Path(os.environ["SCENARIO_OUT"]) / "ck", CheckpointConfig(keep=rounds),
+                           like=abstract(make_state(0)))
 sums = []
 for i in range(1, rounds + 1):
     state = make_state(i)
     checkpoints.save(i, state)
-    for _ in range(3):  # steps while the save runs on its thread
+    for _ in range(3):  # steps while the save is written
         state, total_sum = step(state)
         sums.append(float(total_sum))
 checkpoints.wait()

@@ -44,7 +44,7 @@ def _submit(slurm_env: dict[str, str], tmp_path: Path, job: list[str], *options:
 def test_a_rank_killed_on_one_node_is_retried_on_other_nodes_and_matches_an_uninterrupted_run(
         slurm_env: dict[str, str], tmp_path: Path) -> None:
     # the faulty process asks for its rows of step 12 ahead of the step: it dies once step 8's save is committed
-    flags = ["--steps", "24", "--ckpt.every", "8", "--ckpt.no-background", "--log-every", "4", *SMALL]
+    flags = ["--steps", "24", "--ckpt.every", "8", "--log-every", "4", *SMALL]
     reference = run(launcher_argv(2, [sys.executable, "-m", "job", "train", "--run-dir", str(tmp_path / "ref"),
                                       *flags], devices=1), timeout=300)
     assert reference.returncode == 0, explain(reference, reference.stdout, reference.stderr)

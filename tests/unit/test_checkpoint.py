@@ -1,5 +1,5 @@
-"""A real (single-process) Checkpointer: saves from its thread (when the copy fits), what it reads, its failure
-message."""
+"""A real (single-process) Checkpointer: saves from the live state (nothing copied on the devices), what a save needs
+of the host, what it reads, its failure message."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from job.runs import checkpoint, headroom
-from job.runs.checkpoint import Checkpointer, CheckpointError
+from job.runs.checkpoint import Checkpointer, CheckpointError, abstract
 from job.runs.config import CheckpointConfig
-from job.runtime import device_memory, host
+from job.runtime import host
 
 
 def _state(offset: float = 0.0) -> dict:
@@ -31,32 +31,18 @@ def _state(offset: float = 0.0) -> dict:
             "count": np.array(7), "name": "kept"}
 
 
-def test_snapshot_copies_every_array_into_new_buffers_with_the_same_sharding() -> None:
-    state = _state(1.0)
-    copied = checkpoint.snapshot(state)
-    for key in ("w", "b"):
-        assert copied[key].sharding.is_equivalent_to(state[key].sharding, state[key].ndim)
-        np.testing.assert_array_equal(np.asarray(copied[key]), np.asarray(state[key]))
-        for mine, theirs in zip(copied[key].addressable_shards, state[key].addressable_shards, strict=True):
-            assert mine.data.unsafe_buffer_pointer() != theirs.data.unsafe_buffer_pointer()
-    assert copied["count"] is state["count"] and copied["name"] == "kept"
-
-
-def test_snapshot_copies_arrays_on_different_devices_one_by_one() -> None:
-    first, second = jax.devices()[:2]
-    state = {"a": jax.device_put(jnp.arange(3.0), first), "b": jax.device_put(jnp.ones(2), second)}
-    copied = checkpoint.snapshot(state)
-    assert copied["a"].devices() == {first} and copied["b"].devices() == {second}
-    assert copied["a"].unsafe_buffer_pointer() != state["a"].unsafe_buffer_pointer()
-    np.testing.assert_array_equal(np.asarray(copied["b"]), np.ones(2))
-
-
-def test_a_background_save_keeps_the_state_of_its_step_while_the_loop_donates_it(tmp_path: Path) -> None:
-    checkpoints = Checkpointer(tmp_path / "ck", CheckpointConfig())
+def test_a_save_copies_nothing_on_the_devices_and_keeps_its_step_while_the_loop_donates_it(tmp_path: Path) -> None:
+    checkpoints = Checkpointer(tmp_path / "ck", CheckpointConfig(), like=abstract(_state()))
     state = _state(5.0)
     step = jax.jit(lambda w: w * 0 - 1, donate_argnums=0)
     step(_state()["w"])  # compiled before: it runs the moment save returns
+    before = {id(x) for x in jax.live_arrays()}
+    buffers = {shard.data.unsafe_buffer_pointer() for key in ("w", "b") for shard in state[key].addressable_shards}
     checkpoints.save(3, state)
+    assert checkpoints.writing() or checkpoints.latest_step() == 3
+    # orbax hands each shard on as an array of its own: a view of the live buffer, never a new one
+    made = [x for x in jax.live_arrays() if id(x) not in before and x.unsafe_buffer_pointer() not in buffers]
+    assert made == [], f"the save made {len(made)} arrays on the devices: {[x.shape for x in made]}"
     state["w"] = step(state["w"])  # the next step overwrites the array in place while the save runs
     assert state["w"].sharding.is_equivalent_to(_state()["w"].sharding, 2)  # (in place: same layout)
     checkpoints.wait()
@@ -68,13 +54,13 @@ def test_a_background_save_keeps_the_state_of_its_step_while_the_loop_donates_it
     checkpoints.close()
 
 
-@pytest.mark.parametrize("background", [True, False])
-def test_a_save_that_cannot_start_is_one_error_naming_the_step(background: bool, tmp_path: Path) -> None:
-    checkpoints = Checkpointer(tmp_path / "ck", CheckpointConfig(background=background))
+@pytest.mark.parametrize("async_save", [True, False])
+def test_a_save_that_cannot_start_is_one_error_naming_the_step(async_save: bool, tmp_path: Path) -> None:
+    checkpoints = Checkpointer(tmp_path / "ck", CheckpointConfig(async_save=async_save))
     unsaveable = {"w": jnp.ones(3), "lock": threading.Lock()}  # orbax has no handler for a lock
     with pytest.raises(CheckpointError, match=r"^checkpoint: expected to write step 4 to .*ck, found ") as err:
         checkpoints.save(4, unsaveable)
-        checkpoints.wait()  # in the background the error comes here, the thread having kept it
+        checkpoints.wait()
     assert "Complete checkpoints on disk: none" in str(err.value)
     checkpoints.close()
 
@@ -85,11 +71,18 @@ def test_the_write_runs_at_a_low_cpu_priority_and_the_loop_does_not(tmp_path: Pa
     for step in (1, 2):  # tensorstore's pool grows while it writes; the threads stay for the next save
         checkpoints.save(step, _state())
         checkpoints.wait()
+    checkpoints._lowering.join()  # noqa: SLF001 - lowered on a thread of its own, off the loop's
     writers = [int(tid) for tid in os.listdir("/proc/self/task")
                if Path(f"/proc/self/task/{tid}/comm").read_text().strip() == checkpoint.WRITER_THREADS]
     assert writers, "tensorstore's threads wrote the arrays"
     for tid in writers:
         assert os.getpriority(os.PRIO_PROCESS, tid) >= checkpoint.WRITER_NICE
+    checkpoints.save(3, _state())
+    checkpoints._lowering.join()  # noqa: SLF001
+    committing = [t for t in threading.enumerate() if t.name == checkpoint.ORBAX_COMMIT_THREAD and t.is_alive()]
+    for thread in committing:  # orbax's own thread, waiting for the write and committing it (while it runs)
+        assert os.getpriority(os.PRIO_PROCESS, thread.native_id) >= checkpoint.WRITER_NICE
+    checkpoints.wait()
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == loop_nice
     checkpoints.close()
 
@@ -132,67 +125,52 @@ def test_the_message_survives_a_folder_that_cannot_be_listed(tmp_path: Path) -> 
 GIB = 2**30
 
 
-class _Device:
-    """A device whose backend reports its memory, as a GPU's or a TPU's does."""
-
-    def __init__(self, limit: int, in_use: int) -> None:
-        self.stats = {"bytes_limit": limit, "bytes_in_use": in_use, "peak_bytes_in_use": in_use}
-
-    def memory_stats(self) -> dict[str, int]:
-        return self.stats
-
-
-def test_a_device_that_reports_its_memory_gets_the_copy_only_where_it_fits_with_headroom() -> None:
-    roomy, tight = _Device(16 * GIB, 10 * GIB), _Device(16 * GIB, 13 * GIB)
-    found = headroom.room([roomy, tight])
-    assert found.devices == {roomy: 6 * GIB, tight: 3 * GIB}
-    assert found.host is None  # every device says: the host is not asked
-    assert headroom.fits({roomy: 2 * GIB, tight: 2 * GIB}, found) == headroom.Fit(True, 2 * GIB, 3 * GIB)
-    no_room = headroom.fits({roomy: 3 * GIB, tight: 3 * GIB}, found)  # 3 GiB > 90% of the tight one's 3 GiB
-    assert no_room == headroom.Fit(False, 3 * GIB, 3 * GIB) and no_room.where() == "per device"
-    assert not headroom.fits({roomy: 7 * GIB}, found).fits  # more than the roomy device has
+def test_what_a_save_holds_on_the_host_is_one_replica_of_this_processs_shards_planned_or_made() -> None:
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    state = {"rows": jax.device_put(np.zeros((8, 6), np.float32), NamedSharding(mesh, PartitionSpec("data"))),
+             "whole": jax.device_put(np.zeros((10,), np.float32), NamedSharding(mesh, PartitionSpec())),
+             "split": jax.device_put(np.zeros((8, 4), np.float32), NamedSharding(mesh, PartitionSpec("data", "model"))),
+             "count": np.array(3)}
+    # rows: 4 row blocks (each on 2 devices) of 2 x 6; whole: once; split: 8 blocks of 2 x 2: every byte once
+    assert headroom.host_bytes(state) == 4 * (8 * 6 + 10 + 8 * 4)
+    assert headroom.host_bytes(abstract(state)) == headroom.host_bytes(state)
 
 
-def test_the_copy_leaves_room_for_the_train_steps_program_to_load_again() -> None:
-    """The chip's case (a user's model at batch 8, remat off): 14.0 GiB free between steps, a 1.7 GiB copy, and a
-    step whose program reserves 13.8 GiB when it loads: the copy would leave it 12.3, so it is not made."""
-    mib = 2**20
-    device = _Device(16128 * mib, 1792 * mib)  # 15.75 GiB, 14.0 of it free
-    between_steps = headroom.room([device])
-    assert headroom.fits({device: 1741 * mib}, between_steps).fits  # what was asked before: it fitted
-    beside = headroom.beside_program(between_steps, 14131 * mib)
-    assert beside.devices == {device: 205 * mib}
-    assert not headroom.fits({device: 1741 * mib}, beside).fits
-    assert headroom.beside_program(headroom.Room({0: None}, GIB, 1), GIB).devices == {0: None}  # a CPU: as it is
+def test_a_host_copy_that_does_not_fit_goes_in_batches_sized_for_every_process_on_the_host() -> None:
+    assert headroom.weigh(GIB, None, 4).fits  # nothing says what is available: at once
+    roomy = headroom.weigh(2 * GIB, 100 * GIB, 4)
+    assert roomy == headroom.HostFit(8 * GIB, 100 * GIB, 4) and roomy.fits
+    tight = headroom.weigh(20 * GIB, 40 * GIB, 4)  # 80 GiB for 4 processes, 40 available
+    assert not tight.fits and tight.batch_gb() == 9  # 0.9 x 40 GiB / 4 = 9.66 GB a process
+    assert headroom.weigh(GIB, GIB, 1).batch_gb() == 1  # never below orbax's smallest bound
+    assert tight.line() == ("checkpoint: a save's copy of the state needs 80.0 GiB of host memory for the 4 "
+                            "processes on this host, more than 90% of the 40.0 GiB available; the state goes to "
+                            "the host in batches of 9 GB a process, the loop waiting for all but the last")
 
 
-def test_a_checkpointer_told_the_programs_size_writes_from_the_live_state_where_the_copy_would_crowd_it(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    checkpoints = Checkpointer(tmp_path / "ck", CheckpointConfig())
-    checkpoints.room = lambda devices: headroom.Room({d: 14 * GIB for d in devices}, host=None, processes_on_host=1)
-    checkpoints.reserved = 13 * GIB  # the step's program: 1 GiB is left for the copy
+def test_a_checkpointer_whose_host_copy_does_not_fit_saves_in_batches_and_restores_bitwise(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(headroom, "host_available", lambda: 100)  # bytes: less than the state's 272
+    given, made = [], ocp.PyTreeCheckpointHandler
+    monkeypatch.setattr(ocp, "PyTreeCheckpointHandler", lambda **kw: given.append(kw) or made(**kw))
     caplog.set_level(logging.INFO, logger=checkpoint.__name__)
-    checkpoints.save(1, _state(1.0))
-    checkpoints.wait()
-    checkpoints.reserved = 14 * GIB  # nothing left beside it
-    checkpoints.save(2, _state(2.0))
-    checkpoints.wait()
-    said = _saved_way(caplog)
-    assert said[0].startswith("checkpoint save 1: copied on the devices") and "1.0 GiB free" in said[0]
-    assert said[1].startswith("checkpoint save 2: written from the live state") and "of the 0 B free" in said[1]
-    np.testing.assert_array_equal(np.asarray(checkpoints.restore(2, _state())["w"]), np.asarray(_state(2.0)["w"]))
+    checkpoints = Checkpointer(tmp_path / "ck", CheckpointConfig(), like=abstract(_state()))
+    assert checkpoints.host == headroom.HostFit(272, 100, 1)  # w's 256 bytes over 8 devices, b's 16 once
+    assert [kw["save_device_host_concurrent_gb"] for kw in given] == [1]  # orbax copies 1 GB at most at a time
+    step = jax.jit(lambda w: w * 0 - 1, donate_argnums=0)
+    step(_state()["w"])
+    for number in (2, 4):
+        state = _state(float(number))
+        checkpoints.save(number, state)
+        state["w"] = step(state["w"])  # the loop's next step, donating the state
+        checkpoints.wait()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("checkpoint: a save's copy")]
+    assert len(said) == 1 and "needs 272 B of host memory for the 1 process on this host" in said[0]
+    for number in (2, 4):
+        back = checkpoints.restore(number, _state())
+        assert np.asarray(back["w"]).tobytes() == np.asarray(_state(float(number))["w"]).tobytes()
+        assert np.asarray(back["b"]).tobytes() == np.full(4, number, np.float32).tobytes()
     checkpoints.close()
-
-
-def test_cpu_devices_share_the_hosts_available_memory_with_every_process_on_it() -> None:
-    meminfo = "MemTotal:       25165824 kB\nMemFree:         1048576 kB\nMemAvailable:    8388608 kB\n"
-    assert host.mem_available(meminfo) == 8 * GIB
-    assert host.mem_available("MemTotal: 25165824 kB\n") is None
-    cpus = {0: GIB, 1: GIB}  # this process's copy: 1 GiB on each of its 2 devices
-    four = headroom.fits(cpus, headroom.Room({0: None, 1: None}, 8 * GIB, processes_on_host=4))
-    assert four == headroom.Fit(False, 8 * GIB, 8 * GIB, processes_on_host=4)
-    assert four.where() == "on the host for its 4 processes"
-    assert headroom.fits(cpus, headroom.Room({0: None, 1: None}, 8 * GIB, processes_on_host=3)).fits
 
 
 def test_the_processes_on_a_host_come_from_the_launcher_or_slurm_else_all_of_them() -> None:
@@ -208,6 +186,9 @@ def test_the_processes_on_a_host_come_from_the_launcher_or_slurm_else_all_of_the
 
 
 def test_a_cgroup_limit_caps_what_the_host_has_available(tmp_path: Path) -> None:
+    meminfo = "MemTotal:       25165824 kB\nMemFree:         1048576 kB\nMemAvailable:    8388608 kB\n"
+    assert host.mem_available(meminfo) == 8 * GIB
+    assert host.mem_available("MemTotal: 25165824 kB\n") is None
     (tmp_path / "proc").write_text("0::/job/step\n")
     job, step = tmp_path / "cg" / "job", tmp_path / "cg" / "job" / "step"
     step.mkdir(parents=True)
@@ -224,71 +205,8 @@ def test_a_cgroup_limit_caps_what_the_host_has_available(tmp_path: Path) -> None
     assert host.cgroup_room(tmp_path / "proc", tmp_path / "cg") is None  # v1 without a limit
 
 
-def test_free_memory_that_nothing_reports_keeps_the_copy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    assert headroom.fits({0: 64 * GIB}, headroom.Room({0: None}, None, 1)) == headroom.Fit(True, 64 * GIB, None, 1)
-    assert device_memory.free(jax.devices()[0]) is None  # XLA:CPU does not report
+def test_a_host_that_does_not_say_what_is_available_copies_at_once(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(host, "MEMINFO", tmp_path / "missing")
     assert host.host_available() is None
-
-
-def _saved_way(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("checkpoint save ")]
-
-
-def test_a_save_whose_copy_does_not_fit_is_written_from_the_live_state_and_restores_bitwise(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    copies, snapshot = [], checkpoint.snapshot
-    monkeypatch.setattr(checkpoint, "snapshot", lambda tree: copies.append(tree) or snapshot(tree))
-    checkpoints = Checkpointer(tmp_path / "ck", CheckpointConfig())
-    checkpoints.room = lambda devices: headroom.Room({d: None for d in devices}, host=100, processes_on_host=1)
-    step = jax.jit(lambda w: w * 0 - 1, donate_argnums=0)
-    step(_state()["w"])
-    caplog.set_level(logging.INFO, logger=checkpoint.__name__)
-    for number in (2, 4):
-        state = _state(float(number))
-        checkpoints.save(number, state)
-        state["w"] = step(state["w"])  # the loop's next step, donating the state
-        checkpoints.wait()
-    assert copies == []
-    # 8 devices x (32 bytes of w + 16 of b), more than 90% of 100 bytes: said once, at the first save
-    assert _saved_way(caplog) == ["checkpoint save 2: written from the live state on the loop's thread (the "
-                                  "on-device copy needs 384 B on the host for its 1 process, more than 90% of "
-                                  "the 100 B free); the loop waits for it"]
-    for number in (2, 4):
-        back = checkpoints.restore(number, _state())
-        assert np.asarray(back["w"]).tobytes() == np.asarray(_state(float(number))["w"]).tobytes()
-        assert np.asarray(back["b"]).tobytes() == np.full(4, number, np.float32).tobytes()
-    checkpoints.room = lambda devices: headroom.Room({d: None for d in devices}, host=GIB, processes_on_host=1)
-    checkpoints.save(6, _state(6.0))
-    checkpoints.wait()
-    assert len(copies) == 1
-    assert _saved_way(caplog)[1:] == ["checkpoint save 6: copied on the devices and saved from a thread, the "
-                                      "loop goes on (the copy needs 384 B on the host for its 1 process, 1.0 GiB "
-                                      "free)"]
-    checkpoints.close()
-
-
-def test_the_first_background_save_says_it_copies_even_when_nothing_reports_memory(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    checkpoints = Checkpointer(tmp_path / "ck", CheckpointConfig())
-    checkpoints.room = lambda devices: headroom.Room({d: None for d in devices}, host=None, processes_on_host=1)
-    caplog.set_level(logging.INFO, logger=checkpoint.__name__)
-    for number in (1, 2):
-        checkpoints.save(number, _state(float(number)))
-        checkpoints.wait()
-    assert _saved_way(caplog) == ["checkpoint save 1: copied on the devices and saved from a thread, the loop "
-                                  "goes on (free memory is not reported here)"]
-    np.testing.assert_array_equal(np.asarray(checkpoints.restore(2, _state())["w"]), np.asarray(_state(2.0)["w"]))
-    checkpoints.close()
-
-
-
-def test_the_log_line_names_the_process_without_room_and_its_numbers() -> None:
-    rows = np.stack([headroom.Fit(True, GIB, 40 * GIB).row(), headroom.Fit(False, 3 * GIB, 2 * GIB).row(),
-                     headroom.Fit(False, 5 * GIB, 4 * GIB, processes_on_host=4).row()])
-    assert headroom.saved_way(100, False, rows) == (
-        "checkpoint save 100: written from the live state on the loop's thread (process 1: the on-device copy "
-        "needs 3.0 GiB per device, more than 90% of the 2.0 GiB free); the loop waits for it")
-    assert headroom.saved_way(7, True, rows[:1]) == (
-        "checkpoint save 7: copied on the devices and saved from a thread, the loop goes on (the copy needs "
-        "1.0 GiB per device, 40.0 GiB free)")
+    assert headroom.weigh(64 * GIB, host.host_available(), 1).fits

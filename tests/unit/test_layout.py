@@ -372,7 +372,6 @@ SAME_FUNCTION_NAMES = {
     "choose": "the module's pick among its candidates (an attention kernel, a local step, a remat policy)",
     "plan": "what will be made, before it is made (a sweep's runs, the train state's placement)",
     "probe": "find out by trying (a folder's writability, whether a job runs on worker 0)",
-    "fits": "whether what a program needs fits a device's memory with room kept (checkpoint copy, remat auto)",
     "first_difference": "the first place two runs' values part",
     "first_failure": "the cause among an attempt's failures, per backend",
     "dry_run": "the Slurm submission printed, not made (an array of a sweep, one job)",

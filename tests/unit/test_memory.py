@@ -22,8 +22,8 @@ ON_THE_CHIP = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory r
 AHEAD = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total memory required for HLO "
          "temporaries (29.26G) exceeds available HBM (15.75G). HLO module: jit_train_step_fn.\nSee https://openxla.org")
 
-# a later step's program that no longer fits beside what is in use (a v5e chip, after a save's on-device copy); the
-# runtime raises it as a ValueError
+# a later step's program that no longer fits beside what is in use (a v5e chip, when saves copied on the device);
+# the runtime raises it as a ValueError
 PROGRAM_LOAD = ("RuntimeProgramAllocationFailure: Attempting to reserve 13.81G at the bottom of memory. That was not "
                 "possible. There are 12.33G free, 0B reserved, and 0B reservable.")
 

@@ -33,6 +33,12 @@ from job.tasks.lm.model import (  # noqa: E402
 )
 from job.train.state import count_params  # noqa: E402
 
+def explicit_config(**fields: object) -> ModelConfig:
+    """The example model's config with an explicit remat policy: these tests trace it outside the training loop,
+    where `auto` (the loop's choice, made by compiling) is an error."""
+    return ModelConfig(**{"remat": "none", **fields})  # type: ignore[arg-type]
+
+
 # Compiled once per shape and reused: eager op-by-op dispatch would dominate the runtime.
 forward = nnx.jit(Transformer.__call__)
 jit_loss = nnx.jit(loss_fn)
@@ -40,7 +46,7 @@ jit_loss = nnx.jit(loss_fn)
 
 @pytest.fixture(scope="module")
 def model() -> Transformer:
-    return Transformer(ModelConfig(), rngs=nnx.Rngs(0))
+    return Transformer(explicit_config(), rngs=nnx.Rngs(0))
 
 
 def tokens(shape: tuple[int, int], seed: int = 0) -> jax.Array:
@@ -81,7 +87,7 @@ def test_causal(model: Transformer) -> None:
 
 
 def test_bfloat16_compute_float32_logits_and_params(model: Transformer) -> None:
-    m = Transformer(ModelConfig(dtype="bfloat16"), rngs=nnx.Rngs(0))
+    m = Transformer(explicit_config(dtype="bfloat16"), rngs=nnx.Rngs(0))
     assert {p.dtype for p in jax.tree.leaves(nnx.state(m, nnx.Param))} == {jnp.dtype("float32")}
     x = tokens((2, 17))
     logits = forward(m, x[:, :-1])
@@ -112,7 +118,7 @@ def test_loss_matches_hand_computation(model: Transformer) -> None:
 
 def test_loss_of_perfect_prediction_is_near_zero() -> None:
     """Head weights that copy the input token make "repeat the token" predicted perfectly."""
-    m = Transformer(ModelConfig(), rngs=nnx.Rngs(1))
+    m = Transformer(explicit_config(), rngs=nnx.Rngs(1))
     # Blocks add nothing and positions are zero, so the final norm sees the one-hot token embedding.
     m.blocks.attn.out.kernel[...] = jnp.zeros_like(m.blocks.attn.out.kernel[...])  # every layer of the stack
     m.blocks.mlp.down.kernel[...] = jnp.zeros_like(m.blocks.mlp.down.kernel[...])
@@ -161,7 +167,7 @@ EXPECTED = {  # the stacked blocks' leading "layers" dimension stays whole under
 
 @pytest.mark.parametrize("rule", ["replicated", "fsdp", "tensor"])
 def test_shard_model_places_every_param_without_fallback(rule: str, mesh42: Mesh) -> None:
-    m = Transformer(ModelConfig(), rngs=nnx.Rngs(0))
+    m = Transformer(explicit_config(), rngs=nnx.Rngs(0))
     msgs = shard(m, mesh42, rule)
     assert not [msg for msg in msgs if "replicated instead" in msg or "fell back" in msg], msgs
     assert len(msgs) == (rule != "replicated") and all("experimental" in msg for msg in msgs)
@@ -172,7 +178,7 @@ def test_shard_model_places_every_param_without_fallback(rule: str, mesh42: Mesh
 
 
 def test_training_step_on_tensor_sharded_model_reduces_loss(mesh42: Mesh) -> None:
-    m = Transformer(ModelConfig(), rngs=nnx.Rngs(0))
+    m = Transformer(explicit_config(), rngs=nnx.Rngs(0))
     opt = nnx.Optimizer(m, optax.adamw(3e-3), wrt=nnx.Param)
     shard(m, mesh42, "tensor")
     shard(opt, mesh42, "tensor")
@@ -207,7 +213,7 @@ def unrolled_like(scanned: Transformer) -> Transformer:
 
 
 def test_scanned_blocks_compute_what_the_unrolled_blocks_do() -> None:
-    scanned = Transformer(ModelConfig(layers=3), rngs=nnx.Rngs(0))
+    scanned = Transformer(explicit_config(layers=3), rngs=nnx.Rngs(0))
     unrolled = unrolled_like(scanned)
     assert count_params(unrolled) == count_params(scanned)
     x = tokens((2, 17), seed=3)
@@ -226,7 +232,7 @@ def test_every_remat_policy_gives_the_same_loss_and_gradient(scan: bool) -> None
     x, mask = tokens((2, 17), seed=4), jnp.ones((2, 17))
     results = {}
     for remat in ("none", "full", "dots", "dots_all"):
-        m = Transformer(ModelConfig(scan=scan, remat=remat), rngs=nnx.Rngs(0))
+        m = Transformer(explicit_config(scan=scan, remat=remat), rngs=nnx.Rngs(0))
         (loss, _), grads = nnx.jit(nnx.value_and_grad(loss_fn, has_aux=True))(m, x, mask)
         results[remat] = (float(loss), jax.tree.leaves(grads))
     for remat, (loss, grads) in results.items():
@@ -240,7 +246,7 @@ def test_full_remat_keeps_less_for_the_backward_pass_than_none() -> None:
     x, mask = tokens((8, 33), seed=5), jnp.ones((8, 33))
     temp = {}
     for remat in ("none", "full"):
-        m = Transformer(ModelConfig(layers=8, remat=remat), rngs=nnx.Rngs(0))
+        m = Transformer(explicit_config(layers=8, remat=remat), rngs=nnx.Rngs(0))
         graphdef, state = nnx.split(m)
         step = jax.jit(lambda s, graphdef=graphdef: jax.grad(lambda s: loss_fn(nnx.merge(graphdef, s), x, mask)[0])(s))
         temp[remat] = step.lower(state).compile().memory_analysis().temp_size_in_bytes
@@ -286,7 +292,7 @@ def traced_layouts(m: Transformer, x: jax.Array, mesh: Mesh,
 @pytest.mark.parametrize("scan", [True, False])
 def test_split_along_the_sequence_each_device_holds_its_positions_and_attention_gathers_keys_and_values(
         scan: bool, mesh22: Mesh, monkeypatch: pytest.MonkeyPatch) -> None:
-    m = Transformer(ModelConfig(scan=scan), rngs=nnx.Rngs(0))  # 64 wide, 4 heads of 16, mlp 256, 32 tokens
+    m = Transformer(explicit_config(scan=scan), rngs=nnx.Rngs(0))  # 64 wide, 4 heads of 16, mlp 256, 32 tokens
     assert traced_layouts(m, tokens((4, 32)), mesh22, monkeypatch) == {  # 2 rows of 4, 16 positions of 32
         lm.RESIDUAL: {((4, 32, 64), (2, 16, 64))},
         lm.QUERIES: {((4, 32, 4, 16), (2, 16, 4, 16))},
@@ -304,7 +310,7 @@ def test_split_along_the_sequence_each_device_holds_its_positions_and_attention_
 ])
 def test_logits_and_loss_split_along_the_sequence_equal_those_of_the_whole_sequence(scan: bool, rule: str,
                                                                                    axes: dict[str, int]) -> None:
-    m = Transformer(ModelConfig(scan=scan), rngs=nnx.Rngs(0))
+    m = Transformer(explicit_config(scan=scan), rngs=nnx.Rngs(0))
     x, mask = tokens((4, 33), seed=6), jnp.ones((4, 33))
     whole_logits, (whole_loss, _) = forward(m, x[:, :-1]), jit_loss(m, x, mask)
     mesh = sh.make_mesh(jax.devices()[:4], axes=axes)
@@ -318,7 +324,7 @@ def test_logits_and_loss_split_along_the_sequence_equal_those_of_the_whole_seque
 
 
 def test_a_length_the_sequence_axis_does_not_divide_is_one_error_naming_the_seq_len_to_pass(mesh22: Mesh) -> None:
-    m = Transformer(ModelConfig(), rngs=nnx.Rngs(0))
+    m = Transformer(explicit_config(), rngs=nnx.Rngs(0))
     with sh.mesh_context(mesh22, sh.rule_table("replicated")), pytest.raises(ConfigError) as e:
         nnx.jit(lambda m, x, mask: loss_fn(m, x, mask))(m, tokens((4, 32)), jnp.ones((4, 32)))  # 31 predicted
     assert str(e.value).startswith("sequence length: expected a multiple of the mesh's 'sequence' axis of size 2")
@@ -328,7 +334,7 @@ def test_a_length_the_sequence_axis_does_not_divide_is_one_error_naming_the_seq_
 def test_a_gradient_split_four_ways_along_the_sequence_keeps_under_0_4_of_one_devices_temporaries() -> None:
     """XLA's own temporary-buffer figure per device: every activation is a quarter as long, the keys and
     values whole (measured: 0.29 at 128 positions)."""
-    m = Transformer(ModelConfig(seq_len=129), rngs=nnx.Rngs(0))
+    m = Transformer(explicit_config(seq_len=129), rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(m)
     x, mask = tokens((4, 129), seed=7), jnp.ones((4, 129))
     temp = {}
@@ -381,7 +387,7 @@ def test_validate_rejects_bad_configs(cfg: ModelConfig, rule: str, model_axis: i
 
 def test_transformer_validates_before_building() -> None:
     with pytest.raises(ConfigError, match="--model.heads"):
-        Transformer(ModelConfig(dim=60, heads=8), rngs=nnx.Rngs(0))
+        Transformer(explicit_config(dim=60, heads=8), rngs=nnx.Rngs(0))
 
 
 def test_a_prompt_of_a_small_vocabulary_is_plain_token_ids_and_anything_else_one_error() -> None:

@@ -40,8 +40,9 @@ def _earlier_run(tmp_path: Path, persistent: list[int], local: list[int]) -> Non
                               "node1", resume=True, end=100)
     assert checkpoints.restore(lambda: _state_of(0.0)).origin == Origin(0, Tier.FRESH, "")
     for step in sorted(persistent + local):
-        assert checkpoints.should_save(step)
-        checkpoints.save(step, _state_of(float(step)))
+        tier = checkpoints.due(step)
+        assert tier is (Tier.PERSISTENT if step in persistent else Tier.LOCAL)
+        checkpoints.save(step, _state_of(float(step)), tier)
     checkpoints.wait()
     assert checkpoints.persistent.all_steps() == sorted(persistent)
     assert sorted({s for s, _ in held(checkpoints.local.folder)}) == sorted(local)
@@ -82,8 +83,8 @@ def test_without_the_node_local_tier_its_newer_step_is_never_read(tmp_path: Path
     _earlier_run(tmp_path, persistent=[2], local=[3])
     origin, state, checkpoints = _restored(tmp_path, local_every=0)
     assert (origin.step, origin.tier, _values(state)) == (2, Tier.PERSISTENT, 2.0)
-    assert checkpoints.local is None and not checkpoints.should_save(5)
-    assert not checkpoints.should_save(2)  # the step it restored
+    assert checkpoints.local is None and checkpoints.due(5) is None
+    assert checkpoints.due(2) is None  # the step it restored
     checkpoints.close(completed=True)
 
 
@@ -111,21 +112,22 @@ def test_the_checkpoints_decide_which_steps_are_saved_and_in_which_tier_a_stop_i
     between them; a step both are due in goes to the persistent tier only; no step is saved twice."""
     stop = {"now": False}
     _, _, checkpoints = _restored(tmp_path, local_every=3, every=4, end=10, stopping=lambda: stop["now"])
-    due = [step for step in range(1, 13) if checkpoints.should_save(step)]
-    assert due == [3, 4, 6, 8, 9, 10, 12]
+    due = {step: checkpoints.due(step) for step in range(1, 13)}
+    P, L = Tier.PERSISTENT, Tier.LOCAL
+    assert {step: tier for step, tier in due.items() if tier is not None} == {
+        3: L, 4: P, 6: L, 8: P, 9: L, 10: P, 12: P}  # 12: both are due, the persistent tier takes it
     for step in (3, 4, 6, 8, 9, 10, 12):
-        checkpoints.save(step, _state_of(float(step)))
-        assert not checkpoints.should_save(step) and checkpoints.last_saved == step
+        checkpoints.save(step, _state_of(float(step)), due[step])
+        assert checkpoints.due(step) is None and checkpoints.last_saved == step
     checkpoints.wait()
     assert checkpoints.persistent.all_steps() == [8, 10, 12]  # of 4, 8, 10 and 12: --ckpt.keep 3
     assert {s for s, _ in held(checkpoints.local.folder)} <= {3, 6, 9}  # the tier keeps its newest steps
-    assert not checkpoints.should_save(13)
+    assert checkpoints.due(13) is None
     stop["now"] = True  # the processes agreed to stop after step 13: saved, in the persistent tier
-    assert checkpoints.should_save(13)
-    checkpoints.save(13, _state_of(13.0))
+    assert checkpoints.due(13) is P
+    checkpoints.save(13, _state_of(13.0), P)
     checkpoints.wait()
-    assert checkpoints.persistent.all_steps() == [10, 12, 13] and not checkpoints.should_save(13)
-    with pytest.raises(AssertionError, match="due in no checkpoint tier"):
-        stop["now"] = False
-        checkpoints.save(14, _state_of(14.0))
+    assert checkpoints.persistent.all_steps() == [10, 12, 13] and checkpoints.due(13) is None
+    with pytest.raises(ValueError, match=r"expected the tier due\(step\) gives for step 14 .* found Tier.FRESH"):
+        checkpoints.save(14, _state_of(14.0), Tier.FRESH)
     checkpoints.close(completed=True)

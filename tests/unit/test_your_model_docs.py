@@ -30,7 +30,8 @@ from tests.docs_examples import DOCS, code_blocks
 PAGE = "your-model.md"
 F32, BF16 = jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)
 # a text only one block holds, for each block of the page, in the page's order
-BLOCKS = ("class Sums", "def noisy_rows", "class MLP", "def conv(", "class Net", "class Indexed", "def stream(")
+BLOCKS = ("class Sums", "def noisy_rows", "class MLP", "def conv(", "class Net", "class Indexed", "def stream(",
+          "class TinyLM")
 
 
 def _page_block(marker: str) -> dict[str, Any]:
@@ -266,3 +267,19 @@ def test_a_materialized_stream_is_indexed_like_the_table_it_was_read_from() -> N
     finally:
         shutil.rmtree(stream["folder"])
 
+
+def test_a_model_split_into_features_and_its_head_gets_the_whole_logits_loss_and_gradients_from_the_fused_one(
+        ) -> None:
+    page = _page_block("class TinyLM")
+    model, batch = page["model"], page["batch"]
+    fused = nnx.grad(lambda m: page["loss"](m, batch)[0])(model)
+    whole = nnx.grad(lambda m: page["whole_logits_loss"](m, batch))(model)
+    for a, b in zip(jax.tree.leaves(fused), jax.tree.leaves(whole), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert page["model"](batch["tokens"]).shape == (4, 9, 64)  # __call__ still gives the logits
+    tied = page["kernels"].head_cross_entropy(model.features(batch["tokens"][:, :-1]),
+                                              model.embed.embedding[...].T, batch["tokens"][:, 1:],
+                                              jnp.ones((4, 8), jnp.float32))[0]  # a tied head's kernel, as said
+    logits = model.features(batch["tokens"][:, :-1]) @ model.embed.embedding[...].T
+    expected = optax.softmax_cross_entropy_with_integer_labels(logits, batch["tokens"][:, 1:]).sum()
+    np.testing.assert_allclose(tied, expected, rtol=1e-5)

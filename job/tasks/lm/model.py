@@ -26,7 +26,6 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.ad_checkpoint import checkpoint_name
 
 from job.core import values
 from job.errors import ConfigError, as_config_error
@@ -58,8 +57,8 @@ class ModelConfig:
     layers: int = 2  # transformer blocks
     mlp_dim: int = 256  # MLP hidden width ("mlp")
     dtype: str = "float32"  # activation/compute dtype ("float32" or "bfloat16"); params stay float32
-    # what each block keeps for the backward pass: none (all), full, dots, dots_all, or auto: the most that fits
-    # the device's memory (none on CPU; the choice is logged)
+    # what each block keeps for the backward pass: none (all), full, dots, dots_all, or auto: the fastest that fits
+    # the device's memory, chosen by the training loop (none on CPU; logged; outside the loop an error)
     remat: str = "auto"
     # the attention kernel: auto (splash on TPU, cuDNN on GPU, XLA on CPU), xla, splash, flash or cudnn
     attention: str = "auto"
@@ -108,9 +107,8 @@ class Attention(nnx.Module):
         q = constrain(self._split(self.q(x)), QUERIES)
         k = constrain(self._split(self.k(x)), KEYS_VALUES)  # all-gathered along the sequence
         v = constrain(self._split(self.v(x)), KEYS_VALUES)
-        # "xla" (jax's default today), named: its mask is built from the global [L, L] shape, and cuDNN's
-        # kernel refuses queries split along the sequence
-        y = checkpoint_name(kernels.attention(q, k, v, kernel=self.kernel), attention.RESIDUALS)
+        # named by the kernel for remat's dots (job/kernels/self_attention.py)
+        y = kernels.attention(q, k, v, kernel=self.kernel)
         return self.out(constrain(y, QUERIES).reshape(x.shape))
 
 
