@@ -6,7 +6,8 @@
     python -m bench --quick --out /tmp/r.md   # write anyway (the plot goes next to it)
 
 Benchmarks: step, scaling, hostsync, ckpt, pipeline, mfu, growth, compile_cache, fingerprint, scale, records,
-depth, tiers, recovery, experts, preemption (see bench/__init__.py).
+depth, tiers, recovery, experts, preemption (see bench/__init__.py); on a chip, by hand: ckpt.options,
+ckpt.beside, tpu.
 A partial or quick run writes files only with --out, so it never replaces
 the full results. Exit status 1 when a benchmark failed to run (speed is never
 asserted).

@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import npshards
+from bench.ckpt.baseline import read_numpy, write_numpy
 from bench.procs import BenchError, emit, launch_template, run_worker
 from bench.report import Section, standalone
 from bench.timing import fmt_ratio, fmt_s, interleave, median, ratio
@@ -92,7 +92,7 @@ def worker(argv: list[str]) -> None:
 
     def numpy_write() -> None:
         shutil.rmtree(npdir, ignore_errors=True)
-        npshards.write(npdir, leaves)
+        write_numpy(npdir, leaves, sync=False)
 
     reps = 2 if quick else 3
     writes = interleave({"orbax": orbax_write, "numpy": numpy_write}, reps=reps, warmup=1)
@@ -101,7 +101,7 @@ def worker(argv: list[str]) -> None:
         jax.block_until_ready(ckpt.restore(saved[-1], planned.abstract))
 
     def numpy_restore() -> None:
-        jax.block_until_ready(npshards.read(npdir, leaves))
+        jax.block_until_ready(read_numpy(npdir, leaves))
 
     restores = interleave({"orbax": orbax_restore, "numpy": numpy_restore}, reps=reps, warmup=1)
     restored = ckpt.restore(saved[-1], planned.abstract)

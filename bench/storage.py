@@ -2,7 +2,7 @@
 
     python -m bench.storage [--quick]
 
-One process, 2 CPU devices, the train state of bench.ckpt (the lm-task transformer and
+One process, 2 CPU devices, the train state of bench.ckpt.save (the lm-task transformer and
 its AdamW state, replicated). The same Checkpointer saves and restores it on a local
 temporary folder and on gs://BUCKET/bench in fake-gcs-server (tests/gcs_emulator.py: in
 memory, on loopback), interleaved: the time `save` blocks the loop, the whole write
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.ckpt import BATCH, loop_state
+from bench.ckpt.save import BATCH, loop_state
 from bench.procs import cpu_env, emit, run_worker
 from bench.report import Section, standalone
 from bench.timing import fmt_mb, fmt_ratio, fmt_s, fmt_x, interleave, median, ratio

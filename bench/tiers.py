@@ -9,9 +9,10 @@ interleaved (A B C A B C ...), median of 3 repetitions (quick: 2) after one warm
 
 - persistent tier, to a folder on the real disk (under /var/tmp): every write ends with
   `os.sync()` inside the timed region (the bytes are on the disk, not in the page cache), and
-  the page cache is dropped (`echo 3 > /proc/sys/vm/drop_caches`, untimed) before every
-  restore, so every restore reads the disk:
-  - numpy (baseline): `np.save` of each addressable shard to its own file + `os.fsync`;
+  the page cache is dropped before every restore (untimed; bench.ckpt.baseline.drop_page_cache:
+  `echo 3 > /proc/sys/vm/drop_caches` as root, else each file evicted with posix_fadvise), so
+  every restore reads the disk:
+  - numpy (bench.ckpt.baseline): `np.save` of each shard to its own file + `os.fsync`;
     `np.load` of each + `jax.make_array_from_single_device_arrays` with the same sharding;
   - plain orbax: `ocp.StandardCheckpointer()`: `save(path, state)` + `wait_until_finished()`;
     `restore(path, targets)` of ShapeDtypeStruct targets carrying the shardings (StandardRestore);
@@ -23,7 +24,7 @@ interleaved (A B C A B C ...), median of 3 repetitions (quick: 2) after one warm
   and reading the same bytes in the same /dev/shm folder.
 
 Each variant keeps at most one copy on disk or in memory: its files are deleted (untimed, then
-synced) after its restore. Tensorstore's threads, whose nice value the template's save raises,
+synced) after its restore. Tensorstore's threads, whose nice value the template's save may raise,
 are put back to nice 0 before plain orbax's save and before every restore (a restore runs in a
 fresh process, before any save).
 """
@@ -39,7 +40,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import npshards
+from bench.ckpt.baseline import drop_page_cache, normal_priority, read_numpy, write_numpy
+from bench.ckpt.disk import file_system
 from bench.procs import cpu_env, emit, run_worker
 from bench.report import Section, standalone
 from bench.timing import fmt_mb, fmt_ratio, fmt_s, fmt_x, interleave, median, ratio
@@ -53,34 +55,6 @@ SHAPE = (24576, 4096)  # float32: 384 MiB an array, 1.5 GiB in all
 QUICK_SHAPE = (3072, 4096)  # 48 MiB an array, 192 MiB in all
 DISK = os.environ.get("BENCH_TIERS_DISK", "/var/tmp")  # a folder on the real disk (not a tmpfs)
 SHM = os.environ.get("BENCH_TIERS_SHM", "/dev/shm")
-DROP_CACHES = Path("/proc/sys/vm/drop_caches")
-
-
-def file_system(path: str | os.PathLike[str]) -> str:
-    """'TYPE on MOUNTPOINT' of the file system holding `path` (from /proc/self/mounts)."""
-    path = os.path.realpath(path)
-    best = ("", "?")
-    try:
-        for line in Path("/proc/self/mounts").read_text().splitlines():
-            fields = line.split()
-            if len(fields) < 3:
-                continue
-            mount, kind = fields[1], fields[2]
-            if (path == mount or path.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best[0]):
-                best = (mount, kind)
-    except OSError:
-        pass
-    return f"{best[1]} on {best[0] or '?'}"
-
-
-def drop_caches() -> bool:
-    """Write the dirty pages out and drop the page cache (needs root); whether it was dropped."""
-    os.sync()
-    try:
-        DROP_CACHES.write_text("3\n")
-    except OSError:
-        return False
-    return True
 
 
 def make_state(shape: tuple[int, int], seed: int = 0):  # noqa: ANN201
@@ -110,7 +84,6 @@ def worker(argv: list[str]) -> None:
     import numpy as np
     import orbax.checkpoint as ocp
 
-    from bench.ckpt import normal_priority
     from job.runs.checkpoint import Checkpointer, abstract
     from job.runs.config import CheckpointConfig
     from job.runs.local_format import shard_file
@@ -128,7 +101,7 @@ def worker(argv: list[str]) -> None:
 
     restores: dict[str, list[float]] = {}
     exact: dict[str, bool] = {}
-    dropped: list[bool] = []
+    dropped: list[str] = []
     rounds = {"n": 0}
 
     def same(restored: object) -> bool:
@@ -154,7 +127,7 @@ def worker(argv: list[str]) -> None:
                 os.sync()
             written = time.perf_counter() - start
             if cold:
-                dropped.append(drop_caches())
+                dropped.append(drop_page_cache(disk, system=True))
             normal_priority()  # tensorstore's threads at nice 0, as in a fresh process that restores
             start = time.perf_counter()
             restored = jax.block_until_ready(restore())
@@ -172,10 +145,10 @@ def worker(argv: list[str]) -> None:
     npdisk = disk / "numpy"
 
     def numpy_write(folder: Path) -> Callable[[], None]:
-        return lambda: npshards.write(folder, leaves, sync=True)
+        return lambda: write_numpy(folder, leaves)
 
     def numpy_read(folder: Path) -> Callable[[], object]:
-        return lambda: npshards.read(folder, leaves)
+        return lambda: read_numpy(folder, leaves)
 
     def remove(folder: Path) -> Callable[[], None]:
         return lambda: shutil.rmtree(folder, ignore_errors=True)
@@ -259,7 +232,7 @@ def worker(argv: list[str]) -> None:
     shutil.rmtree(shm, ignore_errors=True)
     result = {"bytes": nbytes, "arrays": len(leaves), "shape": list(leaves[0].shape), "devices": jax.device_count(),
               "reps": reps, "writes": writes, "restores": restores, "exact": exact,
-              "caches_dropped": bool(dropped) and all(dropped), "disk": f"{DISK} ({file_system(DISK)})",
+              "caches_dropped": sorted(set(dropped)), "disk": f"{DISK} ({file_system(DISK)})",
               "shm": f"{SHM} ({file_system(SHM)})", "load": load}
     emit(dataclasses.asdict(section(result)))
 
@@ -301,11 +274,12 @@ def section(r: dict) -> Section:
                    f"devices (one process); median of {r['reps']} interleaved repetitions after a warm-up round; "
                    "ratios are of medians, with the interquartile range of the paired ratios.")
     s.notes.append(f"Persistent tier in {r['disk']}: every write is timed up to the end of an `os.sync()`; the "
-                   "page cache was dropped (`echo 3 > /proc/sys/vm/drop_caches`) before every restore: "
-                   f"{r['caches_dropped']}. Numpy writes one `.npy` per shard and fsyncs it; plain orbax is "
+                   "page cache was dropped before every restore, by "
+                   f"{' and '.join(r['caches_dropped']) or 'nothing'} (`drop_caches`: the whole cache, as root; "
+                   "`posix_fadvise`: each file of the folder). Numpy writes one `.npy` per shard and fsyncs it; plain orbax is "
                    "`ocp.StandardCheckpointer` (zstd-compressed OCDBT store, orbax's defaults); the template is "
-                   "`Checkpointer(CheckpointConfig(every=1, keep=2))` (state copied on its devices, orbax's save "
-                   "from a thread at nice 19, uncompressed store). Each step is deleted after its restore, so "
+                   "`Checkpointer(CheckpointConfig(every=1, keep=2))` (orbax's async save of the live arrays, "
+                   "uncompressed store). Each step is deleted after its restore, so "
                    "the template's keep-N deletion never runs in a timed save.")
     s.notes.append(f"Node-local tier in {r['shm']} (memory; one process, so no peer to send to): `LocalTier.save` "
                    "writes this process's shards straight from their buffers into one file (timed to the end of "

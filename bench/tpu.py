@@ -13,7 +13,9 @@ Runs, one after another, each in its own process (a chip is held by one program 
    byte-level BPE; it needs the `tokenizers` extra);
 4. a ~400M configuration (dim 1024, 24 layers) through the loop, the preset's global batch of 16 as two
    micro-batches of 8 (`--accum-steps 2`, for which remat auto keeps the projections: dots), attention auto;
-   `mfu400m`: its template step against the hand-written one (remat auto at batch 16: full);
+   `mfu400m`: its template step against the hand-written one (remat auto at batch 16: full); `400m-explicit`: the
+   same command with the policy auto chose passed (`--model.remat`), whose time to the first step is auto's baseline
+   (every run's time to the first step: summary.json's start-up and compile seconds);
 5. `python -m bench.ckpt worker --size gpt2-small`: the checkpoint of gpt2-small's train state (2.6 GB with its
    AdamW state) from HBM: the time the loop is blocked, the whole save against numpy writing the same bytes
    (`jax.device_get` + `np.save`), and the restore;
@@ -51,7 +53,7 @@ from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
-from bench.ckpt import synced_write_rate
+from bench.ckpt.disk import synced_write_rate
 from bench.mfu import GPT2_SMALL, M400, PEAK_BF16_TFLOPS, flops_per_token
 from bench.procs import ROOT, records
 
@@ -62,6 +64,8 @@ def model_flags(dim: int, heads: int, layers: int) -> list[str]:
 
 
 M400_FLAGS = model_flags(1024, 16, 24)
+# the ~400M command of docs/tpu.md as a user runs it: remat left to auto
+M400_RUN = ["--preset", "gpt2-small", *M400_FLAGS, "--accum-steps", "2", "--steps", "60", "--eval-every", "1000"]
 
 
 def matmul_params(cfg: dict) -> int:
@@ -84,7 +88,22 @@ def train(name: str, flags: list[str], run_dir: Path, timeout_s: float, log_dir:
     began = time.monotonic()
     done = run_logged(name, ["job", "train", *flags, "--run-dir", str(run_dir)], log_dir, timeout_s)
     return {"name": name, "command": "python -m job train " + shlex.join(flags), "code": done.returncode,
-            "wall_s": time.monotonic() - began, "metrics": read_metrics(run_dir)}
+            "wall_s": time.monotonic() - began, "metrics": read_metrics(run_dir),
+            "first_step_s": first_step_s(run_dir), "remat": chosen_remat(done.stdout)}
+
+
+def first_step_s(run_dir: Path) -> float:
+    """Start-up and compilation (the first step's extra time included) from summary.json's goodput: the time to the
+    first step; nan without a summary."""
+    path = run_dir / "summary.json"
+    split = json.loads(path.read_text()).get("goodput", {}) if path.exists() else {}
+    return float(split.get("startup_s", float("nan"))) + float(split.get("compile_s", float("nan")))
+
+
+def chosen_remat(output: str) -> str | None:
+    """The policy of the run's `remat auto: POLICY (...)` line; None without one."""
+    line = next((line for line in output.splitlines() if "remat auto: " in line), None)
+    return None if line is None else line.split("remat auto: ", 1)[1].split()[0]
 
 
 def run_logged(name: str, args: list[str], logs: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
@@ -128,7 +147,8 @@ def repeated(name: str, times: int, run: Callable[[str], dict]) -> dict:
     done = [run(name if i == 0 else f"{name}-{i + 1}") for i in range(times)]
     ordered = sorted(done, key=lambda r: (r["code"] != 0, r["tok_per_s"] if r["tok_per_s"] == r["tok_per_s"] else 0))
     median = ordered[(len(ordered) - 1) // 2] if times > 1 else done[0]
-    return {**median, "name": name, "runs": [(r["tok_per_s"], r["mfu"], r["code"]) for r in done]}
+    return {**median, "name": name, "runs": [(r["tok_per_s"], r["mfu"], r["code"]) for r in done],
+            "first_steps": [r.get("first_step_s", float("nan")) for r in done]}
 
 
 def versions() -> dict:
@@ -172,12 +192,14 @@ def report(env: dict, runs: dict, mfu_records: list[dict], skipped: list[str], a
              + ", ".join(f"{k} {v}" for k, v in env.items() if k not in ("device_kind", "devices")) + ".",
              f"Peak: {peak(kind) / 1e12:.0f} TFLOP/s dense bf16; MFU = (6N + 12 L d T) x tokens/s / peak.", ""]
     lines += ["## Training through the loop (`python -m job train`)", "",
-              "| run | command | tokens/s | MFU | wall | exit |", "|---|---|---|---|---|---|"]
+              "| run | command | tokens/s | MFU | remat auto | to the first step | wall | exit |",
+              "|---|---|---|---|---|---|---|---|"]
     for run in runs.values():
         several = len(run.get("runs", ())) > 1
         each = (" (median of " + ", ".join(f"{m:.1%}" for _, m, _ in run["runs"]) + ")") if several else ""
+        firsts = ", ".join(f"{f:.0f} s" for f in run.get("first_steps", [run.get("first_step_s", float("nan"))]))
         lines.append(f"| {run['name']} | `{run['command']}` | {run['tok_per_s']:,.0f} | {run['mfu']:.1%}{each} | "
-                     f"{run['wall_s']:.0f} s | {run['code']} |")
+                     f"{run.get('remat') or '-'} | {firsts} | {run['wall_s']:.0f} s | {run['code']} |")
     lines.append("")
     for run in runs.values():
         lines += [f"**{run['name']}**: train loss (accuracy) by step: {curve(run['train'], 100)}", "",
@@ -267,7 +289,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--budget-s", type=float, default=3600.0, help="stop starting steps after this long")
     p.add_argument("--text-steps", type=int, default=1000)
     p.add_argument("--steps", type=int, default=0, help="the synthetic run's steps (0: the preset's 1,000)")
-    p.add_argument("--only", default="synthetic,mfu,text,400m,mfu400m,ckpt,largest,preempt",
+    p.add_argument("--only", default="synthetic,mfu,text,400m,400m-explicit,mfu400m,ckpt,largest,preempt",
                    help="the steps to run, comma-separated")
     p.add_argument("--logs", type=Path, default=None, help="where each step's output goes (default: a temp folder)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each training step (the median is reported)")
@@ -285,7 +307,8 @@ def main(argv: list[str]) -> int:
     preempted = None
     plan = [("user-fast", 90 * args.repeats), ("user", 90 * args.repeats),
             ("synthetic", 100 + 0.2 * (args.steps or 1000)), ("mfu", 100), ("mfu400m", 120),
-            ("text", 60 + 0.2 * args.text_steps), ("400m", 150), ("ckpt", 120), ("largest", 420),
+            ("text", 60 + 0.2 * args.text_steps), ("400m", 150), ("400m-explicit", 90), ("ckpt", 120),
+            ("largest", 420),
             ("preempt", 480)]
     kind = env["device_kind"]
 
@@ -322,9 +345,11 @@ def main(argv: list[str]) -> int:
                      "--steps", str(args.text_steps)]
             runs[step] = summarize(train(step, flags, work / step, left(), logs), GPT2_SMALL, env["device_kind"])
         elif step == "400m":
-            flags = ["--preset", "gpt2-small", *M400_FLAGS, "--accum-steps", "2", "--steps", "60",
-                     "--eval-every", "1000"]
-            runs[step] = trained(step, flags, M400)
+            runs[step] = trained(step, M400_RUN, M400)
+        elif step == "400m-explicit":  # the policy the auto runs chose, passed: their time to the first step's baseline
+            policy = next((r["remat"] for r in runs.values() if r["name"] == "400m" and r.get("remat")), "dots")
+            runs[step] = summarize(train(step, [*M400_RUN, "--model.remat", policy], work / step, left(), logs),
+                                   M400, kind)
         elif step in ("user", "user-fast"):
             module = "llama" if step == "user" else "llama_fast"
             flags = ["--task", f"tests.user_tasks.{module}:TASK", "--preset", "gpt2-small-size", "--steps", "60"]

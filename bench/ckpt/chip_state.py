@@ -1,16 +1,53 @@
-"""What bench.ckpt_options and bench.ckpt_beside share: a state shaped like gpt2-small's train state, orbax's manager
-with the template's handler, and a ~60 ms matmul step timed one by one (imports jax: only those two import it)."""
+"""What bench.ckpt.options and bench.ckpt.beside share: their command line and OUT_DIR record, a state shaped like
+gpt2-small's train state, orbax's manager with the template's handler, and a ~60 ms matmul step timed one by one.
+Imports jax: only those two import it, on the chip they measure."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import shutil
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from orbax.checkpoint.type_handlers import ArrayHandler, create_type_handler_registry, get_type_handler, supported_types
+
+
+def arguments(argv: list[str] | None, prog: str, doc: str) -> tuple[Path, bool]:
+    """(OUT_DIR, --small) of `prog OUT_DIR [--small]`; OUT_DIR made."""
+    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
+    p.add_argument("out", type=Path, help="where the figures (JSON) and the scratch folders go")
+    p.add_argument("--small", action="store_true", help="a CPU-sized dry run: a smaller state and step")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    return args.out.absolute(), args.small  # orbax takes absolute paths only
+
+
+def scratch(out: Path) -> Path:
+    """OUT_DIR/folders, empty: where the checkpoints are written."""
+    folders = out / "folders"
+    shutil.rmtree(folders, ignore_errors=True)
+    folders.mkdir(parents=True)
+    return folders
+
+
+class Record:
+    """OUT_DIR/NAME.json: one run's figures, each printed as it comes and the file rewritten after it."""
+
+    def __init__(self, out: Path, name: str) -> None:
+        self.path = out / f"{name}.json"
+        self.figures: dict[str, Any] = {}
+
+    def put(self, key: str, value: Any, *, shown: Any = None) -> None:
+        """`value` under `key`; printed as `shown` where given (rounded figures)."""
+        self.figures[key] = value
+        print(key, value if shown is None else shown, flush=True)
+        self.path.write_text(json.dumps(self.figures, indent=1, default=str))
 
 
 def state_shapes(small: bool) -> list[tuple[int, ...]]:
