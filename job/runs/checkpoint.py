@@ -159,9 +159,8 @@ class Checkpointer:
     def _lower_writers(self) -> None:
         """The write's threads (orbax's commit thread, tensorstore's pool) at nice WRITER_NICE, found and lowered on
         a thread of its own: reading every thread's name in /proc took 0.7-1.1 s beside a write on a TPU VM (a
-        gVisor sandbox), which the loop must not wait for."""
-        if self._lowering is not None and self._lowering.is_alive():
-            return  # still at it: the threads it finds are the same
+        gVisor sandbox), which the loop must not wait for. Each call looks afresh: a look still under way may have
+        listed the threads before this save started its own."""
 
         def lower() -> None:
             for thread in threading.enumerate():
@@ -252,7 +251,8 @@ class Checkpointer:
             if self._failure is not None:
                 raise self._failure
             self.manager.wait_until_finished()
-            self._lower_writers()  # those tensorstore added while writing
+            if self._writing is not None:  # those tensorstore added while writing
+                self._lower_writers()
         except CheckpointError:
             raise
         except Exception as exc:

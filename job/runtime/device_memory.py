@@ -4,9 +4,10 @@ out-of-memory error all come here; a save holds none of it).
     device_memory.limit(device)       # bytes it may use: its runtime's bytes_limit; None where it does not say
     device_memory.compiler_limit(device)   # what its compiler says it holds (a device compiled for ahead of time)
 
-A running GPU or TPU reports `memory_stats()`; a CPU does not (its arrays are the host's); a device made by libtpu for compiling ahead of time has no runtime, and its compiler
-names what it holds only when a program is too big for it (`compiler_limit`). What a program needs is the
-compiler's too: `from_compiled` reads `compiled.memory_analysis()`, `from_message` XLA's out-of-memory error.
+A running GPU or TPU reports `memory_stats()`; a CPU does not (its arrays are the host's); a device made by
+libtpu for compiling ahead of time has no runtime, and its compiler names what it holds only when a program is
+too big for it (`compiler_limit`). What a program needs is the compiler's too: `from_compiled` reads
+`compiled.memory_analysis()`, `from_message` XLA's out-of-memory error.
 """
 
 from __future__ import annotations
