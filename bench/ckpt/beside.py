@@ -1,7 +1,7 @@
 """Train steps beside a save of fresh device arrays (never read to the host), by save mechanism, against the
 device-to-host link's own rate.
 
-    python -m bench.ckpt.beside OUT_DIR [--small]       # on a TPU VM; --small: a CPU-sized dry run
+    python -m bench.ckpt.beside OUT_DIR [--small] [--only A,B]   # on a TPU VM; --small: a CPU-sized dry run
 
 One process, a 1.9 GB state shaped like gpt2-small's train state, a ~60 ms matmul step. First the link: the
 state's bytes over the time of `jax.device_get` of all its arrays (every copy started at once), fresh arrays each
@@ -38,6 +38,7 @@ import orbax.checkpoint as ocp
 from bench.ckpt.baseline import host_copy_seconds, normal_priority
 from bench.ckpt.chip_state import Record, Stepper, arguments, handler, manager, scratch, train_state
 from bench.ckpt.stalls import Stalls
+from bench.ckpt.writer import ProcessWriter
 from job.runs.checkpoint import Checkpointer, abstract
 from job.runs.config import CheckpointConfig
 
@@ -104,11 +105,20 @@ def without_gc(folder: Path) -> Mechanism:
     return Mechanism(start, c.writing, finish, c.close)
 
 
+def process(folder: Path) -> Mechanism:
+    """A writer in a process of its own (bench.ckpt.writer): the loop copies to shared host memory, nothing of the
+    write runs in its process."""
+    w = ProcessWriter(folder)
+    return Mechanism(w.start, w.writing, w.finish, w.close)
+
+
 MECHANISMS: dict[str, Callable[[Path], Mechanism]] = {
     "the template's save": template,
     "the template's save, the loop's gc off while it writes": without_gc,
+    "a writer process (nice 19; host copy via shared memory; orbax, template's handler)": process,
     "plain orbax async save (its defaults)": lambda f: orbax(f, defaults=True),
     "orbax, template's handler (what the template's save calls)": orbax,
+    "orbax, template's handler, pinned host transfer": lambda f: orbax(f, enable_pinned_host_transfer=True),
     "orbax, template's handler, d2h async in 1 GB batches": lambda f: orbax(f, save_device_host_concurrent_gb=1.0),
     "orbax, template's handler, d2h async in 0.25 GB batches": lambda f: orbax(f, save_device_host_concurrent_gb=0.25),
 }
@@ -181,8 +191,27 @@ def restores(record: Record, folder: Path, fresh: Fresh, out: Path) -> None:
     record.put("restore", times)
 
 
+def host_memory(record: Record, leaves: list[Any]) -> None:
+    """This machine's host memory as a save uses it: numpy arrays of the state's shapes made and filled (page
+    faults), then freed one by one (glibc returns large blocks to the kernel, under the GIL): the seconds of each,
+    and the slowest single free."""
+    began = time.perf_counter()
+    arrays = [np.ones(x.shape, np.float32) for x in leaves]
+    filled = time.perf_counter() - began
+    frees = []
+    while arrays:
+        one = time.perf_counter()
+        arrays.pop()
+        frees.append(time.perf_counter() - one)
+    nbytes = sum(x.nbytes for x in leaves)
+    record.put("host memory", {"bytes": nbytes, "fill_s": filled, "free_s": sum(frees), "slowest_free_s": max(frees)},
+               shown=f"{nbytes / 2**20:.0f} MiB made and filled in {filled:.3f} s ({nbytes / filled / 2**30:.2f} GiB/s),"
+                     f" freed in {sum(frees):.3f} s, the slowest free {max(frees) * 1e3:.1f} ms")
+
+
 def main(argv: list[str] | None = None) -> int:
-    out, small = arguments(argv, "python -m bench.ckpt.beside", __doc__)
+    args = arguments(argv, "python -m bench.ckpt.beside", __doc__, only=(*MECHANISMS, "restore", "host memory"))
+    out, small = args.out, args.small
     folders = scratch(out)
     record = Record(out, "beside")
     fresh = Fresh(small)
@@ -197,15 +226,20 @@ def main(argv: list[str] | None = None) -> int:
     record.put("link", {"seconds": copies, "bytes_per_s": rate, "bound_s": bound},
                shown=f"device-to-host {rate / 2**30:.2f} GiB/s ({[round(x, 3) for x in copies]} s for "
                      f"{nbytes / 2**20:.0f} MiB): a save may hold the loop {bound:.3f} s")
+    if "host memory" in args.only:
+        host_memory(record, jax.tree.leaves(fresh.state))
     steps = itertools.count(1)
     for i, (name, make) in enumerate(MECHANISMS.items()):
+        if name not in args.only:
+            continue
         m = make(folders / str(i))
         try:
             saves = beside(m, fresh, stepper.one, steps, bound)
         finally:
             m.close()
         record.put(name, saves, shown=shown(saves))
-    restores(record, folders / "restore", fresh, out)
+    if "restore" in args.only:
+        restores(record, folders / "restore", fresh, out)
     print("done", flush=True)
     return 0
 

@@ -18,14 +18,21 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint.type_handlers import ArrayHandler, create_type_handler_registry, get_type_handler, supported_types
 
 
-def arguments(argv: list[str] | None, prog: str, doc: str) -> tuple[Path, bool]:
-    """(OUT_DIR, --small) of `prog OUT_DIR [--small]`; OUT_DIR made."""
+def arguments(argv: list[str] | None, prog: str, doc: str, *, only: tuple[str, ...] = ()) -> argparse.Namespace:
+    """`prog OUT_DIR [--small]` parsed (`out`: OUT_DIR made and absolute; `small`); where `only` names the variants,
+    `--only A,B` too (`only`: the names among them that contain A or B; all without it)."""
     p = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
     p.add_argument("out", type=Path, help="where the figures (JSON) and the scratch folders go")
     p.add_argument("--small", action="store_true", help="a CPU-sized dry run: a smaller state and step")
+    if only:
+        p.add_argument("--only", default="", help="comma-separated parts of the variants' names to run")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    return args.out.absolute(), args.small  # orbax takes absolute paths only
+    args.out = args.out.absolute()  # orbax takes absolute paths only
+    if only:
+        parts = [x for x in args.only.split(",") if x]
+        args.only = [name for name in only if not parts or any(x in name for x in parts)]
+    return args
 
 
 def scratch(out: Path) -> Path:

@@ -206,7 +206,8 @@ def restores(record: Record, folders: Path, state: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    out, small = arguments(argv, "python -m bench.ckpt.options", __doc__)
+    args = arguments(argv, "python -m bench.ckpt.options", __doc__)
+    out, small = args.out, args.small
     folders = scratch(out)
     record = Record(out, "options")
     rates = dataclasses.asdict(disk.probe(folders, 2**27 if small else 2**30))

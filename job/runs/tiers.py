@@ -140,7 +140,8 @@ class Checkpoints:
     def due(self, step: int) -> Tier | None:
         """The tier finished step `step` is saved in, or None: never a step already saved (or restored); the
         persistent tier where both are due. Asked once by every process after each step, once the processes have
-        agreed whether to stop there."""
+        agreed whether to stop there. Looks first whether the last write has ended (its paused collector resumes)."""
+        self.persistent.writing()
         if step == self.last_saved:
             return None
         if step % self.cfg.every == 0 or step == self.end or self.stopping():

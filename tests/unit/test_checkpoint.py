@@ -4,10 +4,12 @@ of the host, what it reads, its failure message."""
 from __future__ import annotations
 
 import errno
+import gc
 import logging
 import os
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import jax
@@ -20,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from job.runs import checkpoint, headroom
 from job.runs.checkpoint import Checkpointer, CheckpointError, abstract
 from job.runs.config import CheckpointConfig
-from job.runtime import host
+from job.runtime import host, priority
 
 
 def _state(offset: float = 0.0) -> dict:
@@ -72,8 +74,7 @@ def test_the_write_runs_at_a_low_cpu_priority_and_the_loop_does_not(tmp_path: Pa
         checkpoints.save(step, _state())
         checkpoints.wait()
     checkpoints._lowering.join()  # noqa: SLF001 - lowered on a thread of its own, off the loop's
-    writers = [int(tid) for tid in os.listdir("/proc/self/task")
-               if Path(f"/proc/self/task/{tid}/comm").read_text().strip() == checkpoint.WRITER_THREADS]
+    writers = priority.threads_named(checkpoint.WRITER_THREADS)  # (a thread may end while they are listed)
     assert writers, "tensorstore's threads wrote the arrays"
     for tid in writers:
         assert os.getpriority(os.PRIO_PROCESS, tid) >= checkpoint.WRITER_NICE
@@ -85,6 +86,43 @@ def test_the_write_runs_at_a_low_cpu_priority_and_the_loop_does_not(tmp_path: Pa
     checkpoints.wait()
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == loop_nice
     checkpoints.close()
+
+
+def test_the_collector_is_paused_while_a_write_runs_and_resumes_at_the_first_look_after_it(tmp_path: Path) -> None:
+    assert gc.isenabled()
+    checkpoints = Checkpointer(tmp_path / "ck", CheckpointConfig())
+    checkpoints.save(1, _state())
+    assert not gc.isenabled(), "paused while the write runs"
+    while checkpoints.writing():  # the loop's checkpoints look after every step (Checkpoints.due)
+        assert not gc.isenabled()
+        time.sleep(0.01)
+    assert gc.isenabled(), "resumed by the look that found the write ended"
+    checkpoints.wait()
+    gc.disable()  # a loop that keeps its collector off: a save leaves it off
+    try:
+        checkpoints.save(2, _state())
+        checkpoints.wait()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    checkpoints.save(3, _state())
+    checkpoints.close()  # closed while writing: the collector back on
+    assert gc.isenabled()
+
+
+def test_a_failed_write_resumes_the_collector(tmp_path: Path) -> None:
+    checkpoints = Checkpointer(tmp_path / "ck", CheckpointConfig())
+    with pytest.raises(CheckpointError):
+        checkpoints.save(4, {"w": jnp.ones(3), "lock": threading.Lock()})
+        checkpoints.wait()
+    checkpoints.close()
+    assert gc.isenabled()
+
+
+def test_a_saving_process_keeps_the_memory_it_frees_for_the_next_host_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert host.keep_freed_memory() is True  # glibc here
+    monkeypatch.setattr(host.platform, "libc_ver", lambda: ("", ""))  # musl, macOS: their own allocator's policy
+    assert host.keep_freed_memory() is False
 
 
 def test_checkpoints_written_with_orbax_defaults_still_restore(tmp_path: Path) -> None:
