@@ -6,7 +6,9 @@ is where a rerun writes and what a TPU job mounts. tyro, the config's parser, ta
 (`--run_dir`), and the last one given wins. Everything that reads or rewrites one of
 these flags in a command line (the task loader, `python -m job rerun`, the TPU side)
 goes through here, so no reader drifts from the parser. `flatten` names a saved config's fields
-as its nested flags are named (`optim.lr`), for the readers that compare or show them.
+as its nested flags are named (`optim.lr`), for the readers that compare or show them. `passing` writes a
+value in a fix as its caller gives it: after a flag, or as a keyword argument (a library function called
+by a model whose flags it does not know).
 """
 
 from __future__ import annotations
@@ -78,6 +80,12 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def passing(setting: str, value: object) -> str:
+    """`value` written as the fix of an error about `setting` tells its caller to give it: after a command-line
+    flag (`--model.attention xla`), or as a keyword argument (`kernel='xla'`)."""
+    return f"{setting} {value}" if setting.startswith("-") else f"{setting}={value!r}"
+
+
 def require_command(args: Sequence[str], what: str = "ARGS") -> None:
     """`python -m job` takes its command first (train, eval, runs, ...): job arguments that start with a flag are
     refused before anything is queued, with the `train` they lack (nothing trains without it)."""
@@ -86,4 +94,4 @@ def require_command(args: Sequence[str], what: str = "ARGS") -> None:
                           found=" ".join(args), fix=f"{what}='train {' '.join(args)}'")
 
 
-__all__ = ["require_command", "flatten", "spellings", "value", "with_value", "without"]
+__all__ = ["require_command", "flatten", "passing", "spellings", "value", "with_value", "without"]

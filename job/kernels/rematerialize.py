@@ -3,6 +3,7 @@ blocks; and the blocks' inputs kept split by rows.
 
     block_fn = remat(call, "dots")         # call(block, x, *rest) -> y; "none", "dots", "full", "dots_all", "auto"
     y = block_fn(block, x)                 # inside nnx.scan over a stack, or once a block of a list
+    block_fn = remat(call, cfg.remat, flag="--remat")  # an unknown policy's error names the caller's flag
 
 | policy | what a block keeps | recomputed in the backward pass |
 |---|---|---|
@@ -37,6 +38,7 @@ import jax
 from flax import nnx
 
 from job.core.errors import ConfigError
+from job.core.flags import passing
 from job.kernels.self_attention import RESIDUALS
 from job.parallel.sharding import constrain
 
@@ -66,12 +68,13 @@ def name(policy: str | bool) -> str:
     return policy
 
 
-def check(policy: object, flag: str = "--model.remat") -> str:
-    """The policy name of `policy`, or a ConfigError naming the names there are."""
+def check(policy: object, flag: str = "policy") -> str:
+    """The policy name of `policy`, or a ConfigError naming the names there are and `flag`, the caller's name
+    for the setting (a model's command-line flag; default: the argument)."""
     if not isinstance(policy, (str, bool)) or name(policy) not in NAMES:
         raise ConfigError(flag, expected=f"one of {', '.join(NAMES)} (or True / False)", found=policy,
-                          fix=f"pass {flag} auto (the most the memory holds), full (least memory) or dots "
-                              "(keeps the projections' outputs)")
+                          fix=f"pass {passing(flag, 'auto')} (the most the memory holds), {passing(flag, 'full')} "
+                              f"(least memory) or {passing(flag, 'dots')} (keeps the projections' outputs)")
     return name(policy)
 
 
@@ -85,10 +88,10 @@ def choosing(policy: str) -> Iterator[None]:
         _CHOSEN.reset(token)
 
 
-def resolve(policy: str | bool) -> str:
+def resolve(policy: str | bool, flag: str = "policy") -> str:
     """The policy a block runs under: `policy`, or for auto the one the run chose (`choosing`); a ConfigError
-    for auto where nothing chose (a trace outside the training loop's)."""
-    asked = check(policy)
+    for auto where nothing chose (a trace outside the training loop's), its fix naming `flag` (`check`)."""
+    asked = check(policy, flag)
     if asked != "auto":
         return asked
     chosen = _CHOSEN.get()
@@ -96,8 +99,8 @@ def resolve(policy: str | bool) -> str:
         raise ConfigError("remat policy", expected="an explicit policy (none, dots, full, dots_all) where a model "
                           "is traced outside the training loop", found="auto, with no policy chosen for it",
                           fix="`auto` is chosen by the training loop, which compiles the step under each policy; "
-                              "outside it pass an explicit policy (e.g. --model.remat dots, or the model config's "
-                              "remat='none'), or trace inside job.kernels.rematerialize.choosing(policy), e.g. "
+                              f"outside it pass an explicit policy (e.g. {passing(flag, 'dots')}), or trace inside "
+                              "job.kernels.rematerialize.choosing(policy), e.g. "
                               "`with choosing(\"none\"): loss = loss_fn(model, batch)`")
     return chosen
 
@@ -109,9 +112,10 @@ def rows_split(x: Any) -> Any:
     return constrain(x, ROWS if x.ndim == 3 else ("batch", *([None] * (x.ndim - 1))))
 
 
-def remat(call: Callable[..., Any], policy: str | bool = "auto") -> Callable[..., Any]:
+def remat(call: Callable[..., Any], policy: str | bool = "auto", *, flag: str = "policy") -> Callable[..., Any]:
     """`call(block, x, *rest)` with its input x kept split by rows, under nnx.remat with the named policy (none:
-    as it is). `auto` is resolved when the result is called, inside the trace of the step."""
+    as it is). `auto` is resolved when the result is called, inside the trace of the step. A policy that is
+    not one is a ConfigError naming `flag`, the caller's name for it (`check`)."""
 
     @functools.wraps(call)
     def kept(block: Any, x: Any, *rest: Any) -> Any:
@@ -121,9 +125,9 @@ def remat(call: Callable[..., Any], policy: str | bool = "auto") -> Callable[...
 
     @functools.wraps(call)
     def run(block: Any, x: Any, *rest: Any) -> Any:
-        return wrapped[resolve(policy)](block, x, *rest)
+        return wrapped[resolve(policy, flag)](block, x, *rest)
 
-    check(policy)
+    check(policy, flag)
     return run
 
 

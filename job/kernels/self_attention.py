@@ -3,7 +3,8 @@
 
     y_blhd = attention(q_blhd, k_bLkd, v_bLkd)                        # k, v: as many heads as q, or fewer
     y_blhd = attention(q_blhd, k_bLkd, v_bLkd, segment_ids=seg_bl)    # padding and packed rows
-    y_blhd = attention(q, k, v, kernel="xla")                          # --model.attention's values
+    y_blhd = attention(q, k, v, kernel="xla")                          # one of KERNELS
+    y_blhd = attention(q, k, v, kernel=cfg.kernel, flag="--kernel")   # its errors name the caller's flag
 
 q is [B, L, heads, head_dim]; k and v [B, L, kv_heads, head_dim], kv_heads dividing heads (grouped-query;
 one: multi-query): query head n reads kv head n // (heads / kv_heads), as `jax.nn.dot_product_attention`
@@ -29,6 +30,11 @@ device's own block, laid out as activations are (`job.sharding.activation_spec`)
 axes, heads over the axis "heads" maps to, queries along "sequence" while keys and values are whole. A
 device holding queries [o, o + l) of L masks with the causal mask shifted by o (splash's
 `CausalMask(offset=o)`; one kernel per sequence shard, chosen by `lax.switch` on the device's index).
+
+The choice is the caller's argument, and so are the names its errors give it: a kernel that cannot run
+is a ConfigError naming `flag` (default: the argument, `kernel`) and, where a longer sequence would do,
+`length_flag`, so that a model's own command line (the example LM passes its flags) is what its user is
+told to change.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
 from job.core.errors import ConfigError
+from job.core.flags import passing
 from job.parallel.multihost import on_process_zero
 from job.parallel.sharding import activation_spec
 
@@ -99,12 +106,14 @@ def padded_length(length: int) -> int:
 
 
 def choose(requested: str, *, length: int, dtype: str = "bfloat16", on: str | None = None,
-           shards: int = 1, segments: bool = False) -> Kernel:
+           shards: int = 1, segments: bool = False, flag: str = "kernel", length_flag: str = "") -> Kernel:
     """The kernel `requested` resolves to for queries of `length` positions a device (the sequence split in
-    `shards`) in activations of `dtype`, on platform `on` (default: `platform()`), with segment ids or not."""
+    `shards`) in activations of `dtype`, on platform `on` (default: `platform()`), with segment ids or not.
+    A kernel that cannot run is a ConfigError naming `flag`, the caller's name for the choice, and
+    `length_flag`, its name for the sequence's length (none: the fix says the length)."""
     if requested not in KERNELS:
-        raise ConfigError("--model.attention", expected=f"one of {', '.join(KERNELS)}", found=requested,
-                          fix="pass --model.attention auto (the backend's fastest kernel) or xla")
+        raise ConfigError(flag, expected=f"one of {', '.join(KERNELS)}", found=requested,
+                          fix=f"pass {passing(flag, 'auto')} (the backend's fastest kernel) or {passing(flag, 'xla')}")
     where = on or platform()
     block = block_for(length)
     if requested == "auto":
@@ -117,26 +126,28 @@ def choose(requested: str, *, length: int, dtype: str = "bfloat16", on: str | No
         return Kernel("xla")
     if requested in PALLAS:
         if requested == "flash" and where != "tpu":  # its backward pass has no interpret mode here
-            raise ConfigError("--model.attention", expected="flash on a TPU", found=f"flash on {where}",
-                              fix="pass --model.attention splash (Pallas' interpreter runs it off a TPU) or xla")
+            raise ConfigError(flag, expected="flash on a TPU", found=f"flash on {where}",
+                              fix=f"pass {passing(flag, 'splash')} (Pallas' interpreter runs it off a TPU) or "
+                                  f"{passing(flag, 'xla')}")
         if requested == "flash" and segments:
-            raise ConfigError("--model.attention", expected="flash without segment ids", found="segment ids",
-                              fix="pass --model.attention splash (or auto)")
+            raise ConfigError(flag, expected="flash without segment ids", found="segment ids",
+                              fix=f"pass {passing(flag, 'splash')} (or auto)")
         if not block and shards > 1:
-            raise ConfigError("--model.attention", expected=f"{requested}: a length that a tile of "
+            whole = padded_length(length) * shards
+            longer = passing(length_flag, whole) if length_flag else f"sequences of {whole} positions"
+            raise ConfigError(flag, expected=f"{requested}: a length that a tile of "
                               f"{' or '.join(map(str, BLOCKS))} divides", found=f"{length} positions a device",
-                              fix=f"pass --model.seq-len {padded_length(length) * shards}, or "
-                                  "--model.attention xla")
+                              fix=f"pass {longer}, or {passing(flag, 'xla')}")
         interpret = where != "tpu"
         if not block:
             return Kernel(requested, block_for(padded_length(length)), interpret, padded_length(length))
         return Kernel(requested, block, interpret)
     if requested == "cudnn" and where != "gpu":
-        raise ConfigError("--model.attention", expected="cudnn on a GPU", found=f"cudnn on {where}",
-                          fix="pass --model.attention auto (or xla)")
+        raise ConfigError(flag, expected="cudnn on a GPU", found=f"cudnn on {where}",
+                          fix=f"pass {passing(flag, 'auto')} (or xla)")
     if requested == "cudnn" and segments:
-        raise ConfigError("--model.attention", expected="cudnn without segment ids", found="segment ids",
-                          fix="pass --model.attention auto (or xla)")
+        raise ConfigError(flag, expected="cudnn without segment ids", found="segment ids",
+                          fix=f"pass {passing(flag, 'auto')} (or xla)")
     return Kernel(requested)
 
 
@@ -148,15 +159,17 @@ def _say_once(description: str, shape: tuple[int, ...], kv_heads: int) -> None:
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Array | None = None,
-              kernel: str = "auto") -> jax.Array:
+              kernel: str = "auto", flag: str = "kernel", length_flag: str = "") -> jax.Array:
     """Causal attention of q [B, L, heads, head_dim] over k, v [B, L, kv_heads, head_dim] (kv_heads dividing
     heads), positions attending only within their segment where `segment_ids` [B, L] is given, by the kernel
     `kernel` resolves to (module docstring); the result has q's shape and dtype. It is named RESIDUALS
-    (`checkpoint_name`) on every path, so remat's `dots` keeps it in any model that calls this."""
-    return checkpoint_name(_attended(q, k, v, segment_ids, kernel), RESIDUALS)
+    (`checkpoint_name`) on every path, so remat's `dots` keeps it in any model that calls this. A kernel that
+    cannot run is a ConfigError naming `flag` and `length_flag` (`choose`)."""
+    return checkpoint_name(_attended(q, k, v, segment_ids, kernel, flag, length_flag), RESIDUALS)
 
 
-def _attended(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None, kernel: str) -> jax.Array:
+def _attended(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None, kernel: str, flag: str,
+              length_flag: str) -> jax.Array:
     """`attention`'s result, unnamed."""
     _check_shapes(q, k, v, segment_ids)
     heads_split = _split_of(activation_spec(QUERIES, q.shape), 2)
@@ -166,20 +179,20 @@ def _attended(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array |
     sequence_axes = _axes_of(q_spec, 1)
     shards = _split_of(q_spec, 1)
     chosen = choose(kernel, length=q.shape[1] // shards, dtype=jnp.dtype(q.dtype).name, shards=shards,
-                    segments=segment_ids is not None)
+                    segments=segment_ids is not None, flag=flag, length_flag=length_flag)
     _say_once(chosen.describe(), tuple(q.shape), k.shape[2])
     if chosen.name not in PALLAS:
         if shards > 1 and chosen.name == "cudnn":
-            raise ConfigError("--model.attention", expected="cudnn with the sequence whole on each device",
-                              found=f"queries split over {sequence_axes}", fix="pass --model.attention xla")
+            raise ConfigError(flag, expected="cudnn with the sequence whole on each device",
+                              found=f"queries split over {sequence_axes}", fix=f"pass {passing(flag, 'xla')}")
         # the mask is built from the global [L, L] shape: exact under a sequence split
         implementation: Literal["xla", "cudnn"] = "cudnn" if chosen.name == "cudnn" else "xla"
         mask = None if segment_ids is None else (segment_ids[:, None, :, None] == segment_ids[:, None, None, :])
         return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True, implementation=implementation)
     if shards > 1 and chosen.name == "flash":
-        raise ConfigError("--model.attention", expected="flash with the sequence whole on each device (its causal "
+        raise ConfigError(flag, expected="flash with the sequence whole on each device (its causal "
                           "mask has no offset)", found=f"queries split over {sequence_axes}",
-                          fix="pass --model.attention splash")
+                          fix=f"pass {passing(flag, 'splash')}")
     segments = segment_ids if segment_ids is not None else jnp.zeros(q.shape[:2], jnp.int32)
     body = functools.partial(_pallas_block, kernel=chosen, sequence_axes=sequence_axes, shards=shards,
                              with_segments=segment_ids is not None)

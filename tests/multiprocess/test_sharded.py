@@ -18,11 +18,12 @@ import pytest
 
 from tests.launching import explain, launcher_argv, run, scenario
 from tests.multiprocess.test_train import SMALL
-from tests.records import records, summary, train_losses
+from tests.records import COMPILER_LOG, involuntary_rematerializations, records, summary, train_losses
 
 pytestmark = pytest.mark.multiprocess
 
 STEPS = 30
+COMPILED = ("--compile-cache", "none")  # every step compiled afresh: the compiler's log is there to read
 FLAGS = ("--steps", str(STEPS), "--log-every", "1", "--eval-every", str(STEPS), "--ckpt.every", "15", *SMALL)
 RULES = {  # rule flags -> {leaf: the shape each process holds of it}; the model is 32 wide, its mlp 64
     "replicated": ((), (32, 32), (64, 32)),
@@ -36,9 +37,9 @@ DOWN = "blocks/mlp/down/kernel/value"  # ("layers", "mlp", "embed"), 1 x 64 x 32
 
 
 def held_train(n: int, devices: int, run_dir: Path, *flags: str) -> str:
-    """`python -m job train` on n x devices through held.py; its output."""
+    """`python -m job train` on n x devices through held.py; its output (every rank's, XLA's warnings among it)."""
     argv = launcher_argv(n, scenario("held.py", "train", "--run-dir", str(run_dir), *flags), devices=devices)
-    proc = run(argv, timeout=300)
+    proc = run(argv, timeout=300, **COMPILER_LOG)
     assert proc.returncode == 0, explain(proc, proc.stdout, proc.stderr)
     return proc.stdout + proc.stderr
 
@@ -61,9 +62,10 @@ def assert_held(records: list[dict], moment: str, q: tuple[int, int], down: tupl
 
 @pytest.fixture(scope="module")
 def lm_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]]:
-    """The LM trained 30 steps on 2 processes x 2 devices under each rule: {rule: (run dir, output)}."""
+    """The LM trained 30 steps on 2 processes x 2 devices under each rule, compiled afresh: {rule: (run dir,
+    output)}."""
     root = tmp_path_factory.mktemp("rules")
-    return {rule: (root / rule, held_train(2, 2, root / rule, *FLAGS, *flags))
+    return {rule: (root / rule, held_train(2, 2, root / rule, *FLAGS, *flags, *COMPILED))
             for rule, (flags, _, _) in RULES.items()}
 
 
@@ -74,6 +76,8 @@ def test_the_lm_state_is_created_as_its_shards_and_trains_alike_under_every_rule
     _, q, down = RULES[rule]
     assert_held(held_shapes(run_dir, 2), "init", q, down)
     assert "experimental" not in output and "fell back" not in output, output  # first-class: no warning
+    # one layout for each activation: XLA never replicates one whole to go between two, on either process
+    assert involuntary_rematerializations(output, 2) == {0: [], 1: []}, output
     reference = train_losses(lm_runs["replicated"][0])
     losses = train_losses(run_dir)
     assert sorted(losses) == list(range(1, STEPS + 1))

@@ -63,3 +63,8 @@ def test_a_flag_is_taken_in_both_spellings_of_its_name() -> None:
 
 def test_a_saved_config_flattens_to_the_dotted_names_of_its_flags() -> None:
     assert flags.flatten({"a": {"b": 1, "c": {"d": "x"}}, "e": None}) == {"a.b": 1, "a.c.d": "x", "e": None}
+
+
+def test_a_fix_writes_a_value_as_its_caller_gives_it_after_a_flag_or_as_a_keyword() -> None:
+    assert flags.passing("--model.attention", "xla") == "--model.attention xla"
+    assert flags.passing("kernel", "xla") == "kernel='xla'" and flags.passing("length", 256) == "length=256"

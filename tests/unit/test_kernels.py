@@ -68,7 +68,10 @@ def test_a_length_no_tile_divides_is_padded_for_splash_anywhere_but_refused_when
 
 def test_a_sequence_split_too_fine_for_a_tile_names_the_whole_seq_len_that_fits() -> None:
     with pytest.raises(ConfigError, match="pass --model.seq-len 256, or --model.attention xla"):
-        attention.choose("splash", length=64, on="tpu", shards=2)
+        attention.choose("splash", length=64, on="tpu", shards=2, flag="--model.attention",
+                         length_flag="--model.seq-len")
+    with pytest.raises(ConfigError, match="pass sequences of 256 positions, or kernel='xla'"):
+        attention.choose("splash", length=64, on="tpu", shards=2)  # no flags: the arguments, the length
 
 
 @pytest.mark.parametrize(("requested", "platform", "length", "says"), [
@@ -79,8 +82,24 @@ def test_a_sequence_split_too_fine_for_a_tile_names_the_whole_seq_len_that_fits(
 def test_a_kernel_that_cannot_run_is_one_error_naming_the_fix(requested: str, platform: str, length: int,
                                                                says: str) -> None:
     with pytest.raises(ConfigError) as e:
-        attention.choose(requested, length=length, on=platform)
+        attention.choose(requested, length=length, on=platform, flag="--model.attention")
     assert str(e.value).startswith("--model.attention: expected") and says in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        attention.choose(requested, length=length, on=platform)  # the caller named no flag: the argument
+    assert str(e.value).startswith("kernel: expected") and says in str(e.value) and "kernel='" in str(e.value)
+    assert "--" not in str(e.value)
+
+
+def test_the_example_lm_names_its_own_flags_in_the_kernels_errors() -> None:
+    m = model.Transformer(model.ModelConfig(**{**SMALL, "seq_len": 128}, attention="flash"), rngs=nnx.Rngs(0))
+    tokens, mask = _batch()
+    with pytest.raises(ConfigError) as e:
+        model.loss_fn(m, tokens, mask)  # flash on a CPU: the kernel refuses it while the model is traced
+    assert str(e.value).startswith("--model.attention: expected flash on a TPU")
+    assert "pass --model.attention splash" in str(e.value)
+    m.cfg = dataclasses.replace(m.cfg, remat="dot")  # past validate: the kernel's own check names the flag
+    with pytest.raises(ConfigError, match="--model.remat: expected one of none"):
+        model.loss_fn(m, tokens, mask)
 
 
 def test_an_unknown_attention_flag_is_refused_before_the_model_is_built() -> None:
@@ -223,7 +242,9 @@ def test_remat_by_name_gives_the_same_gradients_and_refuses_an_unknown_name() ->
         for a, b in zip(jax.tree.leaves(grads["none"]), jax.tree.leaves(grads[policy])):
             np.testing.assert_allclose(a, b, atol=1e-6)
     with pytest.raises(ConfigError, match="--model.remat: expected one of none, full, dots, dots_all, auto"):
-        remat.remat(lambda block, x: x, "dot")
+        remat.remat(lambda block, x: x, "dot", flag="--model.remat")
+    with pytest.raises(ConfigError, match="policy: expected one of none, .*Fix: pass policy='auto'"):
+        remat.remat(lambda block, x: x, "dot")  # the caller named no flag: the argument
     assert remat.name(True) == "full" and remat.name(False) == "none"
 
 

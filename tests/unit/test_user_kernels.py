@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import job.errors
 from job import kernels
 from job import sharding as sh
 from job.kernels import self_attention
@@ -121,3 +122,14 @@ def test_remat_by_name_keeps_a_blocks_input_split_by_rows_under_fsdp() -> None:
     np.testing.assert_allclose(wrapped(None, x), x * 2)
     assert "sharding_constraint" in text or "Sharding" in text, "the block's input is constrained"
     assert dataclasses.is_dataclass(llama_fast.ModelConfig)
+
+
+def test_a_users_model_names_its_own_flag_in_the_kernels_error() -> None:
+    """The kernels know no command line: llama_fast passes its flag, so a policy that is not one names it."""
+    with nnx.use_eager_sharding(False):
+        model = llama_fast.Llama(llama_fast.ModelConfig(**SMALL, remat="dot"), rngs=nnx.Rngs(0))
+    tokens = llama_fast.Rows(SMALL["vocab"], SMALL["seq_len"]).rows("train", 0, 0, 2)["tokens"]
+    with pytest.raises(job.errors.ConfigError) as e:
+        llama_fast.loss(model, {"tokens": jnp.asarray(tokens)})
+    assert str(e.value).startswith("--model.remat: expected one of none, full, dots, dots_all, auto")
+    assert "pass --model.remat auto" in str(e.value)

@@ -1,7 +1,7 @@
 """tests/user_tasks/llama.py after docs/your-model.md's "Fast on a TPU": the same model with the lines a user
 changes to take the library's kernels (job.kernels: attention with its 4 kv heads, remat by name, the chunked
-head loss). Everything else is the file as the user wrote it (tests/unit/test_user_kernels.py counts the
-changed lines).
+head loss, the embedding's lookup). Everything else is the file as the user wrote it
+(tests/unit/test_user_kernels.py counts the changed lines).
 
     python -m job train --task tests.user_tasks.llama_fast:TASK --preset gpt2-small-size
 """
@@ -135,7 +135,7 @@ class Llama(nnx.Module):
 
     def run_blocks(self, x: jax.Array) -> jax.Array:
         """x [B, L, dim] through the stacked blocks, one scan iteration per layer."""
-        call = kernels.remat(block_call, self.cfg.remat)
+        call = kernels.remat(block_call, self.cfg.remat, flag="--model.remat")
 
         @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry, transform_metadata={nnx.PARTITION_NAME: "layers"},
                   unroll=True)
@@ -146,7 +146,7 @@ class Llama(nnx.Module):
 
     def features(self, tokens: jax.Array) -> jax.Array:
         """The normalized last hidden states [B, L, dim]."""
-        return self.norm(self.run_blocks(self.embed(tokens)))
+        return self.norm(self.run_blocks(kernels.embed_tokens(self.embed, tokens)))
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         return self.head(self.features(tokens)).astype(jnp.float32)

@@ -27,23 +27,21 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from job.core import values
+from job.core import renamed, values
 from job.errors import ConfigError, as_config_error
 from job import kernels
-from job.kernels import rematerialize as remat
-from job.kernels import self_attention as attention
+from job.kernels import rematerialize, self_attention
+from job.kernels.cross_entropy import LOGITS
+from job.kernels.self_attention import KEYS_VALUES, QUERIES
 from job.sharding import LAYERS_AXIS, SEQUENCE_AXIS, axes, constrain, partitioned, rule_table
 
 DTYPES = ("float32", "bfloat16")
-REMAT_POLICIES = remat.POLICIES  # --model.remat: what a block keeps for the backward pass (job/kernels/rematerialize.py)
 MAX_SIZE = 2**31 - 1  # any model size above this is a typo (and overflows int32 shapes)
-# how activations are laid out (job.sharding.constrain): the residual stream, the MLP's hidden layer, the logits,
-# and attention's [B, L, heads, head_dim] queries (split along the sequence) and keys and values (whole along it)
+# how activations are laid out (job.sharding.constrain): the residual stream and the MLP's hidden layer; the
+# logits and attention's [B, L, heads, head_dim] queries (split along the sequence) and keys and values (whole
+# along it) as the kernels lay them out (LOGITS, QUERIES, KEYS_VALUES, imported above): one layout each
 RESIDUAL = ("batch", "length", "embed")
 HIDDEN = ("batch", "length", "mlp")
-LOGITS = ("batch", "length", "vocab")
-QUERIES = ("batch", "length", "heads", None)
-KEYS_VALUES = ("batch", None, "heads", None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,12 +101,13 @@ class Attention(nnx.Module):
         return y.reshape(*y.shape[:-1], self.heads, -1)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        """Causal attention by the kernel --model.attention names (splash on TPU: see attention.py)."""
+        """Causal attention by the kernel --model.attention names (splash on TPU: job/kernels/self_attention.py)."""
         q = constrain(self._split(self.q(x)), QUERIES)
         k = constrain(self._split(self.k(x)), KEYS_VALUES)  # all-gathered along the sequence
         v = constrain(self._split(self.v(x)), KEYS_VALUES)
         # named by the kernel for remat's dots (job/kernels/self_attention.py)
-        y = kernels.attention(q, k, v, kernel=self.kernel)
+        y = kernels.attention(q, k, v, kernel=self.kernel,  # the kernels' errors name this model's flags
+                              flag=_flag_name("attention"), length_flag=_flag_name("seq_len"))
         return self.out(constrain(y, QUERIES).reshape(x.shape))
 
 
@@ -173,8 +172,9 @@ class Transformer(nnx.Module):
                               found=t, fix="shorten the batch or raise --model.seq-len")
         _check_sequence_split(t)
         # positions by global index: under the mesh the arrays are global, each device adds its slice's rows
-        x = constrain(self.embed(tokens) + self.pos[:t].astype(self.cfg.dtype), RESIDUAL)
-        block_fn = kernels.remat(_call, self.cfg.remat)  # auto: the policy the run chose by compiling
+        # the table taken whole in its width, its rows split by rows as every activation (job/kernels/embedding.py)
+        x = constrain(kernels.embed_tokens(self.embed, tokens) + self.pos[:t].astype(self.cfg.dtype), RESIDUAL)
+        block_fn = kernels.remat(_call, self.cfg.remat, flag=_flag_name("remat"))  # auto: the policy the run chose
         if isinstance(self.blocks, nnx.List):  # --model.no-scan: unrolled
             for block in self.blocks:
                 x = block_fn(block, x)
@@ -220,7 +220,7 @@ def _call(block: Block, x: jax.Array) -> jax.Array:
     return block(x)
 
 
-remat_name = remat.name  # the name a fork has imported from here
+remat_name = rematerialize.name  # the name a fork has imported from here
 
 
 def loss_fn(model: Transformer, tokens: jax.Array, mask: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -317,9 +317,9 @@ def validate(cfg: ModelConfig, *, rule: str, model_axis: int) -> None:
     if not isinstance(cfg.scan, bool):
         raise ConfigError("--model.scan", expected="True or False", found=cfg.scan, fix="pass --model.scan or "
                           "--model.no-scan")
-    remat.check(cfg.remat)
-    if cfg.attention not in attention.KERNELS:
-        raise ConfigError("--model.attention", expected=f"one of {', '.join(attention.KERNELS)}",
+    rematerialize.check(cfg.remat, _flag_name("remat"))
+    if cfg.attention not in self_attention.KERNELS:
+        raise ConfigError("--model.attention", expected=f"one of {', '.join(self_attention.KERNELS)}",
                           found=cfg.attention, fix="pass --model.attention auto (the backend's fastest kernel)")
     if cfg.dtype not in DTYPES:
         raise ConfigError("--model.dtype", expected=f"one of {DTYPES}", found=cfg.dtype,
@@ -346,4 +346,7 @@ def validate(cfg: ModelConfig, *, rule: str, model_axis: int) -> None:
                               found=value, fix=f"{axis_fix}, or {_flag_name(field)} {up}")
 
 
-__all__ = ["DTYPES", "REMAT_POLICIES", "ModelConfig", "Transformer", "decode", "encode_prompt", "loss_fn", "remat_name", "sample", "validate"]
+# REMAT_POLICIES, the policies by name, lives in job.kernels.rematerialize (POLICIES); the old name warns
+__getattr__ = renamed.answer(__name__, {"REMAT_POLICIES": "job.kernels.rematerialize.POLICIES"})
+
+__all__ = ["DTYPES", "ModelConfig", "Transformer", "decode", "encode_prompt", "loss_fn", "remat_name", "sample", "validate"]
