@@ -16,11 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from job.core import renamed
 from job.train.task import Rows
 
 CONTRACT = ("a row's values are a function of split, step and its global row index, never of the range "
             "[start, stop) a process asks for")
-PARTS = (2, 4)  # how the whole batch is cut: a range per process of 2, then of 4
+PROCESS_COUNTS = (2, 4)  # how the whole batch is cut: a range per process of 2, then of 4
 
 
 def _ordinal(n: int) -> str:
@@ -54,7 +55,7 @@ def first_difference(source: Rows, global_batch: int, steps: int, split: str = "
     field whose values depend on the range asked for, and the two ranges; None when every cut agrees."""
     for step in range(steps + 1):
         whole = source.rows(split, step, 0, global_batch)
-        for parts in PARTS:
+        for parts in PROCESS_COUNTS:
             if global_batch % parts:
                 continue
             ranges = [(i * global_batch // parts, (i + 1) * global_batch // parts) for i in range(parts)]
@@ -85,4 +86,6 @@ def fix(rows: Callable[[], str | None] | None, steps: int) -> str:
     return CONTRACT
 
 
-__all__ = ["CONTRACT", "PARTS", "first_difference", "fix"]
+__getattr__ = renamed.answer(__name__, {"PARTS": "PROCESS_COUNTS"})  # the old name warns
+
+__all__ = ["CONTRACT", "PROCESS_COUNTS", "first_difference", "fix"]

@@ -55,7 +55,9 @@ INSTALL = "python -m pip install --isolated --no-index --find-links {w} -r {w}/"
 
 
 @dataclasses.dataclass(frozen=True)
-class Target:
+class WheelTarget:
+    """The machines a wheelhouse is for: the Python that installs from it and their platform."""
+
     python: str  # 'X.Y': the interpreter that installs from the folder
     platform: str  # manylinux_2_M_ARCH: the newest glibc (2.M) the machine has, and its machine
 
@@ -103,7 +105,7 @@ def this_platform() -> str:
                 "manylinux_2_28_x86_64")
 
 
-def pins(lock: str, target: Target) -> list[str]:
+def pins(lock: str, target: WheelTarget) -> list[str]:
     """`name==version` of every line of a lock (uv pip compile's output) whose marker holds on the target."""
     found = []
     for number, line in enumerate(lock.splitlines(), 1):
@@ -120,7 +122,7 @@ def pins(lock: str, target: Target) -> list[str]:
     return found
 
 
-def download_argv(target: Target, dest: Path, pip_version: str) -> list[str]:
+def download_argv(target: WheelTarget, dest: Path, pip_version: str) -> list[str]:
     """pip download of the pins in dest/requirements.txt and of pip itself, for the target's tags only."""
     return [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
             target.python, "--implementation", "cp", *(f"--platform={tag}" for tag in target.platforms()),
@@ -146,7 +148,7 @@ def pinned(folder: Path) -> set[tuple[str, str]]:
     return {(str(canonicalize_name(name)), version) for name, _, version in (p.partition("==") for p in lines)}
 
 
-def build(dest: Path, lock: Path, target: Target, runner: Runner) -> int:
+def build(dest: Path, lock: Path, target: WheelTarget, runner: Runner) -> int:
     """Fill `dest` for `target` from `lock`; 0 when complete, else pip's exit code (its words are above)."""
     require(lock.is_file(), "WHEEL_LOCK (--lock)", "a lock file such as requirements.lock", str(lock),
             "run from the checkout's root, or WHEEL_LOCK=docker/requirements-tpu.lock")
@@ -236,7 +238,7 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int
             for line in found or [f"ok: {args.check}: {describe(Path(args.check))}, every pin has its wheel"]:
                 print(line, flush=True)
             return 1 if found else 0
-        target = Target(args.python or "{}.{}".format(*sys.version_info[:2]), args.platform or this_platform())
+        target = WheelTarget(args.python or "{}.{}".format(*sys.version_info[:2]), args.platform or this_platform())
         return build(Path(args.dest), Path(args.lock), target, runner or Runner(dry_run=args.dry_run))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)

@@ -41,6 +41,7 @@ NODE_FORMAT = "%N|%T|%c|%m|%G"  # name, state, CPUs, memory (MB), GRES
 _KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:.]*)=")  # a key of scontrol's one-line KEY=VALUE form
 _MEM = re.compile(r"([0-9]+)([KMGTkmgt]?)")
 _KIB = {"K": 1, "": 1024, "M": 1024, "G": 1024**2, "T": 1024**3}  # a --mem suffix (none: MB) in KiB
+# what a Slurm command (scontrol, sinfo, sbatch) says where no controller answers
 NO_CONTROLLER = ("Could not establish a configuration source", "Unable to contact slurm controller")
 
 
@@ -288,7 +289,7 @@ def _fits(cfg: SlurmConfig, node: Node) -> bool:
             and (cfg.mem is None or node.memory_mb >= mem_mb(cfg.mem)))
 
 
-def nodes(cfg: SlurmConfig, cluster: Cluster) -> str:
+def node_count(cfg: SlurmConfig, cluster: Cluster) -> str:
     p, want = cluster.partition, cfg.allocated_nodes
     name = "NODES+SPARES" if cfg.spares else "NODES"  # a fix names NODES: the spares are what it leaves
     fit = [n for n in cluster.nodes if _fits(cfg, n)]
@@ -335,7 +336,7 @@ QuickCheck = Callable[[SlurmConfig, Cluster], str]
 # (name, check) in the order `make doctor` prints them; the first failure is what make submit-slurm says
 QUICK: tuple[tuple[str, QuickCheck], ...] = (
     ("partition", partition_up), ("access", access), ("GPUs per node", gpus), ("CPUs per node", cpus),
-    ("memory per node", memory), ("nodes", nodes), ("time limit", time_limit),
+    ("memory per node", memory), ("nodes", node_count), ("time limit", time_limit),
 )
 
 

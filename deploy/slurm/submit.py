@@ -61,7 +61,6 @@ REQUEUE_SCRIPT = ROOT / "slurm" / "requeue.sh"  # how both batch scripts hand th
 LOCAL_CLUSTER_ENV = "/var/tmp/jax-job-slurm/env.sh"
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
             "DEADLINE"}
-NO_CONTROLLER = ("Could not establish a configuration source", "Unable to contact slurm controller")
 
 
 class SubmitError(JobError):
@@ -72,7 +71,7 @@ def slurm_refused(program: str, output: str, code: int) -> JobError:
     """One line for a failed Slurm command: the fix when no controller answers, else its own stderr."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     for line in lines:
-        if any(sign in line for sign in NO_CONTROLLER):
+        if any(sign in line for sign in partitions.NO_CONTROLLER):
             return ConfigError("Slurm", expected=f"a Slurm controller that {program} can reach", found=line,
                                fix="run this on the cluster's login node, or start the local cluster: "
                                    "`make slurm-up NODES=4`")

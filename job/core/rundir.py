@@ -121,7 +121,8 @@ def wandb_id(run_dir: P) -> P:
     return run_dir / WANDB_ID
 
 
-def remat(run_dir: P) -> P:
+def remat_choice(run_dir: P) -> P:
+    """remat.json: what remat `auto` stood for in the run (job/train/remat_cache.py)."""
     return run_dir / REMAT
 
 

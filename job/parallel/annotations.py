@@ -19,8 +19,10 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 
+from job.core import renamed
+
 # kind -> (what it is, the layers it belongs to, the argument that annotates it there)
-KINDS: dict[str, tuple[str, str, str]] = {
+VARIABLE_KINDS: dict[str, tuple[str, str, str]] = {
     "norm_scale": ("norm scale(s)", "nnx.LayerNorm, nnx.RMSNorm, nnx.BatchNorm",
                    'scale_metadata=job.sharding.axes("embed")'),
     "norm_bias": ("norm bias(es)", "nnx.LayerNorm, nnx.BatchNorm", 'bias_metadata=job.sharding.axes("embed")'),
@@ -34,7 +36,7 @@ KINDS: dict[str, tuple[str, str, str]] = {
 
 
 def kind_of(path: str, paths: frozenset[str]) -> str:
-    """The kind (a key of KINDS) of the unannotated variable at `path`, among the unannotated `paths`."""
+    """The kind (a key of VARIABLE_KINDS) of the unannotated variable at `path`, among the unannotated `paths`."""
     parent, _, name = path.rpartition("/")
     if name == "scale":
         return "norm_scale"
@@ -44,21 +46,23 @@ def kind_of(path: str, paths: frozenset[str]) -> str:
 
 
 def grouped(paths: Sequence[str], width: int = 116) -> list[str]:
-    """The unannotated `paths` by kind of layer, in KINDS' order: for each kind present, a line with its count, the
-    layers it belongs to and the argument that annotates it where the layer is built, then its paths (indented,
-    wrapped at `width`)."""
+    """The unannotated `paths` by kind of layer, in VARIABLE_KINDS' order: for each kind present, a line with its
+    count, the layers it belongs to and the argument that annotates it where the layer is built, then its paths
+    (indented, wrapped at `width`)."""
     every = frozenset(paths)
-    kinds: dict[str, list[str]] = {kind: [] for kind in KINDS}
+    kinds: dict[str, list[str]] = {kind: [] for kind in VARIABLE_KINDS}
     for path in paths:
         kinds[kind_of(path, every)].append(path)
     lines: list[str] = []
     for kind, found in kinds.items():
         if found:
-            what, layers, argument = KINDS[kind]
+            what, layers, argument = VARIABLE_KINDS[kind]
             lines.append(f"- {len(found)} {what} without an annotation ({layers}): {argument}")
             lines += textwrap.wrap(", ".join(found), width, initial_indent="    ", subsequent_indent="    ",
                                    break_long_words=False, break_on_hyphens=False)
     return lines
 
 
-__all__ = ["KINDS", "grouped", "kind_of"]
+__getattr__ = renamed.answer(__name__, {"KINDS": "VARIABLE_KINDS"})  # the old name warns
+
+__all__ = ["VARIABLE_KINDS", "grouped", "kind_of"]

@@ -8,7 +8,7 @@ On CPU devices the arrays are host memory already: the copy is a view, but the s
 cannot reuse (donate) the state's buffers while the write reads them, so the same bytes are counted.
 
 That need is weighed once per run, from the state's plan, against what the host has available
-(MemAvailable within this process's cgroup: job.runtime.host). Where it fits in HEADROOM of it, a
+(MemAvailable within this process's cgroup: job.runtime.host). Where it fits in HOST_SHARE of it, a
 save copies everything at once and the loop waits only for that copy; where it does not, orbax
 copies in batches that fit (`save_device_host_concurrent_gb`), and the loop waits for the write of
 every batch but the last. Where nothing says what is available, the copy goes at once.
@@ -29,7 +29,7 @@ from job.runtime.host import host_available
 
 # The host's copies must fit in 90% of what it has available: the rest is slack for the write's own
 # buffers and whatever else runs on the host beside the save.
-HEADROOM = 0.9
+HOST_SHARE = 0.9
 GB = 10**9  # orbax's unit for its device-to-host batches
 
 
@@ -43,19 +43,19 @@ class HostFit:
 
     @property
     def fits(self) -> bool:
-        return self.available is None or self.needed <= HEADROOM * self.available
+        return self.available is None or self.needed <= HOST_SHARE * self.available
 
     def batch_gb(self) -> int:
         """Orbax's bound on one process's device-to-host copies in flight, in GB (at least 1): the processes on
-        this host together within HEADROOM of what it has available."""
-        free = HEADROOM * (self.available or 0) / max(self.processes_on_host, 1)
+        this host together within HOST_SHARE of what it has available."""
+        free = HOST_SHARE * (self.available or 0) / max(self.processes_on_host, 1)
         return max(1, math.floor(free / GB))
 
     def line(self) -> str:
         """The run's log line for a host copy that does not fit at once."""
         count = self.processes_on_host
         return (f"checkpoint: a save's copy of the state needs {size(self.needed)} of host memory for the "
-                f"{count} process{'es' if count > 1 else ''} on this host, more than {round(HEADROOM * 100)}% of "
+                f"{count} process{'es' if count > 1 else ''} on this host, more than {round(HOST_SHARE * 100)}% of "
                 f"the {size(self.available or 0)} available; the state goes to the host in batches of "
                 f"{self.batch_gb()} GB a process, the loop waiting for all but the last")
 

@@ -45,6 +45,7 @@ from typing import Any
 
 import jax
 
+from job.core import renamed
 from job.core.errors import ConfigError
 from job.parallel.multihost import coordination_client
 from job.runs import local_transport as transport
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 
 KEY = "job/local-tier/"
 KEEP = 2  # local steps kept in a node's folder (the newest, and the one before while the newest is sent)
-HEADROOM = transport.HEADROOM  # a save needs this many times its bytes free in the folder's file system
+ROOM_FACTOR = transport.ROOM_FACTOR  # a save needs this many times its bytes free in the folder's file system
 TIMEOUT_S = transport.TIMEOUT_S  # a process that does not say its part within this is taken as gone
 
 
@@ -174,7 +175,7 @@ class Listing:
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class RestorePlan:
     """The restore every process carries out: the local step (None: the persistent tier) and, by process, the
     process whose node holds its file (itself when its own node does)."""
 
@@ -185,12 +186,12 @@ class Plan:
         return json.dumps(dataclasses.asdict(self))
 
     @classmethod
-    def from_json(cls, text: str) -> Plan:
+    def from_json(cls, text: str) -> RestorePlan:
         said = json.loads(text)
         return cls(said["step"], tuple(said["sources"]))
 
 
-def choose(listings: Sequence[Listing]) -> Plan:
+def plan_restore(listings: Sequence[Listing]) -> RestorePlan:
     """The newest step whose every process's file some process holds, when it is newer than every process's
     newest persistent step; each process's file from its own node when that holds it, else from the first
     process (in process order) that does."""
@@ -203,9 +204,9 @@ def choose(listings: Sequence[Listing]) -> Plan:
     complete = [step for step in {s for s, _ in holders} if all((step, p) in holders for p in range(count))]
     newer = [step for step in complete if persistent is None or step > persistent]
     if not newer:
-        return Plan(None)
+        return RestorePlan(None)
     step = max(newer)
-    return Plan(step, tuple(p if p in holders[(step, p)] else holders[(step, p)][0] for p in range(count)))
+    return RestorePlan(step, tuple(p if p in holders[(step, p)] else holders[(step, p)][0] for p in range(count)))
 
 
 # ---------------------------------------------------------------- the tier
@@ -255,7 +256,7 @@ class LocalTier:
             mine = self.server.address if self.server is not None else ""  # "": this process serves no copies
             addresses = [a or None for a in group.everyones(f"{KEY}address", mine)]
             self.peers = [dataclasses.replace(peer, address=a) for peer, a in zip(self.peers, addresses)]
-        self.plan = Plan(None)
+        self.plan = RestorePlan(None)
         self._restores = 0
         self._writer: threading.Thread | None = None
 
@@ -301,8 +302,8 @@ class LocalTier:
         memory = host_available()  # a tmpfs's pages are memory, whatever its size says
         if str(self.folder).startswith("/dev/shm") and memory is not None:
             free = min(free, memory)
-        if free < HEADROOM * size:
-            self._once("room", f"node-local save of step {done} skipped: expected {HEADROOM:.0f} x "
+        if free < ROOM_FACTOR * size:
+            self._once("room", f"node-local save of step {done} skipped: expected {ROOM_FACTOR:.0f} x "
                        f"{size / 2**20:.0f} MiB free in {self.folder}, found {free / 2**20:.0f} MiB. Fix: "
                        "--ckpt.local-dir on a larger file system (node scratch), or a larger --ckpt.local-every")
             return
@@ -366,8 +367,9 @@ class LocalTier:
         self._restores += 1
         key = f"{KEY}restore/{self._restores}"
         mine = Listing(self.node, tuple(held(self.folder)), newer_than)
-        self.plan = Plan.from_json(self.group.decided(
-            f"{key}/listing", mine.to_json(), lambda said: choose([Listing.from_json(x) for x in said]).to_json()))
+        self.plan = RestorePlan.from_json(self.group.decided(
+            f"{key}/listing", mine.to_json(),
+            lambda said: plan_restore([Listing.from_json(x) for x in said]).to_json()))
         step = self.plan.step
         if step is None:
             return None
@@ -398,5 +400,8 @@ class LocalTier:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-__all__ = ["KEEP", "Group", "Listing", "LocalTier", "Peer", "Plan", "choose", "held", "identity", "open_run_folder",
-           "run_folder", "user_folder"]
+# their names before RestorePlan and plan_restore: each warns
+__getattr__ = renamed.answer(__name__, {"Plan": "RestorePlan", "choose": "plan_restore"})
+
+__all__ = ["KEEP", "Group", "Listing", "LocalTier", "Peer", "RestorePlan", "held", "identity", "open_run_folder",
+           "plan_restore", "run_folder", "user_folder"]

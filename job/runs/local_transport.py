@@ -39,13 +39,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from job.core import renamed
 from job.runs.local_format import DIGEST, shard_file
 
 TIMEOUT_S = 120  # a peer that does not answer within this is taken as gone
 HELLO_TIMEOUT_S = 10  # a connection that does not send a signed request within this is closed
 CHUNK = 8 << 20  # bytes read from a connection at a time
 LINE = 512  # the longest request or answer line, in bytes
-HEADROOM = 2.0  # a PUT needs this many times its bytes free in the folder's file system
+ROOM_FACTOR = 2.0  # a PUT needs this many times its bytes free in the folder's file system
 
 
 class KeyValue(Protocol):
@@ -145,7 +146,7 @@ class _Handler(socketserver.StreamRequestHandler):
         free = shutil.disk_usage(self.server.folder).free
         if bound is None or step < 0 or not 0 < size <= bound:
             self.wfile.write(f"refused size {size} (process {process}'s files hold at most {bound})\n".encode())
-        elif free < HEADROOM * size:
+        elif free < ROOM_FACTOR * size:
             self.wfile.write(f"refused no room ({free} bytes free)\n".encode())
         else:
             self.wfile.write(b"go\n")
@@ -241,4 +242,6 @@ def fetch(address: str, secret: bytes, step: int, process: int, path: Path) -> N
         _receive(reader, int(words[0]), bytes.fromhex(words[1]), path)
 
 
-__all__ = ["HEADROOM", "KeyValue", "Refused", "Server", "bind_host", "fetch", "send", "shared_secret"]
+__getattr__ = renamed.answer(__name__, {"HEADROOM": "ROOM_FACTOR"})  # the old name warns
+
+__all__ = ["ROOM_FACTOR", "KeyValue", "Refused", "Server", "bind_host", "fetch", "send", "shared_secret"]

@@ -35,7 +35,7 @@ from job.core.storage import bucket_of, is_remote
 
 log = logging.getLogger("job.train")
 
-OFF = "none"
+OFF_WORD = "none"  # --compile-cache (or its variables) set to this: no cache
 BUCKET_FOLDER = ".cache/job/jax"  # the default cache of a gs:// run directory, in its bucket
 
 
@@ -43,7 +43,7 @@ def resolve(setting: str, env: Mapping[str, str], run_dir: str = "") -> str | No
     """The cache folder to use, or None when the cache is off."""
     for value in (setting, env.get("JOB_COMPILE_CACHE", ""), env.get("JAX_COMPILATION_CACHE_DIR", "")):
         if value:
-            return None if value.strip().lower() == OFF else os.path.expanduser(value)
+            return None if value.strip().lower() == OFF_WORD else os.path.expanduser(value)
     if is_remote(run_dir):
         return f"gs://{bucket_of(run_dir)}/{BUCKET_FOLDER}"
     base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

@@ -45,8 +45,8 @@ def run(cfg: DemoConfig) -> float:
     # one model group (the model axis across processes) build the same rows.
     rows_sharding = sharding.batch_sharding(mesh)
     size = cfg.rows_per_device * jax.device_count()
-    first, last = row_span(rows_sharding, size)
-    local = np.repeat(np.arange(first, last, dtype=np.float32)[:, None], cfg.width, axis=1)
+    start, stop = row_span(rows_sharding, size)
+    local = np.repeat(np.arange(start, stop, dtype=np.float32)[:, None], cfg.width, axis=1)
     batch = jax.make_array_from_process_local_data(rows_sharding, local, (size, cfg.width))
 
     layer = nnx.Linear(

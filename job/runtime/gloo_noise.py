@@ -23,7 +23,7 @@ from pathlib import Path
 
 from job.runtime.cluster.base import read_switch
 
-KEEP = "JOB_GLOO_LOGS"
+KEEP_VARIABLE = "JOB_GLOO_LOGS"  # set to 1: gloo's lines are kept
 
 # The child: ignores the signals its process group may receive (it ends when the pipe does), filters, relays.
 _CHILD = """
@@ -70,7 +70,7 @@ class Relay:
 def filter_output(env: Mapping[str, str] | None = None) -> Relay | None:
     """Route stdout and stderr (fds 1 and 2) through the gloo filter until exit; None with JOB_GLOO_LOGS=1."""
     env = os.environ if env is None else env
-    if read_switch(env, KEEP, fix=f"set {KEEP}=1 to keep gloo's lines, or unset it"):
+    if read_switch(env, KEEP_VARIABLE, fix=f"set {KEEP_VARIABLE}=1 to keep gloo's lines, or unset it"):
         return None
     originals = [os.dup(fd) for fd in (1, 2)]
     relay = Relay([_filter(fd) for fd in (1, 2)], originals)

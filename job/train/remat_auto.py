@@ -8,7 +8,7 @@
 key), traces and compiles it inside `job.kernels.rematerialize.choosing(policy)`, and returns (the step, what it
 needs per device, a function giving the lowered program's text: read only where it is compared). The candidates
 are tried in order (none, dots, full: the most kept first, the least memory last, so the fastest first); the first
-whose peak bytes per device fit HEADROOM of what one device has is taken, the step alone: nothing else reserves
+whose peak bytes per device fit DEVICE_SHARE of what one device has is taken, the step alone: nothing else reserves
 device memory beside it (a save copies the state to the host, job/runs/headroom.py). One compile where the first
 fits. Where a device's memory is not known (a CPU: its arrays are the host's), the first is. A model whose blocks
 do not read `auto` compiles to the same program under each: the first is taken then.
@@ -30,6 +30,7 @@ from typing import Any
 
 import jax
 
+from job.core import renamed
 from job.kernels.rematerialize import CANDIDATES, choosing
 from job.runtime.device_memory import Need, from_compiled, from_message, gib, is_out_of_memory
 
@@ -37,7 +38,7 @@ log = logging.getLogger("job.train")
 
 # what the step's program may take of a device's memory: the rest is for the runtime's own buffers,
 # fragmentation, and the programs loaded beside the step (the evaluation's)
-HEADROOM = 0.9
+DEVICE_SHARE = 0.9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,12 +86,12 @@ def program_of(text: str) -> str:
 
 
 def fits(need: Need, limit: int | None) -> bool:
-    """Whether a program needing `need` fits HEADROOM of `limit` bytes a device (unknown: it does)."""
+    """Whether a program needing `need` fits DEVICE_SHARE of `limit` bytes a device (unknown: it does)."""
     if not need.fits:
         return False
     if limit is None or need.needed is None:
         return True
-    return need.needed <= HEADROOM * limit
+    return need.needed <= DEVICE_SHARE * limit
 
 
 def choose(compile_under: Callable[[str], tuple[Any, Need, Callable[[], str]]], *, limit: int | None,
@@ -154,4 +155,6 @@ def compiling(make_step: Callable[[], Any], args: tuple[Any, ...], limit: int | 
     return compile_under
 
 
-__all__ = ["HEADROOM", "Choice", "Remembered", "choose", "compiling", "fits", "need_of", "program_of"]
+__getattr__ = renamed.answer(__name__, {"HEADROOM": "DEVICE_SHARE"})  # the old name warns
+
+__all__ = ["DEVICE_SHARE", "Choice", "Remembered", "choose", "compiling", "fits", "need_of", "program_of"]

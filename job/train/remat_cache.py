@@ -6,7 +6,7 @@
 
 Two records of one form, `{"policy", "program", "for", "needed", "limit", "run_dir"}`:
 
-- the run's own, RUN_DIR/remat.json (job.core.rundir.remat): what its `auto` stood for (read by
+- the run's own, RUN_DIR/remat.json (job.core.rundir.remat_choice): what its `auto` stood for (read by
   `python -m job eval` and `load_model`), and what a resume of the same step compiles first;
 - one for every run that shares the compilation cache, CACHE/job-remat/SHA.json in its folder
   (job/runtime/compile_cache.py; none where the cache is off), SHA the sha256 of `chosen_for`: what
@@ -73,11 +73,11 @@ def recall(run_dir: epath.Path, cache_dir: str | None, chosen_for: dict[str, Any
 
 def _recalled(run_dir: epath.Path, cache_dir: str | None, chosen_for: dict[str, Any]) -> Remembered | None:
     wanted = normal(chosen_for)
-    for path in (rundir.remat(run_dir), cached(cache_dir, chosen_for)):
+    for path in (rundir.remat_choice(run_dir), cached(cache_dir, chosen_for)):
         record = None if path is None else _read(path)
         if (isinstance(record, dict) and record.get("for") == wanted and record.get("policy") in CANDIDATES
                 and isinstance(record.get("program"), (str, type(None)))):
-            where = ("this run's earlier attempt" if path == rundir.remat(run_dir)
+            where = ("this run's earlier attempt" if path == rundir.remat_choice(run_dir)
                      else f"an earlier run in {record.get('run_dir') or 'another run dir'}")
             return Remembered(record["policy"], record.get("program"), where)
     return None
@@ -90,7 +90,7 @@ def remember(run_dir: epath.Path, cache_dir: str | None, chosen_for: dict[str, A
     record = {"policy": choice.policy, "program": choice.program(), "for": normal(chosen_for),
               "needed": choice.need.needed, "limit": choice.need.available, "run_dir": str(run_dir)}
     shared = None if choice.need.available is None else cached(cache_dir, chosen_for)
-    for path in (rundir.remat(run_dir), shared):
+    for path in (rundir.remat_choice(run_dir), shared):
         if path is None:
             continue
         earlier = _read(path)
@@ -99,7 +99,7 @@ def remember(run_dir: epath.Path, cache_dir: str | None, chosen_for: dict[str, A
         try:
             _write(path, json.dumps(record, sort_keys=True) + "\n")
         except OSError as exc:
-            if path == rundir.remat(run_dir):
+            if path == rundir.remat_choice(run_dir):
                 raise
             log.warning("remat auto: could not remember the choice in %s (%s); a later run compiles the candidates "
                         "again", path, exc)
@@ -107,7 +107,7 @@ def remember(run_dir: epath.Path, cache_dir: str | None, chosen_for: dict[str, A
 
 def ran(run_dir: epath.Path) -> str | None:
     """The policy the run's remat `auto` stood for (RUN_DIR/remat.json); None where it is not recorded."""
-    record = _read(rundir.remat(run_dir))
+    record = _read(rundir.remat_choice(run_dir))
     policy = record.get("policy") if isinstance(record, dict) else None
     return policy if policy in CANDIDATES else None
 

@@ -14,8 +14,11 @@
   the class or names its environment variables, and deploy/'s shared modules import no backend folder.
 - An import inside a function of `job/` says why it is not at the top of its module (an entry point kept
   light, an optional dependency), in a comment on its line or the line above.
-- One name, one meaning: a module basename or public function defined in more than one module of `job/` and
-  `deploy/` is listed (`SAME_MODULE_NAMES`, `SAME_FUNCTION_NAMES`) with why it repeats.
+- One name, one meaning: a module basename, public function, public class or public module-level constant
+  (an UPPER_CASE name) defined in more than one module of `job/` and `deploy/` is listed (`SAME_MODULE_NAMES`,
+  `SAME_FUNCTION_NAMES`, `SAME_CLASS_NAMES`, `SAME_CONSTANT_NAMES`) with the one meaning it has in each; a
+  constant bound to another module's value (`X = other.X`, `from other import Y as X`) is that value, not a
+  second meaning.
 - A test helper is defined once: what two test files need lives in `tests/launching.py` (launch runs),
   `tests/records.py` (read what they leave) or a conftest.
 """
@@ -369,7 +372,8 @@ SAME_FUNCTION_NAMES = {
     "coordination_client": "job/core/internals.py reaches jax's private client; job/parallel/multihost.py is its "
                            "public face",
     "check_args": "ARGS parsed and validated as `python -m job train` does (the rehearsal's shrunk runs too)",
-    "choose": "the module's pick among its candidates (an attention kernel, a local step, a remat policy)",
+    "choose": "which of the module's candidates a model runs with, given what the run asked for (the kernel "
+              "`kernels.attention` runs, the policy remat `auto` stands for)",
     "plan": "what will be made, before it is made (a sweep's runs, the train state's placement)",
     "probe": "find out by trying (a folder's writability, whether a job runs on worker 0)",
     "first_difference": "the first place two runs' values part",
@@ -382,36 +386,158 @@ SAME_FUNCTION_NAMES = {
     "saved_config": "the run dir's saved config, in the form each layer reads it (a dict, a TrainConfig with the "
                     "changed fields' saved values, with its task)",
     "switch": "an on/off word -> bool",
-    "nodes": "the graph nodes a run trains (job/train/state.py); the Slurm doctor's nodes check (partitions)",
-    "remat": "rundir.remat is remat.json's path (rundir names each file of a run dir); rematerialize.remat runs "
-             "a block under the policy that file records",
 }
 
 
-def _definitions() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """Module basenames and public top-level functions of job/ and deploy/, each with the modules defining it."""
-    modules: dict[str, list[str]] = {}
-    functions: dict[str, list[str]] = {}
-    for path in sorted([*ROOT.glob("job/**/*.py"), *ROOT.glob("deploy/**/*.py")]):
-        relative = str(path.relative_to(ROOT))
-        modules.setdefault(path.stem, []).append(relative)
-        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+# Classes and module-level constants (public, UPPER_CASE) repeat the same way. A constant bound to another
+# module's value is that value (`RECORD = rundir.GOODPUT` is rundir's GOODPUT): only distinct values repeat.
+SAME_CLASS_NAMES = {
+    "Block": "each example task's model's block",
+    "ModelConfig": "each example task's model config (`Task.model_config`)",
+    "DataConfig": "each example task's data config (`Task.data_config`)",
+    "DoctorOptions": "each backend's doctor's own flags",
+    "Failure": "an attempt's failure as each backend reads it: the process that failed first, and how",
+}
+SAME_CONSTANT_NAMES = {
+    "T": "a type variable of the module's generic functions",
+    "TASK": "each example task's Task",
+    "MAX_SIZE": "the largest size each example model's config takes",
+    "ARCHIVE": "the file name of the tar the module sends the TPU workers (the code's, the wheelhouse's)",
+    "BUCKET_ROLE": "the IAM role a job needs on a gs:// run dir's bucket",
+    "FIX": "each backend's command that makes its wheelhouse, the fix its doctor offers",
+    "GENERATIONS": "the TPU generations by name, with what the module needs of each",
+    "INSTALL": "the pip command that installs what the module needs",
+    "KEY": "the module's prefix of its keys in jax's coordination service",
+    "MAX_NAME": "the most characters of a name the module makes (a run's folder, a TPU's)",
+    "PACKAGES": "the packages whose versions the module reads",
+    "PER_PROCESS": "the environment variables set per process by whoever starts it, never replayed by a rerun",
+    "QUICK": "each backend's doctor's quick checks, in order",
+    "QUIET": "what the module sets to keep a library's start-up noise out of its output",
+    "RECORD": "the run dir's file the module writes (rundir names it)",
+    "ROOT": "the checkout (or image folder) the package sits in",
+    "SHOWN": "the most of a long text or list an error quotes",
+}
+LISTED = {"module": SAME_MODULE_NAMES, "function": SAME_FUNCTION_NAMES, "class": SAME_CLASS_NAMES,
+          "constant": SAME_CONSTANT_NAMES}
+CONSTANT = re.compile(r"[A-Z][A-Z0-9_]*")
+
+
+def _dotted(root: Path, path: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _bindings(tree: ast.Module, module: str, package: str) -> dict[str, tuple[str, str] | None]:
+    """Each top-level name of `module` (in `package`) -> the (module, name) it is bound to: an import's, or the
+    value of another name assigned to it (`X = other.Y`, `X = Y`); None for a value of its own."""
+    modules: dict[str, str] = {}  # a name bound to a module: `import a.b as m`, `from a import b` (a module or not)
+    bound: dict[str, tuple[str, str] | None] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            modules.update({alias.asname: alias.name for alias in node.names if alias.asname})
+            modules.update({alias.name.split(".")[0]: alias.name.split(".")[0] for alias in node.names
+                            if not alias.asname})
+        elif isinstance(node, ast.ImportFrom):
+            parts = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            base = ".".join([*parts, node.module] if node.module else parts)
+            for alias in node.names:
+                bound[alias.asname or alias.name] = (base, alias.name)
+                modules[alias.asname or alias.name] = f"{base}.{alias.name}"
+        elif isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            value, to = node.value, None
+            if isinstance(value, ast.Name) and value.id in bound:
+                to = bound[value.id] or (module, value.id)
+            elif isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id in modules:
+                to = (modules[value.value.id], value.attr)
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names = [target] if isinstance(target, ast.Name) else getattr(target, "elts", [])
+                bound.update({name.id: to for name in names if isinstance(name, ast.Name)})
+    return bound
+
+
+def _definitions(root: Path = ROOT) -> dict[str, dict[str, dict[str, list[str]]]]:
+    """Kind (module, function, class, constant) -> name -> meaning -> the files of root's job/ and deploy/ that
+    define the name with it. A module basename, a public function or class means what its file says (one meaning
+    a file); a public constant means the value it is bound to, followed through imports and `X = other.Y`."""
+    found: dict[str, dict[str, dict[str, list[str]]]] = {kind: {} for kind in LISTED}
+    trees = {path: ast.parse(path.read_text(encoding="utf-8"))
+             for path in sorted([*root.glob("job/**/*.py"), *root.glob("deploy/**/*.py")])}
+    bindings = {}
+    for path, tree in trees.items():
+        module = _dotted(root, path)
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        bindings[module] = _bindings(tree, module, package)
+
+    def origin(module: str, name: str) -> str:
+        seen = set()
+        while (module, name) not in seen and bindings.get(module, {}).get(name) is not None:
+            seen.add((module, name))
+            module, name = bindings[module][name]  # type: ignore[misc]
+        return f"{module}.{name}"
+
+    def add(kind: str, name: str, meaning: str, relative: str) -> None:
+        where = found[kind].setdefault(name, {}).setdefault(meaning, [])
+        if relative not in where:  # a name defined twice in one module (under `if`) is one name
+            where.append(relative)
+
+    for path, tree in trees.items():
+        relative, module = str(path.relative_to(root)), _dotted(root, path)
+        add("module", path.stem, relative, relative)
+        for node in tree.body:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not node.name.startswith("_"):
-                defined = functions.setdefault(node.name, [])
-                if relative not in defined:  # a function defined twice in one module (under `if`) is one name
-                    defined.append(relative)
-    return modules, functions
+                add("function", node.name, relative, relative)
+            elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                add("class", node.name, relative, relative)
+        for name in bindings[module]:
+            if CONSTANT.fullmatch(name):
+                add("constant", name, origin(module, name), relative)
+    return found
 
 
-def test_a_module_or_public_function_name_repeats_only_where_listed_with_its_reason() -> None:
-    modules, functions = _definitions()
-    repeated_modules = {name for name, where in modules.items() if len(where) > 1}
-    repeated_functions = {name for name, where in functions.items() if len(where) > 1}
-    new = [f"module {name}: {modules[name]}" for name in sorted(repeated_modules - set(SAME_MODULE_NAMES))]
-    new += [f"function {name}: {functions[name]}" for name in sorted(repeated_functions - set(SAME_FUNCTION_NAMES))]
+def _unlisted(found: dict[str, dict[str, dict[str, list[str]]]],
+              listed: dict[str, dict[str, str]]) -> tuple[list[str], list[str]]:
+    """(each name of more than one meaning that `listed` does not name, with its files; each listed name that
+    has one meaning or none)."""
+    new, stale = [], []
+    for kind, names in found.items():
+        repeated = {name for name, meanings in names.items() if len(meanings) > 1}
+        new += [f"{kind} {name}: {sorted(f for files in names[name].values() for f in files)}"
+                for name in sorted(repeated - set(listed[kind]))]
+        stale += [f"{kind} {name}" for name in sorted(set(listed[kind]) - repeated)]
+    return new, stale
+
+
+def _check_one_meaning(root: Path, listed: dict[str, dict[str, str]]) -> None:
+    new, stale = _unlisted(_definitions(root), listed)
     assert not new, ("a name defined in more than one module of job/ and deploy/: rename one where the two mean "
-                     "different things, or list it in SAME_MODULE_NAMES / SAME_FUNCTION_NAMES with its reason: "
-                     + "; ".join(new))
-    stale = sorted({*SAME_MODULE_NAMES} - repeated_modules) + sorted({*SAME_FUNCTION_NAMES} - repeated_functions)
+                     "different things, or list it in SAME_MODULE_NAMES / SAME_FUNCTION_NAMES / SAME_CLASS_NAMES / "
+                     "SAME_CONSTANT_NAMES with the one meaning it has: " + "; ".join(new))
     assert not stale, f"listed as repeated, found once or not at all (take them off the list): {stale}"
-    assert all(SAME_MODULE_NAMES.values()) and all(SAME_FUNCTION_NAMES.values())
+    assert all(reason for names in listed.values() for reason in names.values())
+
+
+def test_a_module_function_class_or_constant_name_repeats_only_where_listed_with_its_one_meaning() -> None:
+    _check_one_meaning(ROOT, LISTED)
+
+
+def test_the_one_meaning_check_fails_on_a_repeated_class_or_constant_but_not_on_an_alias(tmp_path: Path) -> None:
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "__init__.py").write_text("")
+    (tmp_path / "job" / "a.py").write_text("class Plan:\n    pass\n\n\nSHARE = 0.9\nNAMES = ('a', 'b')\n")
+    (tmp_path / "job" / "b.py").write_text("from job import a\nfrom job.a import NAMES as KNOWN\n\n"
+                                           "SHARE = 2.0\nNAMES = a.NAMES\n")
+    (tmp_path / "job" / "c.py").write_text("from .a import NAMES\n\n\nclass Plan:\n    pass\n\n\n"
+                                           "KNOWN = NAMES\n")
+    none: dict[str, dict[str, str]] = {kind: {} for kind in LISTED}
+    new, _ = _unlisted(_definitions(tmp_path), none)
+    # NAMES and KNOWN are a's NAMES wherever they are bound (an import, an alias): one meaning each
+    assert new == ["class Plan: ['job/a.py', 'job/c.py']", "constant SHARE: ['job/a.py', 'job/b.py']"]
+    with pytest.raises(AssertionError, match="class Plan: .*constant SHARE"):
+        _check_one_meaning(tmp_path, none)
+    listed = {**none, "class": {"Plan": "a plan"}, "constant": {"SHARE": "a share", "NAMES": "names"}}
+    with pytest.raises(AssertionError, match=r"found once or not at all .*\['constant NAMES'\]"):
+        _check_one_meaning(tmp_path, listed)
+    del listed["constant"]["NAMES"]
+    _check_one_meaning(tmp_path, listed)
+    (tmp_path / "job" / "c.py").write_text("from .a import NAMES\n\n\nKNOWN = ('a',)\n")  # KNOWN: a new value
+    assert _unlisted(_definitions(tmp_path), listed)[0] == ["constant KNOWN: ['job/b.py', 'job/c.py']"]

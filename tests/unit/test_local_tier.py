@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 from job.errors import ConfigError
 from job.runs import local_tier
 from job.runs.local_format import DIGEST, Unreadable, layout, read_shards, size_bound, write_shards
-from job.runs.local_tier import Group, Listing, LocalTier, Plan, choose, held, open_run_folder, run_folder
+from job.runs.local_tier import Group, Listing, LocalTier, RestorePlan, held, open_run_folder, plan_restore, run_folder
 
 
 def _sharded_state(spec: P) -> dict[str, jax.Array]:
@@ -242,10 +242,11 @@ def test_the_newest_step_every_process_is_held_for_is_chosen_and_each_reads_from
     listings = [Listing("node1", ((4, 0), (6, 0), (6, 2)), None),
                 Listing("node3", (), None),  # a spare: nothing of its own
                 Listing("node2", ((4, 1), (4, 2), (6, 1), (6, 2), (8, 2)), None)]
-    assert choose(listings) == Plan(6, (0, 2, 2))  # 8: only process 2's is held
-    assert choose([*listings[:2], Listing("node2", listings[2].held, 6)]) == Plan(None)  # persistent 6 is as new
-    assert choose([*listings[:2], Listing("node2", listings[2].held, 4)]).step == 6
-    assert Plan.from_json(Plan(6, (0, 2, 2)).to_json()) == Plan(6, (0, 2, 2))
+    assert plan_restore(listings) == RestorePlan(6, (0, 2, 2))  # 8: only process 2's is held
+    # persistent 6 is as new
+    assert plan_restore([*listings[:2], Listing("node2", listings[2].held, 6)]) == RestorePlan(None)
+    assert plan_restore([*listings[:2], Listing("node2", listings[2].held, 4)]).step == 6
+    assert RestorePlan.from_json(RestorePlan(6, (0, 2, 2)).to_json()) == RestorePlan(6, (0, 2, 2))
 
 
 def test_processes_whose_folders_list_different_steps_restore_one_step_fetching_what_their_node_lacks(

@@ -41,7 +41,7 @@ def test_a_choice_is_remembered_in_the_run_dir_and_the_cache_and_a_new_run_dir_o
     run_a, run_b, cache = _dirs(tmp_path)
     remat_cache.remember(run_a, cache, STEP, _choice())
     shared = Path(cache) / remat_cache.FOLDER / f"{remat_cache.key(STEP)}.json"
-    own = json.loads(Path(rundir.remat(run_a)).read_text())
+    own = json.loads(Path(rundir.remat_choice(run_a)).read_text())
     assert own == json.loads(shared.read_text())
     assert own == {"policy": "dots", "program": remat_auto.program_of("program under dots"), "for": STEP,
                    "needed": 9 * GIB, "limit": 16 * GIB, "run_dir": str(run_a)}

@@ -105,10 +105,10 @@ def test_the_launchers_gpu_count_takes_0_and_the_same_whole_numbers(text: str) -
 @pytest.mark.parametrize("text", ON + NOT_SWITCH)
 def test_keeping_gloos_lines_takes_the_same_on_off_words(text: str) -> None:
     if text in ON:
-        assert gloo_noise.filter_output({gloo_noise.KEEP: text}) is None  # kept: no filter started
+        assert gloo_noise.filter_output({gloo_noise.KEEP_VARIABLE: text}) is None  # kept: no filter started
     else:
         with pytest.raises(ConfigError, match=r"JOB_GLOO_LOGS: expected 1 or 0 \(or true/false\), found "):
-            gloo_noise.filter_output({gloo_noise.KEEP: text})
+            gloo_noise.filter_output({gloo_noise.KEEP_VARIABLE: text})
 
 
 INTEGER = [*WHOLE, "9" * 31, "-1", "-007"]  # any size: a flag's range is the config's own check

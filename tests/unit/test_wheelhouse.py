@@ -25,7 +25,7 @@ X86 = "manylinux_2_35_x86_64"
 
 
 def pinned(python: str, platform: str = X86) -> dict[str, str]:
-    return dict(pin.split("==") for pin in wheelhouse.pins(LOCK, wheelhouse.Target(python, platform)))
+    return dict(pin.split("==") for pin in wheelhouse.pins(LOCK, wheelhouse.WheelTarget(python, platform)))
 
 
 def test_the_lock_is_read_for_the_targets_python_not_this_one() -> None:
@@ -46,18 +46,18 @@ def test_the_lock_is_read_for_the_targets_python_not_this_one() -> None:
 ])
 def test_a_target_no_wheel_can_name_is_one_error(python: str, platform: str, says: str) -> None:
     with pytest.raises(ConfigError, match=r"Fix: WHEEL_") as caught:
-        wheelhouse.Target(python, platform)
+        wheelhouse.WheelTarget(python, platform)
     assert str(caught.value).startswith(says)
 
 
 def test_a_platform_takes_every_older_glibc_and_the_old_names() -> None:
-    assert wheelhouse.Target("3.12", "manylinux_2_17_aarch64").platforms() == [
+    assert wheelhouse.WheelTarget("3.12", "manylinux_2_17_aarch64").platforms() == [
         *(f"manylinux_2_{m}_aarch64" for m in range(17, 4, -1)), "manylinux1_aarch64", "manylinux2010_aarch64",
         "manylinux2014_aarch64"]
 
 
 def test_the_download_is_the_pins_and_pip_for_the_targets_tags_only(tmp_path: Path) -> None:
-    target = wheelhouse.Target("3.12", "manylinux_2_12_x86_64")
+    target = wheelhouse.WheelTarget("3.12", "manylinux_2_12_x86_64")
     assert wheelhouse.download_argv(target, tmp_path, "24.2") == [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
         "--implementation", "cp", *(f"--platform=manylinux_2_{m}_x86_64" for m in range(12, 4, -1)),

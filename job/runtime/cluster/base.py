@@ -66,6 +66,7 @@ def read_id_list(env: Env, name: str, *, fix: str) -> tuple[int, ...]:
         return tuple(values.whole(part) for part in raw.split(","))
 
 
+PORT_OVERRIDE = "JOB_COORDINATOR_PORT"  # a coordinator port of the job's choosing, where a backend picks one
 SKIP_GPU_CHECK = "JOB_SKIP_GPU_CHECK"  # on: the GPUs are stand-ins (tests, the local Slurm): do not check them
 
 

@@ -13,6 +13,7 @@ from job.core import values
 from job.core.errors import ConfigError
 from job.runtime.cluster.base import (
     CUDA_VISIBLE_DEVICES,
+    PORT_OVERRIDE,
     ClusterEnv,
     Env,
     read_int,
@@ -36,7 +37,6 @@ _GPUS_PER_TASK = "SLURM_GPUS_PER_TASK"  # set in a task only inside an sbatch th
 _GPUS_ON_NODE = "SLURM_GPUS_ON_NODE"  # how many GPUs the step has on this node
 _STEP_GPUS = "SLURM_STEP_GPUS"  # the ids of this task's GPUs (all the step's, when Slurm does not bind)
 _JOB_GPUS = "SLURM_JOB_GPUS"  # the ids of the job's GPUs on this node
-PORT_OVERRIDE = "JOB_COORDINATOR_PORT"
 
 # Ports in [61440, 65535]; 31 is coprime with 4096, so consecutive job ids
 # never share a port and steps of one job land far apart.

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from job.core import internals
 from job.core.errors import ConfigError
-from job.runtime.cluster.base import ClusterEnv, Env, read_int, read_port
+from job.runtime.cluster.base import PORT_OVERRIDE, ClusterEnv, Env, read_int, read_port
 
 WORKER_ID = "TPU_WORKER_ID"
 ADDRESSES_PATH = "TPU_PROCESS_ADDRESSES_PATH"  # a file holding the list (newer GKE runtimes; jax >= 0.11 reads it)
@@ -23,7 +23,6 @@ HOSTNAMES = ("TPU_PROCESS_ADDRESSES", "TPU_WORKER_HOSTNAMES")
 NUM_SLICES = "MEGASCALE_NUM_SLICES"
 SLICE_ID = "MEGASCALE_SLICE_ID"
 MEGASCALE_COORDINATOR = "MEGASCALE_COORDINATOR_ADDRESS"
-PORT_OVERRIDE = "JOB_COORDINATOR_PORT"
 DEFAULT_PORT = 8482  # the port jax's own TPU detection uses
 
 _FIX = "let the TPU runtime (or `make tpu-pod`) set TPU_WORKER_ID and TPU_WORKER_HOSTNAMES"
