@@ -1,13 +1,16 @@
 """`--mesh`, read and checked in one place: the text's syntax, the axes' names, their sizes against the devices,
-the model axis, and the fix for each (a typo's nearest name, a size that divides). Standard library only, so
-`validate`, a sweep and the doctors check a run's mesh without jax.
+the model axis, and the fix for each (a typo's nearest name, a size that divides). The one module that
+chooses between --mesh and --model-axis and words their errors. Standard library only, so `validate`, a sweep
+and the doctors check a run's mesh without jax.
 
     axes = run_axes("data=-1,modle=2", model_axis=1)  # {"data": -1, "modle": 2}; --mesh, else --model-axis's
     check_names(axes, "data=-1,modle=2", None)         # ConfigError ... Fix: did you mean 'model'? --mesh ...
     mesh_shape({"data": -1, "model": 2}, 8)            # {"data": 4, "model": 2}, or the size that divides
+    run_shape("", 3, 8)                                # ConfigError --model-axis ... Fix: pass --model-axis one of ...
 
 `job.parallel.sharding.make_mesh` builds the mesh these checks pass (`check_model_axis` and `check_slices`
-for the devices it is given).
+for the devices it is given); the run's mesh is `make_mesh(devices, axes=run_shape(...))`
+(job/train/plan.py's `run_mesh`).
 """
 
 from __future__ import annotations
@@ -99,6 +102,37 @@ def run_axes(mesh: str, model_axis: int) -> dict[str, int]:
     return axes
 
 
+def run_shape(mesh: str, model_axis: int, per_slice: int, slices: int = 1) -> dict[str, int]:
+    """The run's mesh axes and sizes on the devices at hand (`slices` slices of `per_slice` devices each):
+    `run_axes` with its -1 filled in. Each error names the flag the user gave, with its fix: --model-axis
+    a divisor of one slice's devices (`check_model_axis`), --mesh sizes that multiply to the devices and an
+    axis other than the first inside one slice (`check_slices`)."""
+    axes = run_axes(mesh, model_axis)
+    if not mesh:
+        check_model_axis(model_axis, per_slice, slices, "--model-axis")
+    shape = mesh_shape(axes, per_slice * slices)
+    if slices > 1:
+        check_slices(shape, per_slice, slices)
+    return shape
+
+
+def counted_shape(mesh: str, model_axis: int, devices: int) -> dict[str, int]:
+    """The run's mesh axes and sizes on a job known by its device count alone (a sweep's --devices, before
+    any device exists): `run_axes` with its -1 filled in, --model-axis a divisor of the count, each error
+    naming the flag the user gave."""
+    axes = run_axes(mesh, model_axis)
+    if not mesh and (model_axis < 1 or devices % model_axis):
+        divisors = [d for d in range(1, devices + 1) if devices % d == 0]
+        raise ConfigError("--model-axis", expected=f"a divisor of the job's {_count(devices)}", found=model_axis,
+                          fix=f"pass --model-axis one of {divisors}")
+    return mesh_shape(axes, devices)
+
+
+def flag_text(mesh: str, model_axis: int) -> str:
+    """The flag that set the run's mesh, as the user typed it: `--mesh TEXT`, else `--model-axis N`."""
+    return f"--mesh {mesh}" if mesh else f"--model-axis {model_axis}"
+
+
 def check_names(axes: Mapping[str, int], mesh: str, logical_axes: AxisRules | None) -> None:
     """Every axis of `axes` (from `run_axes`; `mesh` its text) is one a rule maps a logical name to: a preset's
     (data, model, expert, sequence) or one the task declares in `logical_axes` (Task.logical_axes). Any other
@@ -137,7 +171,8 @@ def model_size(axes: Mapping[str, int]) -> int:
 
 def check_model_axis(model_axis: object, per_slice: int, slices: int, what: str) -> None:
     """ConfigError naming `what` unless `model_axis` is a positive divisor of the devices of one slice
-    (`per_slice`; all of them when `slices` is 1): a model group never crosses slices."""
+    (`per_slice`; all of them when `slices` is 1): a model group never crosses slices. Where `what` is a flag
+    (--model-axis) the fix passes it one of the divisors."""
     if (per_slice and not isinstance(model_axis, bool) and isinstance(model_axis, int) and model_axis >= 1
             and per_slice % model_axis == 0):
         return
@@ -145,7 +180,7 @@ def check_model_axis(model_axis: object, per_slice: int, slices: int, what: str)
     devices = (f"the device count {per_slice}" if slices == 1 else f"the {per_slice} devices per slice "
                f"({slices} slices of {per_slice} devices; a model group must stay inside one slice)")
     raise ConfigError(what, expected=f"a positive divisor of {devices}", found=model_axis,
-                      fix=f"use one of {divisors}")
+                      fix=f"pass {what} one of {divisors}" if what.startswith("--") else f"use one of {divisors}")
 
 
 def check_slices(shape: Mapping[str, int], per_slice: int, slices: int) -> None:
@@ -164,4 +199,5 @@ def check_slices(shape: Mapping[str, int], per_slice: int, slices: int) -> None:
                           if len(names) > 1 else f"make {names[0]} a multiple of {slices}")
 
 
-__all__ = ["check_model_axis", "check_names", "check_slices", "mesh_shape", "model_size", "parse_mesh", "run_axes"]
+__all__ = ["check_model_axis", "check_names", "check_slices", "counted_shape", "flag_text", "mesh_shape", "model_size",
+           "parse_mesh", "run_axes", "run_shape"]

@@ -5,16 +5,17 @@
 
 The task (job/tasks/NAME/, see job/train/task.py) gives the model, its loss and the
 rows of each batch; this loop, the checkpoints and the preemption protocol
-are the same for every task.
+are the same for every task. What a run builds before its first step (its mesh, the
+state's plan, the jitted steps, the remat policy) is job/train/plan.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -25,33 +26,32 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from job.core import rundir, storage
-from job.core.errors import ConfigError
 from job.kernels.rematerialize import choosing
 from job.observe import process_log
 from job.observe.goodput import Goodput, describe
 from job.observe.profile import StepProfiler
 from job.observe.report import Reporter
 from job.observe.stragglers import StragglerWatch
-from job.parallel import mesh_flag, sharding
+from job.parallel import sharding
 from job.parallel.fingerprint import fingerprint
-from job.parallel.multihost import barrier, coordination_client, on_process_zero
-from job.parallel.rows import row_span
+from job.parallel.multihost import on_process_zero
 from job.runs import attempts, provenance, resume
 from job.runs.tiers import Checkpoints, Origin
-from job.runtime import compile_cache, device_memory, preflight
+from job.runtime import compile_cache, preflight
 from job.runtime.cluster import ClusterInfo, node_name
 from job.runtime.compile_cache import CacheEvents
 from job.runtime.distributed import initialize
 from job.runtime.preemption import NOTICES, PreemptionGuard
-from job.runtime.rollcall import Answer, Progress, leave_last, roll_call
+from job.runtime.rollcall import Progress
 from job.runtime.watchdog import Watchdog
-from job.train import memory, optimizers, remat_auto, remat_cache
-from job.train import state as state_plan
-from job.train.batches import Prefetch, global_batch, impurity, to_global
+from job.train import memory, plan
+from job.train.batches import Prefetch, global_batch
 from job.train.config import TrainConfig, to_dict, to_json
-from job.train.evaluation import Evaluator, summary_fields
-from job.train.steps import jit_eval_step, jit_train_step, leaked_tracer_note
-from job.train.task import Rows, Task
+from job.train.evaluation import summary_fields
+from job.train.hang import Hang
+from job.train.plan import Built
+from job.train.steps import leaked_tracer_note
+from job.train.task import Task
 
 log = logging.getLogger("job.train")
 
@@ -72,29 +72,13 @@ def run(cfg: TrainConfig, task: Task, argv: list[str] | None = None) -> int:
             return Training(cfg, task, argv, timer, info, guard).run()
 
 
-@dataclasses.dataclass
-class Built:
-    """What `Training.build` makes before any array of the train state exists."""
-
-    run_dir: epath.Path
-    mesh: jax.sharding.Mesh
-    source: Rows  # the task's rows
-    planned: state_plan.Plan  # shapes, shardings and the init of the state
-    schedule: optax.Schedule  # the learning rate by step
-    train_step: jax.stages.Wrapped  # (state, batch) -> (state, metrics), jitted
-    evaluator: Evaluator  # over the task's eval splits
-    batch_sharding: jax.sharding.Sharding  # how a train batch is laid out
-    checked: preflight.Summary  # the preflight's findings
-    cache_dir: str | None  # the compilation cache's folder; None: off
-
-
 class Training:
     """One run of the loop, in the phases a reader finds by name:
 
-    build (mesh, data, the planned state, the jitted steps) -> restore (the newest checkpoint, else a
-    fresh state created as its shards) -> compile (the steps, ahead; then every process meets) -> step
-    (one optimizer step, then logging, evaluate and save as due) -> finish (the last save, the summary).
-    `run` strings them together."""
+    build (mesh, data, the planned state, the jitted steps: `plan.build_run`) -> restore (the newest
+    checkpoint, else a fresh state created as its shards) -> compile (the steps, ahead, as
+    `plan.compile_ahead` does; then every process meets) -> step (one optimizer step, then logging, evaluate
+    and save as due) -> finish (the last save, the summary). `run` strings them together."""
 
     # made by the phases, in this order: restore (checkpoints, origin), then open_records (report, profiler)
     checkpoints: Checkpoints  # both tiers: the loop asks it, and decides nothing about tiers
@@ -114,9 +98,9 @@ class Training:
         self.changed: list[resume.Change] = []  # the config fields changed since the saved run
         self.attempt = 1  # this attempt's number in the run dir's attempt record (process 0's: note_start)
         self.compile_s = 0.0  # this process's own time compiling the steps ahead (the barrier's wait excluded)
-        self.remat = "none"  # what remat auto stands for in this run: chosen by compiling (choose_remat)
+        self.remat = "none"  # what remat auto stands for in this run: chosen by compiling (plan.choose_remat)
         self.progress = Progress()  # where the loop is: the hang watchdog's roll call reads it
-        self.answered = 0  # processes that answered the watchdog's roll call: process 0 waits for them to leave
+        self.hang = Hang(info, self.progress, cfg.watchdog_s)  # what this process does when the watchdog fires
 
     def run(self) -> int:
         """build, restore, compile, then step to cfg.steps (or a preemption), then finish: the exit code."""
@@ -125,7 +109,7 @@ class Training:
 
     def phases(self) -> int:
         """`run`'s phases in order, counted by `self.cache_events`."""
-        built = self.build()
+        built = plan.build_run(self.cfg, self.task, self.info)
         start, state = self.restore(built)
         if start >= self.cfg.steps:
             on_process_zero(log.info, "already complete at step %d; use a new --run-dir or raise --steps", start)
@@ -144,23 +128,6 @@ class Training:
         code, state = self.train(built, start, state, made)
         self.finish(built, state, code)
         return code
-
-    def build(self) -> Built:
-        """The mesh, the task's rows, the optimizer, the state's plan (no array made) and the jitted steps."""
-        cfg, task, info = self.cfg, self.task, self.info
-        cache_dir = compile_cache.enable(cfg.compile_cache, run_dir=cfg.run_dir)  # before the first compilation
-        log.info("process %d of %d (%s) on %s", info.process_id, info.num_processes, info.kind, node_name())
-        run_dir = storage.run_path(cfg.run_dir)  # a local folder or gs://BUCKET/FOLDER (etils.epath)
-        checked = preflight.check(to_dict(cfg), rundir.checkpoints(run_dir))
-        mesh = run_mesh(cfg.model_axis, mesh=cfg.mesh)
-        sharding.check_global_batch(cfg.data.global_batch, cfg.accum_steps, mesh)
-        # shapes and placement first, no array made; the state is then created as its shards, or restored into them
-        run_plan = plan_run(cfg, task, mesh)
-        batch_sharding = sharding.batch_sharding(mesh)
-        train_step = train_step_of(cfg, task, run_plan.planned, mesh)
-        return Built(run_dir=run_dir, mesh=mesh, source=run_plan.source, planned=run_plan.planned,
-                     schedule=run_plan.schedule, train_step=train_step, evaluator=run_plan.evaluator,
-                     batch_sharding=batch_sharding, checked=checked, cache_dir=cache_dir)
 
     def restore(self, built: Built) -> tuple[int, nnx.State]:
         """(the step to start from, the state): the newest readable checkpoint's, else a fresh state.
@@ -190,66 +157,19 @@ class Training:
             items_per_step=cfg.data.global_batch * task.items_per_row(cfg.model), wandb=cfg.wandb, config=to_dict(cfg))
         on_process_zero(self.timer.resume, run_dir, start, self.attempt)
         self.profiler = StepProfiler(cfg.profile.steps, cfg.steps, run_dir, self.info.process_id)
-        resumed = self.origin.said()
-        if resumed is not None:
-            report.message("%s", resumed)
-        if start and self.changed:
-            lr_note = optimizers.schedule_change(task, cfg, self.changed, start)  # None: the same schedule
-            report.message("changed since the saved run (the state is the same): %s%s", ", ".join(
-                f"{resume.flag(name)} {old!r} -> {new!r}" for name, old, new in self.changed),
-                f"; {lr_note}" if lr_note else "")
-        if self.checkpoints.moved is not None:
-            report.message("--no-resume: starting afresh; the earlier checkpoints are kept in %s",
-                           self.checkpoints.moved)
-        report.message("%s", built.checked.line())
-        report.message("%s; task %s; %d parameters; mesh %s; rule %s", self.info.summary(), task.name,
-                       built.planned.params, dict(built.mesh.shape), cfg.rule)
-        for split in built.evaluator.plan:
-            report.message("eval split %s: %d rows in %d batches", split, built.evaluator.rows(split),
-                           len(built.evaluator.plan[split]))
+        for line in plan.opening_lines(cfg, task, self.info, built, start, self.origin, self.changed,
+                                       self.checkpoints.moved):
+            report.message("%s", line)
         self.began = time.perf_counter()
         self.timer.started()
 
     def compile(self, built: Built, state: nnx.State, start: int) -> dict[str, jax.Array]:
-        """Compile the train step (for `state` and the batch of step `start`) and the eval step now, then wait
-        at the barrier "compiled" for every process: the first step's call finds its program compiled, and a
-        process that loaded its programs from the cache waits here for one that compiles, not in the first
-        collective (whose CPU transport, gloo, gives up after 30 s). Returns that batch, for the first step."""
-        cfg = self.cfg
-        with (self.timer.part("compile"), sharding.mesh_context(built.mesh, run_rules(cfg, self.task)),
-              leaked_tracer_note()):  # as steps are called
-            began = time.perf_counter()
-            batch = first_batch(built.source, built.batch_sharding, step=start, size=cfg.data.global_batch)
-            self.remat = self.choose_remat(built, state, batch)
-            with choosing(self.remat):
-                built.evaluator.compile(state)
-            self.compile_s = time.perf_counter() - began
-            barrier("compiled", cfg.compile_timeout_s, fix=(
-                f"read those processes' logs: still compiling after --compile-timeout-s {cfg.compile_timeout_s:g}"
-                " (pass a larger one), or they died or hung"))
-        return batch
-
-    def choose_remat(self, built: Built, state: nnx.State, batch: dict[str, jax.Array]) -> str:
-        """The policy remat `auto` stands for in this run: the fastest whose compiled train step fits the device
-        (job/train/remat_auto.py), the one an earlier run chose for the same step compiled first
-        (job/train/remat_cache.py); `built.train_step` becomes the step compiled under it. One error with the
-        bytes and the flags where nothing fits."""
-        cfg, devices = self.cfg, list(built.mesh.devices.flat)
-        limit = device_memory.limit(devices[0])
-        compile_under = remat_auto.compiling(lambda: train_step_of(cfg, self.task, built.planned, built.mesh),
-                                             (state, batch), limit)
-        chosen_for = {"task": cfg.task, "model": to_dict(cfg)["model"], "global_batch": cfg.data.global_batch,
-                      "rule": cfg.rule, "accum_steps": cfg.accum_steps, "mesh": dict(built.mesh.shape),
-                      "devices": memory.describe(devices), "limit": limit, "jax": jax.__version__,
-                      "compiler": getattr(devices[0].client, "platform_version", "")}
-        earlier = remat_cache.recall(built.run_dir, built.cache_dir, chosen_for)  # process 0's, on every process
-        choice = remat_auto.choose(compile_under, limit=limit, first=earlier)
-        if not choice.fits:  # as XLA's own out-of-memory: one error, the bytes, the flags that may fit
-            memory.raise_out_of_memory(cfg, self.task, built.mesh, choice.need, "compiling the train step")
-        on_process_zero(log.info, "%s", choice.line())
-        on_process_zero(remat_cache.remember, built.run_dir, built.cache_dir, chosen_for, choice)
-        built.train_step = choice.step
-        return choice.policy
+        """The train and eval steps compiled ahead, every process met at the barrier "compiled"
+        (`plan.compile_ahead`): the batch of step `start`, which the first step uses."""
+        with self.timer.part("compile"):
+            compiled = plan.compile_ahead(self.cfg, self.task, built, state, start)
+        self.remat, self.compile_s = compiled.remat, compiled.seconds
+        return compiled.batch
 
     def train(self, built: Built, start: int, state: nnx.State,
               made: dict[int, dict[str, jax.Array]]) -> tuple[int, nnx.State]:
@@ -263,7 +183,7 @@ class Training:
             return global_batch(built.source, built.batch_sharding, split="train", step=step,
                                 size=cfg.data.global_batch)
 
-        with (contextlib.ExitStack() as stack, sharding.mesh_context(built.mesh, run_rules(cfg, self.task)),
+        with (contextlib.ExitStack() as stack, sharding.mesh_context(built.mesh, plan.run_rules(cfg, self.task)),
               choosing(self.remat), leaked_tracer_note()):
             stack.callback(self.profiler.stop)
             # however the loop ends (an error, too), the records so far are written; a full disk there is
@@ -284,8 +204,8 @@ class Training:
                 if watchdog is not None:
                     watchdog.kick()
                 elif cfg.watchdog_s > 0:  # armed after the first step: compilation may take long
-                    watchdog = stack.enter_context(Watchdog(cfg.watchdog_s, roll_call=self.roll_call,
-                                                                 before_exit=self.leave))
+                    watchdog = stack.enter_context(Watchdog(cfg.watchdog_s, roll_call=self.hang.roll_call,
+                                                                 before_exit=self.hang.leave))
         return 0, state
 
     def step(self, built: Built, state: nnx.State, step: int, upcoming: Prefetch[dict[str, jax.Array]], *,
@@ -350,25 +270,6 @@ class Training:
             return f"stopped (Ctrl-C): saved step {step}; exiting with {code}. The same command resumes from it{timing}"
         return f"preempted: saved step {step}; exiting with {code} (requeue){timing}"
 
-    def roll_call(self) -> str:
-        """The watchdog's report line naming the process that is stuck (every process that can still answer joins);
-        process 0 also notes it for the batch script's supervisor, whose attempt record then names it."""
-        client, info = coordination_client(), self.info
-        if client is None or not info.is_multiprocess:
-            return ""
-        me = Answer(info.process_id, node_name(), self.progress.step, self.progress.phase)
-        verdict = roll_call(client, me, info.num_processes, wait_s=min(10.0, max(3.0, self.cfg.watchdog_s / 2)))
-        self.answered = info.num_processes - len(verdict.missing)
-        if verdict.culprit is not None and info.is_coordinator:
-            attempts.note_hang(verdict.culprit.process, verdict.culprit.node, verdict.text)
-        return verdict.text
-
-    def leave(self) -> None:
-        """After the watchdog's report: process 0 leaves last (its exit would abort the others mid-report)."""
-        client, info = coordination_client(), self.info
-        if client is not None and info.is_multiprocess:
-            leave_last(client, info.process_id, self.answered or info.num_processes, wait_s=5.0)
-
     def evaluate(self, built: Built, state: nnx.State, done: int) -> bool:
         """Every eval split, each reported under its name; False when a preemption signal cut it short."""
         with self.timer.part("eval"):
@@ -416,74 +317,6 @@ class Training:
         })
 
 
-def run_rules(cfg: TrainConfig, task: Task) -> dict[str, sharding.MeshAxes]:
-    """The run's rule table (--rule and the task's own logical axes): how the state is placed, and how a
-    model's `job.sharding.constrain` lays its activations out while its steps are traced."""
-    return sharding.rule_table(cfg.rule, getattr(task, "logical_axes", None))
-
-
-def run_mesh(model_axis: int, mesh: str = "", devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
-    """The run's mesh over every device of the job (or `devices`: a TPU slice's compiled for ahead of time,
-    job/train/fit.py): --mesh's axes (`mesh`), else ("data", "model") of `model_axis`; a model axis that does
-    not fit the devices is one error naming the user's flag, --model-axis, not the function that builds it."""
-    if mesh:
-        return sharding.make_mesh(devices, axes=mesh_flag.parse_mesh(mesh))
-    try:
-        return sharding.make_mesh(devices, model_axis=model_axis)
-    except ConfigError as exc:
-        raise ConfigError("--model-axis", expected=exc.expected, found=exc.found,
-                          fix=exc.fix.replace("use one of", "pass --model-axis one of", 1)) from None
-
-
-def train_step_of(cfg: TrainConfig, task: Task, planned: state_plan.Plan, mesh: jax.sharding.Mesh) -> jax.stages.Wrapped:
-    """The run's jitted train step on `mesh`: the loop's, and what the fit check compiles for a TPU slice
-    ahead of time (job/train/fit.py). Compile it inside `sharding.mesh_context(mesh, run_rules(cfg, task))`."""
-    micro = sharding.batch_sharding(mesh, whole=1)  # K micro-batches stacked on a leading axis
-    return jit_train_step(task.loss, planned.graphdef, planned.shardings, accum_steps=cfg.accum_steps,
-                          weight=task.weight, custom=task.train_step, micro_sharding=micro)
-
-
-def first_batch(source: Rows, batch_sharding: jax.sharding.Sharding, *, step: int, size: int) -> dict[str, jax.Array]:
-    """The batch of the first step, its rows asked for twice first: a source whose answers differ (an unseeded
-    rng, a stream read on) stops every process with one error (exit 2) before any step, instead of training
-    on with resume and topology invariance silently lost."""
-    start, stop = row_span(batch_sharding, size)
-    rows, problem = impurity(source, "train", step, start, stop)
-    found = preflight.problems_of_all("pure_rows", problem)
-    if found:
-        process, said = next(iter(found.items()))
-        error = ConfigError("the task's rows", expected="rows(split, step, start, stop) a pure function of its "
-                            "arguments: the same rows every time a batch is asked for", found=f"process {process}: {said}",
-                            fix="draw the rows' randomness from job.random (row_bits, uniform, below: keyed by seed, "
-                                "split, step and row), not from an unseeded np.random.default_rng(), random or a stream "
-                                "read on; an iterator-style pipeline: index a dataset by (step * global batch + row) "
-                                "(docs/your-model.md)")
-        preflight.raise_together(error, "pure_rows")
-    return to_global(rows, batch_sharding, size)
-
-
-@dataclasses.dataclass(frozen=True)
-class RunPlan:
-    """What a run and an evaluation of its checkpoint both build on a mesh (`plan_run`); no array is made."""
-
-    source: Rows  # the task's rows
-    schedule: optax.Schedule  # the learning rate by step
-    planned: state_plan.Plan  # shapes, shardings and the init of the state
-    evaluator: Evaluator  # over the task's eval splits
-
-
-def plan_run(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh, *, evaluating: bool = False) -> RunPlan:
-    """The task's rows, the learning rate, the state's plan and the Evaluator of a run of `task` on `mesh`
-    (`evaluating`: for `python -m job eval`, which warns only about the model's placement)."""
-    source = task.source(cfg.data, cfg.model)
-    tx, schedule = optimizers.for_task(task, cfg)
-    planned = state_plan.plan(task, cfg, mesh, tx, evaluating=evaluating)
-    evaluator = Evaluator(jit_eval_step(task.loss, planned.eval_graphdef, task.weight), source, mesh,
-                          splits=task.eval_splits, global_batch=cfg.data.global_batch,
-                          batches=cfg.data.eval_batches, full=cfg.eval_full, weight=task.weight)
-    return RunPlan(source=source, schedule=schedule, planned=planned, evaluator=evaluator)
-
-
 def _written(flush: Callable[[], None], what: str) -> None:
     try:
         flush()
@@ -502,3 +335,15 @@ def _topology(info: ClusterInfo, mesh: jax.sharding.Mesh) -> dict[str, object]:
 def _save_config(run_dir: epath.Path, cfg: TrainConfig) -> None:
     storage.make_dirs(run_dir)
     rundir.config(run_dir).write_text(to_json(cfg) + "\n")
+
+
+# the step's plan, once defined here, now in job/train/plan.py
+_MOVED = ("RunPlan", "first_batch", "plan_run", "run_mesh", "run_rules", "train_step_of")
+
+
+def __getattr__(name: str) -> Any:
+    """The plan's old names here (`job.train.loop.plan_run`, ...) still answer, with a DeprecationWarning."""
+    if name in _MOVED:
+        warnings.warn(f"job.train.loop.{name} is now job.train.plan.{name}", DeprecationWarning, stacklevel=2)
+        return getattr(plan, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

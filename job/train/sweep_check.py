@@ -138,11 +138,7 @@ def check_mesh(cfg: config.TrainConfig, devices: int) -> None:
     # the rule the loop applies to its mesh at start
     from job.parallel.sharding import check_global_batch
 
-    if not cfg.mesh and (cfg.model_axis < 1 or devices % cfg.model_axis):
-        divisors = [d for d in range(1, devices + 1) if devices % d == 0]
-        raise ConfigError("--model-axis", expected=f"a divisor of the job's {devices} devices", found=cfg.model_axis,
-                          fix=f"pass --model-axis one of {divisors}")
-    shape = mesh_flag.mesh_shape(mesh_flag.run_axes(cfg.mesh, cfg.model_axis), devices)
+    shape = mesh_flag.counted_shape(cfg.mesh, cfg.model_axis, devices)
     check_global_batch(cfg.data.global_batch, cfg.accum_steps, AbstractMesh(tuple(shape.values()), tuple(shape)))
 
 

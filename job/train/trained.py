@@ -38,7 +38,7 @@ from job.parallel.multihost import on_process_zero
 from job.runs import resume
 from job.runs.checkpoint import Checkpointer
 from job.runtime.distributed import initialize
-from job.train import config, entry, loop, memory, remat_cache, state
+from job.train import config, entry, memory, plan, remat_cache, state
 from job.train import task as tasks
 from job.train.config import TrainConfig
 from job.train.task import Task
@@ -120,17 +120,17 @@ def eval_mesh(cfg: TrainConfig, given: int | None = None) -> tuple[jax.sharding.
     largest model axis that divides both the run's and them (said in the log: the checkpoint is resharded as
     it is restored, as an elastic resume does)."""
     if given is not None:
-        return loop.run_mesh(given), dataclasses.replace(cfg, model_axis=given, mesh="")
+        return plan.run_mesh(given), dataclasses.replace(cfg, model_axis=given, mesh="")
     try:
-        return loop.run_mesh(cfg.model_axis, mesh=cfg.mesh), cfg
+        return plan.run_mesh(cfg.model_axis, mesh=cfg.mesh), cfg
     except ConfigError:
         saved = mesh_flag.model_size(mesh_flag.run_axes(cfg.mesh, cfg.model_axis))
         n = jax.device_count()
         here = math.gcd(saved, n // len(slice_sizes(jax.devices())))  # a model group stays inside one slice
         on_process_zero(log.info, "the run's %s does not fit this job's %d device(s): evaluating with a model "
                         "axis of %d (the checkpoint is resharded as it is restored; eval's --model-axis chooses "
-                        "another)", f"--mesh {cfg.mesh}" if cfg.mesh else f"--model-axis {saved}", n, here)
-        return loop.run_mesh(here), dataclasses.replace(cfg, model_axis=here, mesh="")
+                        "another)", mesh_flag.flag_text(cfg.mesh, saved), n, here)
+        return plan.run_mesh(here), dataclasses.replace(cfg, model_axis=here, mesh="")
 
 
 def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None, *,
@@ -147,7 +147,7 @@ def evaluate_checkpoint(cfg: TrainConfig, task: Task, step: int | None = None, *
 def _evaluate(cfg: TrainConfig, task: Task, step: int | None, model_axis: int | None) -> int:
     run_dir = storage.run_path(cfg.run_dir)
     mesh, cfg = eval_mesh(cfg, model_axis)
-    run_plan = loop.plan_run(cfg, task, mesh, evaluating=True)
+    run_plan = plan.plan_run(cfg, task, mesh, evaluating=True)
     evaluator = run_plan.evaluator
     checkpoints = Checkpointer(rundir.checkpoints(run_dir), cfg.ckpt)
     try:
@@ -155,7 +155,7 @@ def _evaluate(cfg: TrainConfig, task: Task, step: int | None, model_axis: int | 
         restored = checkpoints.restore(chosen, run_plan.planned.abstract, partial=True)  # no optimizer state
     finally:
         checkpoints.close()
-    with sharding.mesh_context(mesh, loop.run_rules(cfg, task)), rematerialize.choosing(_ran_remat(cfg.run_dir)):
+    with sharding.mesh_context(mesh, plan.run_rules(cfg, task)), rematerialize.choosing(_ran_remat(cfg.run_dir)):
         results = evaluator.run(restored) or {}
     record = {"step": chosen, "splits": {split: {"rows": evaluator.rows(split), "batches": len(evaluator.plan[split]),
                                                  **metrics} for split, metrics in results.items()}}

@@ -210,3 +210,58 @@ def test_a_mesh_whose_inner_axes_would_cross_slices_is_named_with_the_fix(shape:
     assert raised.value.what == "--mesh" and "across the 2 slices or nodes" in raised.value.expected
     assert raised.value.found == ",".join(f"{n}={s}" for n, s in shape.items()) and raised.value.fix == fix
     mesh_flag.check_slices({"data": 4, "expert": 2}, 4, 2)  # data across the slices, expert inside one: fine
+
+
+@pytest.mark.parametrize(("mesh", "model_axis", "per_slice", "slices", "shape"), [
+    ("", 2, 8, 1, {"data": 4, "model": 2}), ("", 4, 4, 2, {"data": 2, "model": 4}),
+    ("data=-1,expert=2", 1, 8, 1, {"data": 4, "expert": 2}), ("data=-1,expert=2", 1, 4, 2, {"data": 4, "expert": 2}),
+])
+def test_the_runs_shape_on_its_devices_is_the_mesh_flags_else_data_and_model_of_model_axis(
+        mesh: str, model_axis: int, per_slice: int, slices: int, shape: dict) -> None:
+    assert mesh_flag.run_shape(mesh, model_axis, per_slice, slices) == shape
+
+
+def test_a_model_axis_that_does_not_fit_the_devices_at_hand_names_the_users_flag_and_its_fix() -> None:
+    with pytest.raises(ConfigError) as one_slice:
+        mesh_flag.run_shape("", 3, 8)
+    assert str(one_slice.value) == ("--model-axis: expected a positive divisor of the device count 8, found 3. "
+                                    "Fix: pass --model-axis one of [1, 2, 4, 8]")
+    with pytest.raises(ConfigError) as two_slices:
+        mesh_flag.run_shape("", 8, 4, 2)  # a model group never crosses slices
+    assert two_slices.value.what == "--model-axis" and two_slices.value.fix == "pass --model-axis one of [1, 2, 4]"
+    assert "4 devices per slice (2 slices of 4 devices" in two_slices.value.expected
+
+
+def test_a_mesh_that_does_not_fit_the_devices_at_hand_names_the_mesh_flag() -> None:
+    with pytest.raises(ConfigError) as raised:
+        mesh_flag.run_shape("data=-1,model=3", 1, 8)
+    assert raised.value.what == "--mesh" and raised.value.fix == "model=3 does not divide 8 devices; e.g. --mesh data=-1,model=2"
+    with pytest.raises(ConfigError) as raised:
+        mesh_flag.run_shape("data=1,expert=8", 1, 4, 2)  # expert would cross the slices
+    assert raised.value.what == "--mesh" and "across the 2 slices or nodes" in raised.value.expected
+    with pytest.raises(ConfigError) as raised:
+        mesh_flag.run_shape("data=4", 2, 8)  # both flags: the same error as validate's
+    assert raised.value.what == "--model-axis" and raised.value.fix.startswith("drop --model-axis")
+
+
+def test_a_job_known_by_its_device_count_gets_the_same_choice_between_the_flags() -> None:
+    assert mesh_flag.counted_shape("", 2, 8) == {"data": 4, "model": 2}
+    assert mesh_flag.counted_shape("data=-1,expert=2", 1, 8) == {"data": 4, "expert": 2}
+    with pytest.raises(ConfigError) as raised:
+        mesh_flag.counted_shape("", 3, 8)
+    assert str(raised.value) == ("--model-axis: expected a divisor of the job's 8 devices, found 3. Fix: pass "
+                                 "--model-axis one of [1, 2, 4, 8]")
+
+
+def test_the_flag_that_set_the_runs_mesh_is_spelled_as_the_user_typed_it() -> None:
+    assert mesh_flag.flag_text("data=-1,expert=2", 1) == "--mesh data=-1,expert=2"
+    assert mesh_flag.flag_text("", 4) == "--model-axis 4"
+
+
+def test_only_the_mesh_flags_module_words_the_model_axis_fix() -> None:
+    # one owner of the choice between --mesh and --model-axis: no other module writes the fix, nor rewrites it
+    root = Path(__file__).resolve().parents[2]
+    others = [path.relative_to(root).as_posix() for top in ("job", "deploy") for path in sorted((root / top).rglob("*.py"))
+              if path.name != "mesh_flag.py" and any(text in path.read_text() for text in (
+                  "--model-axis one of", "use one of {divisors}", '.replace("use one of"'))]
+    assert not others, others

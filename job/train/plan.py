@@ -1,0 +1,219 @@
+"""The plan of a run's step, for any task: its mesh, rules, rows, state and jitted step, built before any array
+of the state exists; and the policy remat `auto` stands for, chosen by compiling that step.
+
+    mesh = run_mesh(cfg.model_axis, cfg.mesh)                  # --mesh's axes, else ("data", "model")
+    run_plan = plan_run(cfg, task, mesh)                       # rows, learning rate, the state's plan, evaluator
+    step = train_step_of(cfg, task, run_plan.planned, mesh)    # jitted; compile it inside
+    with sharding.mesh_context(mesh, run_rules(cfg, task)): ...
+
+The training loop (job/train/loop.py) builds its run with `build_run` and runs it; the fit check
+(job/train/fit.py) compiles the same step for a TPU slice's devices ahead of time, and an evaluation of a
+checkpoint (job/train/trained.py) plans the same state on its own mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+
+import jax
+import optax
+from etils import epath
+from flax import nnx
+
+from job.core import rundir, storage
+from job.core.errors import ConfigError
+from job.kernels.rematerialize import choosing
+from job.parallel import mesh_flag, sharding
+from job.parallel.mesh import equal_slices
+from job.parallel.multihost import barrier, on_process_zero
+from job.parallel.rows import row_span
+from job.runs import resume
+from job.runs.tiers import Origin
+from job.runtime import compile_cache, device_memory, preflight
+from job.runtime.cluster import ClusterInfo, node_name
+from job.train import memory, optimizers, remat_auto, remat_cache
+from job.train import state as state_plan
+from job.train.batches import impurity, to_global
+from job.train.config import TrainConfig, to_dict
+from job.train.evaluation import Evaluator
+from job.train.steps import jit_eval_step, jit_train_step, leaked_tracer_note
+from job.train.task import Rows, Task
+
+log = logging.getLogger("job.train")
+
+
+def run_rules(cfg: TrainConfig, task: Task) -> dict[str, sharding.MeshAxes]:
+    """The run's rule table (--rule and the task's own logical axes): how the state is placed, and how a
+    model's `job.sharding.constrain` lays its activations out while its steps are traced."""
+    return sharding.rule_table(cfg.rule, getattr(task, "logical_axes", None))
+
+
+def run_mesh(model_axis: int, mesh: str = "", devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
+    """The run's mesh over every device of the job (or `devices`: a TPU slice's compiled for ahead of time,
+    job/train/fit.py): the axes `mesh_flag.run_shape` gives for them (--mesh's `mesh`, else ("data", "model")
+    of `model_axis`), each error naming the user's flag, not the function that builds the mesh."""
+    devices = list(jax.devices() if devices is None else devices)
+    shape = mesh_flag.run_shape(mesh, model_axis, *equal_slices(devices, "the job's devices"))
+    return sharding.make_mesh(devices, axes=shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """What a run and an evaluation of its checkpoint both build on a mesh (`plan_run`); no array is made."""
+
+    source: Rows  # the task's rows
+    schedule: optax.Schedule  # the learning rate by step
+    planned: state_plan.Plan  # shapes, shardings and the init of the state
+    evaluator: Evaluator  # over the task's eval splits
+
+
+def plan_run(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh, *, evaluating: bool = False) -> RunPlan:
+    """The task's rows, the learning rate, the state's plan and the Evaluator of a run of `task` on `mesh`
+    (`evaluating`: for `python -m job eval`, which warns only about the model's placement)."""
+    source = task.source(cfg.data, cfg.model)
+    tx, schedule = optimizers.for_task(task, cfg)
+    planned = state_plan.plan(task, cfg, mesh, tx, evaluating=evaluating)
+    evaluator = Evaluator(jit_eval_step(task.loss, planned.eval_graphdef, task.weight), source, mesh,
+                          splits=task.eval_splits, global_batch=cfg.data.global_batch,
+                          batches=cfg.data.eval_batches, full=cfg.eval_full, weight=task.weight)
+    return RunPlan(source=source, schedule=schedule, planned=planned, evaluator=evaluator)
+
+
+def train_step_of(cfg: TrainConfig, task: Task, planned: state_plan.Plan, mesh: jax.sharding.Mesh) -> jax.stages.Wrapped:
+    """The run's jitted train step on `mesh`: the loop's, and what the fit check compiles for a TPU slice
+    ahead of time (job/train/fit.py). Compile it inside `sharding.mesh_context(mesh, run_rules(cfg, task))`."""
+    micro = sharding.batch_sharding(mesh, whole=1)  # K micro-batches stacked on a leading axis
+    return jit_train_step(task.loss, planned.graphdef, planned.shardings, accum_steps=cfg.accum_steps,
+                          weight=task.weight, custom=task.train_step, micro_sharding=micro)
+
+
+@dataclasses.dataclass
+class Built:
+    """What `build_run` makes for the loop before any array of the train state exists."""
+
+    run_dir: epath.Path
+    mesh: jax.sharding.Mesh
+    source: Rows  # the task's rows
+    planned: state_plan.Plan  # shapes, shardings and the init of the state
+    schedule: optax.Schedule  # the learning rate by step
+    train_step: jax.stages.Wrapped  # (state, batch) -> (state, metrics), jitted
+    evaluator: Evaluator  # over the task's eval splits
+    batch_sharding: jax.sharding.Sharding  # how a train batch is laid out
+    checked: preflight.Summary  # the preflight's findings
+    cache_dir: str | None  # the compilation cache's folder; None: off
+
+
+def build_run(cfg: TrainConfig, task: Task, info: ClusterInfo) -> Built:
+    """The loop's first phase: the mesh, the task's rows, the optimizer, the state's plan (no array made) and
+    the jitted steps, after the compilation cache is on and the preflight has run."""
+    cache_dir = compile_cache.enable(cfg.compile_cache, run_dir=cfg.run_dir)  # before the first compilation
+    log.info("process %d of %d (%s) on %s", info.process_id, info.num_processes, info.kind, node_name())
+    run_dir = storage.run_path(cfg.run_dir)  # a local folder or gs://BUCKET/FOLDER (etils.epath)
+    checked = preflight.check(to_dict(cfg), rundir.checkpoints(run_dir))
+    mesh = run_mesh(cfg.model_axis, mesh=cfg.mesh)
+    sharding.check_global_batch(cfg.data.global_batch, cfg.accum_steps, mesh)
+    # shapes and placement first, no array made; the state is then created as its shards, or restored into them
+    run_plan = plan_run(cfg, task, mesh)
+    batch_sharding = sharding.batch_sharding(mesh)
+    train_step = train_step_of(cfg, task, run_plan.planned, mesh)
+    return Built(run_dir=run_dir, mesh=mesh, source=run_plan.source, planned=run_plan.planned,
+                 schedule=run_plan.schedule, train_step=train_step, evaluator=run_plan.evaluator,
+                 batch_sharding=batch_sharding, checked=checked, cache_dir=cache_dir)
+
+
+def first_batch(source: Rows, batch_sharding: jax.sharding.Sharding, *, step: int, size: int) -> dict[str, jax.Array]:
+    """The batch of the first step, its rows asked for twice first: a source whose answers differ (an unseeded
+    rng, a stream read on) stops every process with one error (exit 2) before any step, instead of training
+    on with resume and topology invariance silently lost."""
+    start, stop = row_span(batch_sharding, size)
+    rows, problem = impurity(source, "train", step, start, stop)
+    found = preflight.problems_of_all("pure_rows", problem)
+    if found:
+        process, said = next(iter(found.items()))
+        error = ConfigError("the task's rows", expected="rows(split, step, start, stop) a pure function of its "
+                            "arguments: the same rows every time a batch is asked for", found=f"process {process}: {said}",
+                            fix="draw the rows' randomness from job.random (row_bits, uniform, below: keyed by seed, "
+                                "split, step and row), not from an unseeded np.random.default_rng(), random or a stream "
+                                "read on; an iterator-style pipeline: index a dataset by (step * global batch + row) "
+                                "(docs/your-model.md)")
+        preflight.raise_together(error, "pure_rows")
+    return to_global(rows, batch_sharding, size)
+
+
+def choose_remat(cfg: TrainConfig, task: Task, built: Built, state: nnx.State, batch: dict[str, jax.Array]) -> str:
+    """The policy remat `auto` stands for in this run: the fastest whose compiled train step fits the device
+    (job/train/remat_auto.py), the one an earlier run chose for the same step compiled first
+    (job/train/remat_cache.py); `built.train_step` becomes the step compiled under it. One error with the
+    bytes and the flags where nothing fits. Called inside the run's mesh context, as the loop compiles."""
+    devices = list(built.mesh.devices.flat)
+    limit = device_memory.limit(devices[0])
+    compile_under = remat_auto.compiling(lambda: train_step_of(cfg, task, built.planned, built.mesh),
+                                         (state, batch), limit)
+    chosen_for = {"task": cfg.task, "model": to_dict(cfg)["model"], "global_batch": cfg.data.global_batch,
+                  "rule": cfg.rule, "accum_steps": cfg.accum_steps, "mesh": dict(built.mesh.shape),
+                  "devices": memory.describe(devices), "limit": limit, "jax": jax.__version__,
+                  "compiler": getattr(devices[0].client, "platform_version", "")}
+    earlier = remat_cache.recall(built.run_dir, built.cache_dir, chosen_for)  # process 0's, on every process
+    choice = remat_auto.choose(compile_under, limit=limit, first=earlier)
+    if not choice.fits:  # as XLA's own out-of-memory: one error, the bytes, the flags that may fit
+        memory.raise_out_of_memory(cfg, task, built.mesh, choice.need, "compiling the train step")
+    on_process_zero(log.info, "%s", choice.line())
+    on_process_zero(remat_cache.remember, built.run_dir, built.cache_dir, chosen_for, choice)
+    built.train_step = choice.step
+    return choice.policy
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """What `compile_ahead` leaves for the first step."""
+
+    batch: dict[str, jax.Array]  # the first step's batch, made once: the step was compiled for it
+    remat: str  # what remat `auto` stands for in this run (`choose_remat`)
+    seconds: float  # this process's own time compiling the steps (the barrier's wait excluded)
+
+
+def compile_ahead(cfg: TrainConfig, task: Task, built: Built, state: nnx.State, start: int) -> Compiled:
+    """Compile the train step (for `state` and the batch of step `start`) and the eval step now, then wait
+    at the barrier "compiled" for every process: the first step's call finds its program compiled, and a
+    process that loaded its programs from the cache waits here for one that compiles, not in the first
+    collective (whose CPU transport, gloo, gives up after 30 s)."""
+    with sharding.mesh_context(built.mesh, run_rules(cfg, task)), leaked_tracer_note():  # as steps are called
+        began = time.perf_counter()
+        batch = first_batch(built.source, built.batch_sharding, step=start, size=cfg.data.global_batch)
+        remat = choose_remat(cfg, task, built, state, batch)
+        with choosing(remat):
+            built.evaluator.compile(state)
+        seconds = time.perf_counter() - began
+        barrier("compiled", cfg.compile_timeout_s, fix=(
+            f"read those processes' logs: still compiling after --compile-timeout-s {cfg.compile_timeout_s:g}"
+            " (pass a larger one), or they died or hung"))
+    return Compiled(batch=batch, remat=remat, seconds=seconds)
+
+
+def opening_lines(cfg: TrainConfig, task: Task, info: ClusterInfo, built: Built, start: int, origin: Origin,
+                  changed: Sequence[resume.Change], moved: epath.Path | None) -> list[str]:
+    """The run's opening lines: where its state came from (`origin`), the flags `changed` since the saved run
+    (and what that does to the learning rate), the checkpoints --no-resume `moved` aside (None: none), the
+    preflight's findings, and what `build_run` built (the cluster, the task, the parameters, mesh and rule,
+    each eval split)."""
+    resumed = origin.said()
+    lines = [] if resumed is None else [resumed]
+    if start and changed:
+        lr_note = optimizers.schedule_change(task, cfg, changed, start)  # None: the same schedule
+        listed = ", ".join(f"{resume.flag(name)} {old!r} -> {new!r}" for name, old, new in changed)
+        lines.append(f"changed since the saved run (the state is the same): {listed}"
+                     + (f"; {lr_note}" if lr_note else ""))
+    if moved is not None:
+        lines.append(f"--no-resume: starting afresh; the earlier checkpoints are kept in {moved}")
+    lines.append(built.checked.line())
+    lines.append(f"{info.summary()}; task {task.name}; {built.planned.params} parameters; mesh "
+                 f"{dict(built.mesh.shape)}; rule {cfg.rule}")
+    return lines + [f"eval split {split}: {built.evaluator.rows(split)} rows in {len(batches)} batches"
+                    for split, batches in built.evaluator.plan.items()]
+
+
+__all__ = ["Built", "Compiled", "RunPlan", "build_run", "choose_remat", "compile_ahead", "first_batch", "opening_lines",
+           "plan_run", "run_mesh", "run_rules", "train_step_of"]
