@@ -19,6 +19,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from collections.abc import Callable
 
 from job.core import exits
 from job.core.errors import ConfigError
@@ -44,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: python -m job: expected a command first (train, eval, runs, ...: python -m job --help), found "
               f"{command!r}. Fix: python -m job train {' '.join(args)}", file=sys.stderr)
         return 2
+    return _command(command, rest)
+
+
+def _command(command: str, rest: list[str]) -> int:
+    """`python -m job COMMAND REST...`: the library's command of that name, else the task's."""
     if command == "train":
         return entry.train(rest)
     if command == "rerun":
@@ -74,25 +80,35 @@ def main(argv: list[str] | None = None) -> int:
 
         return entry.command(sweep_command, rest)
     if command == "sweep-run":
-        # etils: only this command loads it
-        from job.runs.sweep import element_flags
-
-        try:
-            flags = element_flags(rest, os.environ)
-        except ConfigError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        return main(["train", *flags] if flags and flags[0].startswith("-") else list(flags))  # a sweep's base
+        return _sweep_run(rest)
     if command == "demo" and not rest:
-        # jax and flax: only the demo loads them
-        from job.runtime.demo import DemoConfig, run
-
-        def demo(_: list[str]) -> int:
-            run(DemoConfig())  # its checks raise; what it returns is the checked value
-            return 0
-
-        return entry.command(demo, rest)
+        return entry.command(_demo(), rest)
     return entry.command(lambda args: _task_command(command, args), rest)
+
+
+def _sweep_run(rest: list[str]) -> int:
+    """`python -m job sweep-run SWEEP_DIR [INDEX]`: one run of a sweep, trained with its flags."""
+    # etils: only this command loads it
+    from job.runs.sweep import element_flags
+
+    try:
+        flags = element_flags(rest, os.environ)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return main(["train", *flags] if flags and flags[0].startswith("-") else list(flags))  # a sweep's base
+
+
+def _demo() -> Callable[[list[str]], int]:
+    """`python -m job demo`: the library's cluster smoke test, its modules loaded."""
+    # jax and flax: only the demo loads them
+    from job.runtime.demo import DemoConfig, run
+
+    def demo(_: list[str]) -> int:
+        run(DemoConfig())  # its checks raise; what it returns is the checked value
+        return 0
+
+    return demo
 
 
 def _task_command(command: str, args: list[str]) -> int:

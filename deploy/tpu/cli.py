@@ -40,6 +40,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from deploy import sweeps
 from deploy.policy import Decision, Situation, decide
@@ -100,18 +101,7 @@ def pod(cfg: TpuConfig, runner: Runner) -> int:
         began = time.time()
         code = tpu_job.run_job(cfg, runner)
         span = (began, time.time())
-        if cfg.dry_run:
-            tpu_job.fetch_logs(cfg, runner)
-            return code
-        if code == exits.COMPLETED:
-            tpu_job.fetch_logs(cfg, runner)
-            _record_attempt(cfg, span, code, decide(Situation(code, budget.used, cfg.retries, same_allocation=True)))
-            return code
-        if code != SSH_LOST and tpu_job.stop_requested(cfg, runner):
-            log.info("the job was stopped by %s (exit code %d): not restarting it", STOP_COMMAND, code)
-            # the policy's decision (stopped, never rerun: Situation.stopped_by), recorded as every other
-            _record_attempt(cfg, span, code, decide(Situation(code, budget.used, cfg.retries, same_allocation=True,
-                                                              stopped_by=STOP_COMMAND)))
+        if _ended_as_meant(cfg, runner, span, code, budget):
             return code
         status = slice_.status()
         if status.ready:
@@ -134,24 +124,52 @@ def pod(cfg: TpuConfig, runner: Runner) -> int:
                         "preemption %d, which does not spend the retry budget (%s)", status.describe(), code,
                         "recreating the slice" if status.broken or status.absent else "rerunning on the slice",
                         preemptions, budget.describe())
-        elif decision.outcome is Outcome.CONFIGURATION_ERROR:
-            log.error("the job failed with %s: never retried (every rerun would fail the same way); fix it and "
-                      "run again (worker logs: %s)", failure.describe(), logs)
-            return failure.code
-        elif decision.outcome is Outcome.STOPPED:
-            log.warning("the job was stopped with Ctrl-C after saving (exit %d): not rerun; `make tpu-pod` again "
-                        "resumes it", failure.code)
-            return failure.code
-        elif decision.action is Action.STOP:
-            log.error("the job failed with %s; the retry budget is spent (%s): giving up. `make tpu-pod` again "
-                      "resumes from the newest checkpoint with a new budget; worker logs: %s",
-                      failure.describe(), budget.describe(), logs)
+        elif _not_rerun(failure, decision, budget, logs):
             return failure.code
         else:
             budget = budget.spend()
             log.warning("retry %d of %d after %s: rerunning from the newest checkpoint on the same slice (%s; "
                         "worker logs: %s)", decision.retry, decision.retries, failure.describe(), status.describe(),
                         logs)
+
+
+def _ended_as_meant(cfg: TpuConfig, runner: Runner, span: tuple[float, float], code: int,
+                    budget: RetryBudget) -> bool:
+    """Whether the attempt that ended with `code` ends `pod` without asking the slice: a dry run, a job that
+    completed, one stopped by STOP_COMMAND (its logs fetched, its attempt recorded where it is one)."""
+    if cfg.dry_run:
+        tpu_job.fetch_logs(cfg, runner)
+        return True
+    if code == exits.COMPLETED:
+        tpu_job.fetch_logs(cfg, runner)
+        _record_attempt(cfg, span, code, decide(Situation(code, budget.used, cfg.retries, same_allocation=True)))
+        return True
+    if code != SSH_LOST and tpu_job.stop_requested(cfg, runner):
+        log.info("the job was stopped by %s (exit code %d): not restarting it", STOP_COMMAND, code)
+        # the policy's decision (stopped, never rerun: Situation.stopped_by), recorded as every other
+        _record_attempt(cfg, span, code, decide(Situation(code, budget.used, cfg.retries, same_allocation=True,
+                                                          stopped_by=STOP_COMMAND)))
+        return True
+    return False
+
+
+def _not_rerun(failure: Failure, decision: Decision, budget: RetryBudget, logs: Path) -> bool:
+    """Whether the policy's `decision` on a failed attempt ends `pod` (a configuration error, a stop by Ctrl-C, a
+    spent retry budget), logging why; `logs`: where the workers' logs were kept."""
+    if decision.outcome is Outcome.CONFIGURATION_ERROR:
+        log.error("the job failed with %s: never retried (every rerun would fail the same way); fix it and "
+                  "run again (worker logs: %s)", failure.describe(), logs)
+        return True
+    if decision.outcome is Outcome.STOPPED:
+        log.warning("the job was stopped with Ctrl-C after saving (exit %d): not rerun; `make tpu-pod` again "
+                    "resumes it", failure.code)
+        return True
+    if decision.action is Action.STOP:
+        log.error("the job failed with %s; the retry budget is spent (%s): giving up. `make tpu-pod` again "
+                  "resumes from the newest checkpoint with a new budget; worker logs: %s",
+                  failure.describe(), budget.describe(), logs)
+        return True
+    return False
 
 
 def _record_attempt(cfg: TpuConfig, span: tuple[float, float], code: int, decision: Decision,

@@ -198,7 +198,8 @@ def _compiled(cfg: TpuConfig, version: str) -> Check:
                           "shapes come from them", to_run="the doctor on a machine that has the task's data")
     try:
         slice_ = target(cfg.accel, cfg.slices)
-        found = fit.step_fits(run, task, slice_, [target(more, cfg.slices) for more in larger(cfg.accel)], row=row)
+        more = [target(accel, cfg.slices) for accel in larger(cfg.accel)]
+        found = fit.step_fits(run, task, slice_, more, row=row)
     except ConfigError as exc:
         return failed(NAME, exc)
     except Exception as exc:  # noqa: BLE001 - any other error compiling the step: the slice's job would meet it too
@@ -211,8 +212,8 @@ def _compiled(cfg: TpuConfig, version: str) -> Check:
     need = found.need
     per_chip = gib(need.needed) if need.needed is not None else "an unknown amount"
     of = f", {gib(need.available)} available" if need.available is not None else ""
-    more = larger(cfg.accel)
-    scaled = fit.scaling(run, task, slice_, target(more[0], cfg.slices), row=row) if more else None
+    # the slice's step is compiled once: its need, found above, is the comparison's small side
+    scaled = fit.scaling(run, task, slice_, more[0], row=row, small_need=need) if more else None
     note = f"; {scaled.line()}" if scaled is not None and not scaled.falls else ""
     return Check(NAME, True, f"the train step needs {per_chip} of HBM per chip{of} ({slice_}; compiled ahead of "
                  f"time by libtpu {version} in {math.ceil(found.seconds)} s){note}")

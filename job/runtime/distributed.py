@@ -261,8 +261,6 @@ def initialize(
     record, with its own detection off: local_device_ids None means every device
     this process sees.
     """
-    import jax  # `import job` imports this module: it and python -m job.launch stay jax-free
-
     env = os.environ if env is None else env
     info = resolve(
         env,
@@ -271,17 +269,40 @@ def initialize(
         process_id=process_id,
         local_device_ids=local_device_ids,
     )
-    if jax.distributed.is_initialized():
-        if jax.process_index() != info.process_id or jax.process_count() != info.num_processes:
-            raise InitOrderError(
-                "jax.distributed was already initialised as process "
-                f"{jax.process_index()} of {jax.process_count()}, but this environment says "
-                f"{info.process_id} of {info.num_processes}. Fix: call job.initialize() once, "
-                "instead of jax.distributed.initialize()."
-            )
+    if _joined_already(info) or not info.is_multiprocess:
         return info
-    if not info.is_multiprocess:
-        return info
+    _check_no_backend()
+    timeouts = timeouts or Timeouts.from_env(env)
+    log.debug("joining %s (timeouts %s)", info.summary(), timeouts)
+    _prepare_process(info, env, exit_on_uncaught)
+    bind = None
+    if info.is_coordinator and info.coordinator_address:
+        check_coordinator_port(info.coordinator_address)
+        bind = bind_address(info.coordinator_address, env)
+    _announce(info, timeouts, bind)
+    _join(info, timeouts, bind)
+    return info
+
+
+def _joined_already(info: ClusterInfo) -> bool:
+    """Whether jax.distributed is started already, as `info` says this process is (a second `initialize`); an
+    InitOrderError where it was started as another process."""
+    import jax  # `import job` imports this module: it and python -m job.launch stay jax-free
+
+    if not jax.distributed.is_initialized():
+        return False
+    if jax.process_index() != info.process_id or jax.process_count() != info.num_processes:
+        raise InitOrderError(
+            "jax.distributed was already initialised as process "
+            f"{jax.process_index()} of {jax.process_count()}, but this environment says "
+            f"{info.process_id} of {info.num_processes}. Fix: call job.initialize() once, "
+            "instead of jax.distributed.initialize()."
+        )
+    return True
+
+
+def _check_no_backend() -> None:
+    """An InitOrderError where a JAX backend has started: jax.distributed can no longer join the cluster."""
     if internals.backends_are_initialized():
         raise InitOrderError(
             "job.initialize() must run before any JAX computation: expected no JAX backend yet, "
@@ -289,24 +310,33 @@ def initialize(
             "device_put first, possibly at import time). Fix: call job.initialize() at the very top "
             "of main(), before building meshes, models or arrays."
         )
-    timeouts = timeouts or Timeouts.from_env(env)
-    log.debug("joining %s (timeouts %s)", info.summary(), timeouts)
+
+
+def _prepare_process(info: ClusterInfo, env: Mapping[str, str], exit_on_uncaught: bool) -> None:
+    """This process, before it joins: gloo's noise filtered, an uncaught exception ending it at once, its stacks
+    printed on request."""
     relay = None
     if info.kind != "local":  # the local launcher drops gloo's "connected" lines itself
         relay = filter_output(env)
     if exit_on_uncaught:
         sys.excepthook = _exit_on_uncaught(sys.excepthook, relay.restore if relay else None)
     watchdog.stacks_on_request()  # a process stuck past its stop shows where before the launcher kills it
-    bind = None
-    if info.is_coordinator and info.coordinator_address:
-        check_coordinator_port(info.coordinator_address)
-        bind = bind_address(info.coordinator_address, env)
+
+
+def _announce(info: ClusterInfo, timeouts: Timeouts, bind: str | None) -> None:
+    """The 'joining' line every process prints (the init timeout's explanation points at it)."""
     listens = f", listening on {bind or 'every interface'}" if info.is_coordinator else ""
     # printed, not logged: it must show whether or not the program configured logging
     devices = "all" if info.local_device_ids is None else ",".join(map(str, info.local_device_ids))
     print(f"job.initialize: joining: process {info.process_id} of {info.num_processes}, coordinator "
           f"{info.coordinator_address}{listens}, local devices {devices} (init timeout {timeouts.init_s} s)",
           file=sys.stderr, flush=True)
+
+
+def _join(info: ClusterInfo, timeouts: Timeouts, bind: str | None) -> None:
+    """jax.distributed started with every value of `info`, jax's own cluster detection off."""
+    import jax  # here, not at the top: as in `_joined_already`
+
     with _explain_init_timeout(info, timeouts.init_s):
         jax.distributed.initialize(
             coordinator_address=info.coordinator_address,
@@ -319,4 +349,3 @@ def initialize(
             shutdown_timeout_seconds=timeouts.shutdown_s,
             coordinator_bind_address=bind,
         )
-    return info

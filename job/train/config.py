@@ -126,10 +126,25 @@ def defaults(task: Task) -> TrainConfig:
 
 
 DATA_FIELDS = ("global_batch", "eval_batches")  # what the loop reads of a task's data config
+# one flag's check, (ok, flag, expected, found, fix) as job/runs/config.py's checks_of gives them; its comparison is
+# written so that NaN fails it
+_FlagCheck = tuple[bool, str, str, Any, str]
 
 
 def validate(cfg: TrainConfig, task: Task) -> None:
     """Every check that needs no devices (run before anything starts); raises ConfigError on the first bad value."""
+    _check_task(cfg, task)
+    for ok, flag, expected, found, fix in (*_run_checks(cfg), *_optim_checks(cfg)):
+        if not ok:
+            raise ConfigError(flag, expected=expected, found=found, fix=fix)
+    if cfg.profile.steps:
+        from job.observe.profile import parse_steps  # jax, as rule_table in _check_task
+
+        parse_steps(cfg.profile.steps, cfg.steps)
+
+
+def _check_task(cfg: TrainConfig, task: Task) -> None:
+    """The task's own checks of its configs, its eval splits, its data config's fields, the rule and the mesh."""
     # jax and flax: this module imports without them (--help, deploy's tools)
     from job.parallel.rules import rule_table
     from job.train.evaluation import check_splits
@@ -145,8 +160,12 @@ def validate(cfg: TrainConfig, task: Task) -> None:
     axes = mesh_flag.run_axes(cfg.mesh, cfg.model_axis)
     mesh_flag.check_names(axes, cfg.mesh, getattr(task, "logical_axes", None))
     task.validate(cfg.model, cfg.data, rule=cfg.rule, model_axis=mesh_flag.model_size(axes))
-    optim, run_dir = cfg.optim, cfg.run_dir
-    checks = (  # (ok, flag, expected, found, fix); comparisons are written so that NaN fails them
+
+
+def _run_checks(cfg: TrainConfig) -> tuple[_FlagCheck, ...]:
+    """The checks of the run's own flags: steps, intervals, checkpoints, seed, timeouts, the run dir."""
+    run_dir = cfg.run_dir
+    return (
         (1 <= cfg.accum_steps <= MAX_ACCUM, "--accum-steps", f"an integer 1..{MAX_ACCUM}", cfg.accum_steps,
          "pass --accum-steps 1 (no accumulation)"),
         (cfg.accum_steps < 1 or cfg.data.global_batch % cfg.accum_steps == 0, "--accum-steps",
@@ -168,6 +187,13 @@ def validate(cfg: TrainConfig, task: Task) -> None:
          run_dir, "pass --run-dir runs/example"),
         (url_problem(run_dir) is None, "--run-dir", "a folder path or gs://BUCKET/FOLDER", run_dir,
          f"{url_problem(run_dir)}; pass e.g. --run-dir runs/example or --run-dir gs://my-bucket/run1"),
+    )
+
+
+def _optim_checks(cfg: TrainConfig) -> tuple[_FlagCheck, ...]:
+    """The checks of the optimizer's flags and --ema.decay."""
+    optim = cfg.optim
+    return (
         (_finite(optim.lr) and optim.lr > 0, "--optim.lr", "a finite learning rate > 0", optim.lr,
          "pass --optim.lr 3e-3"),
         (0 <= optim.warmup_steps <= MAX_STEPS, "--optim.warmup-steps", f"an integer 0..{MAX_STEPS}",
@@ -192,13 +218,6 @@ def validate(cfg: TrainConfig, task: Task) -> None:
         (0 <= optim.b1 < 1, "--optim.b1", "a decay rate 0 <= b1 < 1", optim.b1, "pass --optim.b1 0.9"),
         (0 <= optim.b2 < 1, "--optim.b2", "a decay rate 0 <= b2 < 1", optim.b2, "pass --optim.b2 0.98"),
     )
-    for ok, flag, expected, found, fix in checks:
-        if not ok:
-            raise ConfigError(flag, expected=expected, found=found, fix=fix)
-    if cfg.profile.steps:
-        from job.observe.profile import parse_steps  # jax, as rule_table above
-
-        parse_steps(cfg.profile.steps, cfg.steps)
 
 
 def to_dict(cfg: TrainConfig) -> dict[str, Any]:

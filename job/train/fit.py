@@ -5,13 +5,14 @@
     found.fits, found.need.needed, found.need.available    # bytes per device
     raise found.error()                                      # job/train/memory.py's error, each flag checked
 
-The step is the loop's own (`loop.train_step_of` over `loop.plan_run`'s state, on `loop.run_mesh` of the
+The step is the loop's own (`plan.train_step_of` over `plan.plan_run`'s state, on `plan.run_mesh` of the
 target's devices, compiled inside the run's mesh and rules), for the state's abstract shapes and shardings
 and a batch of the run's shapes: nothing is allocated. Where it does not fit, each kind of flag of
 `memory.Remedy` is compiled too (the first that fits of each kind is kept): --model.remat, --accum-steps,
 --data.global-batch, and --rule fsdp on the larger targets. Under an fsdp rule, `scaling` compiles the step for
 two device counts and says whether its bytes per device fall with the rows (they do not for a model whose
-activations XLA lays out as its parameters: the doctor names the call that fixes it).
+activations XLA lays out as its parameters: the doctor names the call that fixes it); given `step_fits`'s need
+for the smaller, it compiles only the larger.
 """
 
 from __future__ import annotations
@@ -25,18 +26,19 @@ from typing import Any
 import jax
 import numpy as np
 
+from job.core import renamed
 from job.core.errors import ConfigError
 from job.parallel import sharding
 from job.runtime import device_memory
 from job.runtime.device_memory import Need, gib
-from job.train import loop, memory, remat_auto
+from job.train import memory, plan, remat_auto
 from job.train.config import TrainConfig
 from job.train.memory import Remedy
 from job.train.task import Task
 
 log = logging.getLogger("job.train")
 
-KINDS = ("remat", "accum_steps", "global_batch", "more_devices")  # the kinds of flag `step_fits` tries, in this order
+REMEDY_KINDS = ("remat", "accum_steps", "global_batch", "more_devices")  # the kinds of flag `step_fits` tries, in order
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,13 +91,13 @@ def measure(cfg: TrainConfig, task: Task, devices: Sequence[Any], hbm: int | Non
     """Compile the run's train step for `devices`, as the loop compiles it: bytes per device against `hbm`.
     A ConfigError where the run cannot be laid out on them (a batch that does not split, a model axis)."""
     row = first_row(cfg, task) if row is None else row
-    mesh = loop.run_mesh(cfg.model_axis, cfg.mesh, devices=devices)
+    mesh = plan.run_mesh(cfg.model_axis, cfg.mesh, devices=devices)
     sharding.check_global_batch(cfg.data.global_batch, cfg.accum_steps, mesh)
     batch = abstract_batch(row, cfg.data.global_batch, sharding.batch_sharding(mesh))
-    planned = loop.plan_run(cfg, task, mesh).planned  # outside the mesh's context, as the loop builds it
-    compile_under = remat_auto.compiling(lambda: loop.train_step_of(cfg, task, planned, mesh),
+    planned = plan.plan_run(cfg, task, mesh).planned  # outside the mesh's context, as the loop builds it
+    compile_under = remat_auto.compiling(lambda: plan.train_step_of(cfg, task, planned, mesh),
                                          (planned.abstract, batch), hbm)
-    with sharding.mesh_context(mesh, loop.run_rules(cfg, task)):  # the model picks its kernels by the mesh's platform
+    with sharding.mesh_context(mesh, plan.run_rules(cfg, task)):  # the model picks its kernels by the mesh's platform
         choice = remat_auto.choose(compile_under, limit=hbm)  # remat auto, as the loop chooses it
     need = choice.need
     return need if choice.fits or not need.fits else dataclasses.replace(need, fits=False)
@@ -135,23 +137,26 @@ class Scaling:
 
 
 def scaling(cfg: TrainConfig, task: Task, small: Target, large: Target,
-            row: Mapping[str, Any] | None = None) -> Scaling | None:
+            row: Mapping[str, Any] | None = None, small_need: Need | None = None) -> Scaling | None:
     """The run's step compiled for `small` and `large` (more devices) under its rule, where that rule splits the
-    state (fsdp); None under another rule, or where it cannot be laid out on one of them."""
+    state (fsdp); None under another rule, or where it cannot be laid out on one of them. `small_need`: what the
+    step needs on `small` where compiled already (`step_fits`'s `need`): `small` is then not compiled again."""
     if cfg.rule not in SPLIT_RULES:
         return None
     row = first_row(cfg, task) if row is None else row
     try:
-        needs = [measure(cfg, task, t.devices, device_memory.compiler_limit(t.devices[0]), row) for t in (small, large)]
+        if small_need is None:
+            small_need = measure(cfg, task, small.devices, device_memory.compiler_limit(small.devices[0]), row)
+        large_need = measure(cfg, task, large.devices, device_memory.compiler_limit(large.devices[0]), row)
     except ConfigError:
         return None
-    return Scaling(small, large, *needs)
+    return Scaling(small, large, small_need, large_need)
 
 
 def _tries(cfg: TrainConfig, task: Task, target: Target, larger: Sequence[Target],
            kinds: Iterable[str]) -> Iterator[tuple[str, Remedy, Target]]:
     """(kind, remedy, where to compile it) for each kind, in order."""
-    mesh = loop.run_mesh(cfg.model_axis, cfg.mesh, devices=target.devices)
+    mesh = plan.run_mesh(cfg.model_axis, cfg.mesh, devices=target.devices)
     data_parallel = sharding.data_parallel_size(mesh)
     makers: Mapping[str, Callable[[], Iterable[tuple[Remedy, Target]]]] = {
         "remat": lambda: ((r, target) for r in memory.remat_remedies(cfg, task)),
@@ -166,8 +171,8 @@ def _tries(cfg: TrainConfig, task: Task, target: Target, larger: Sequence[Target
 
 
 def step_fits(cfg: TrainConfig, task: Task, target: Target, larger: Sequence[Target] = (),
-              kinds: Iterable[str] = KINDS, row: Mapping[str, Any] | None = None) -> Fit:
-    """The run's train step compiled for `target`; where it does not fit, each of `kinds` of flags (KINDS) too,
+              kinds: Iterable[str] = REMEDY_KINDS, row: Mapping[str, Any] | None = None) -> Fit:
+    """The run's train step compiled for `target`; where it does not fit, each of `kinds` of flags (REMEDY_KINDS) too,
     until one of that kind fits (`larger`: targets with more devices, for --rule fsdp over them). `row`: the
     task's `first_row`, when read already."""
     began = time.perf_counter()
@@ -193,5 +198,7 @@ def step_fits(cfg: TrainConfig, task: Task, target: Target, larger: Sequence[Tar
     return Fit(target, need, tuple(remedies), time.perf_counter() - began)
 
 
-__all__ = ["FALLS", "KINDS", "SPLIT_RULES", "Fit", "Scaling", "Target", "abstract_batch", "first_row", "measure",
+__getattr__ = renamed.answer(__name__, {"KINDS": "REMEDY_KINDS"})  # the old name warns
+
+__all__ = ["FALLS", "REMEDY_KINDS", "SPLIT_RULES", "Fit", "Scaling", "Target", "abstract_batch", "first_row", "measure",
            "scaling", "step_fits"]
