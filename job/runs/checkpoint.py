@@ -278,11 +278,9 @@ class Checkpointer:
                         raise CheckpointError(f"{posted[0]} (reported by that process; this is process "
                                               f"{jax.process_index()})")
                 time.sleep(POLL_S)
-            if self._failure is not None:
-                self._resume_gc()
+            if self._failure is not None:  # (writing() found the write over: the collector is back on)
                 raise self._failure
             self.manager.wait_until_finished()
-            self._resume_gc()
             if self._writing is not None:  # those tensorstore added while writing
                 self._lower_writers()
         except CheckpointError:
