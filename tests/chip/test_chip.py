@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 # float32 model on the chip: splash against XLA's attention (bf16 matmul passes inside both kernels)
 LOSS_TOL, GRAD_TOL = 2e-3, 2e-3
@@ -41,22 +43,33 @@ def test_splash_on_the_chip_gives_xlas_loss_and_gradients() -> None:
     assert found["loss"] < LOSS_TOL and found["grad"] < GRAD_TOL, found
 
 
-def test_the_gpt2_small_preset_trains_at_its_own_batch_with_splash_and_the_remat_that_fits(tmp_path: Path) -> None:
-    done = _train(tmp_path, "--preset", "gpt2-small", "--steps", "3")
+PRESET = ("--preset", "gpt2-small", "--steps", "60", "--eval-every", "1000", "--profile.steps", "30:31")
+
+
+@pytest.fixture(scope="module")
+def preset_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """One straight run of the preset, read by the preset's test and as the SIGTERM test's reference: a run of
+    its own for each cost a process start, a compile and the steps (one sitting holds the whole tier)."""
+    tmp = tmp_path_factory.mktemp("straight")
+    return tmp, _train(tmp, *PRESET)
+
+
+def test_the_gpt2_small_preset_trains_at_its_own_batch_with_splash_and_the_remat_that_fits(preset_run) -> None:
+    _, done = preset_run
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "attention: splash, blocks of 512 for queries (16, 1024, 12, 64), 12 kv heads" in out
 
 
 def test_sigterm_saves_within_a_step_says_when_exits_75_and_the_same_command_resumes_bitwise_with_a_profile(
-        tmp_path: Path) -> None:
+        tmp_path: Path, preset_run) -> None:
     """The signal after step 40's line (the loop waits for a log step's end to print it, and a step takes about
     140 ms): the chip runs step 41 when the signal lands, or is between 40 and 41, and the save is the next step's
     at the latest (42), never one of the steps the host would have dispatched ahead; its line says how long after
     the signal it was written; the summary leaves the slow figures out; the same command resumes and ends bitwise
-    where a straight run ends."""
-    flags = ("--preset", "gpt2-small", "--steps", "60", "--eval-every", "1000", "--profile.steps", "30:31")
-    straight = _train(tmp_path / "straight", *flags)
+    where a straight run (the preset's, above) ends."""
+    flags = PRESET
+    straight_dir, straight = preset_run
     assert straight.returncode == 0, straight.stderr[-4000:]
     proc = subprocess.Popen([sys.executable, "-m", "job", "train", "--run-dir", str(tmp_path / "run"), *flags],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -77,7 +90,7 @@ def test_sigterm_saves_within_a_step_says_when_exits_75_and_the_same_command_res
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert f"resumed from step {stopped['final_step']}" in resumed.stdout + resumed.stderr
     ended = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert ended["params_sha256"] == json.loads((tmp_path / "straight" / "run" / "summary.json").read_text())[
+    assert ended["params_sha256"] == json.loads((straight_dir / "run" / "summary.json").read_text())[
         "params_sha256"]
     traces = list((tmp_path / "run").rglob("*.xplane.pb"))
     assert traces and all(t.stat().st_size > 0 for t in traces)
@@ -110,15 +123,17 @@ def test_a_users_model_after_the_documented_lines_reaches_splash_with_its_groupe
 def test_a_users_model_at_the_memorys_edge_survives_its_saves_and_resumes(tmp_path: Path) -> None:
     """Batch 8 without remat: the step takes 15.51 GiB of the chip's 15.75. A save copies the state from its live
     arrays to the host and holds no device memory, so the next step's program always loads: all 5 saves are kept,
-    and the run resumes from the last."""
+    and the run resumes from the last. The model does not read remat `auto`: its one program runs, though over 90%
+    of the chip (job/train/remat_auto.py)."""
     flags = ("--task", "tests.user_tasks.llama:TASK", *USER, "--data.global-batch", "8", "--model.no-remat",
-             "--ckpt.every", "20", "--ckpt.keep", "5")
-    first = _train(tmp_path, *flags, "--steps", "100")
+             "--ckpt.every", "10", "--ckpt.keep", "5")
+    first = _train(tmp_path, *flags, "--steps", "50")
     out = first.stdout + first.stderr
     assert first.returncode == 0, out[-4000:]
     assert "Traceback" not in out and "RuntimeProgramAllocationFailure" not in out
+    assert re.search(r"remat auto: none \(1[45]\.\d\d GiB per device of 15\.75 GiB\)", out), out[-4000:]
     assert sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()) == [
-        20, 40, 60, 80, 100]
-    resumed = _train(tmp_path, *flags, "--steps", "110")
+        10, 20, 30, 40, 50]
+    resumed = _train(tmp_path, *flags, "--steps", "55")
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-4000:]
-    assert "resumed from step 100" in resumed.stdout + resumed.stderr
+    assert "resumed from step 50" in resumed.stdout + resumed.stderr

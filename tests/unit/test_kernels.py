@@ -356,6 +356,12 @@ def test_remat_auto_compiles_once_where_memory_is_unknown_or_the_model_does_not_
                                       {p: "same" for p in ("none", "dots", "full")})
     choice = remat_auto.choose(compile_under, limit=16 * GIB)
     assert (choice.fits, called) == (False, TWO)  # dots compiled to none's program: no further try
+    # over the share but compiled by XLA, with no policy to choose from: that program runs (the chip's memory edge)
+    called, compile_under = _compiles({"none": 15.5, "dots": 15.5, "full": 15.5},
+                                      {p: "same" for p in ("none", "dots", "full")})
+    choice = remat_auto.choose(compile_under, limit=16 * GIB)
+    assert (choice.policy, choice.fits, called) == ("none", True, TWO)
+    assert choice.line().startswith("remat auto: none (15.50 GiB per device of 16.00 GiB")
 
 
 def test_the_kernel_is_said_once_for_an_unrolled_stack_traced_for_train_and_eval(
