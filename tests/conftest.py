@@ -8,6 +8,7 @@ so a green CI run proves every tier ran.
 from __future__ import annotations
 
 import os
+import tempfile
 
 # In-process unit tests see 8 CPU devices; must precede any jax import.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -18,16 +19,26 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 # Every process the tests launch shares jax's compilation cache with process 0 (tests/site/sitecustomize.py).
 os.environ.setdefault("JOB_TESTS_CACHE_KEYS", "shared")
 os.environ.setdefault("JOB_TESTS_COMPILE", "fast")  # and compiles its CPU programs quickly (the same file)
+# and starts warm: forked from a parent that has imported jax, flax, optax and orbax (tests/site/warmstart.py), one
+# folder of parents per pytest process (a worker's own, not the one it inherited), removed at its end (the parents
+# then end). JOB_TESTS_WARM= (empty) starts every process cold, as the TPU tier's (tests/chip) do.
+WARM = os.path.join(tempfile.gettempdir(), f"jax-job-tests-{os.getuid()}",
+                    f"warm-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{os.getpid()}")
+if os.environ.get("JOB_TESTS_CHIP") == "1":
+    os.environ["JOB_TESTS_WARM"] = ""
+if os.environ.get("JOB_TESTS_WARM") != "":
+    os.makedirs(WARM, exist_ok=True)
+    os.environ["JOB_TESTS_WARM"] = WARM
 _SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
 if _SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join([_SITE, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 import fcntl  # noqa: E402
+import glob  # noqa: E402
 import logging  # noqa: E402
 import resource  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
-import tempfile  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
@@ -117,12 +128,31 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, AN
 # on two cores the suite is bound by the CPU, so this, not the wall time, says what a test costs the run.
 CPU_MARK = pytest.StashKey[float]()
 CPU_PROPERTY = "cpu_s"
+TEST_CPU = pytest.StashKey[float]()
+TEST_CPU_PROPERTY = "test_cpu_s"  # setup, call and teardown together
 
 
 def cpu_seconds() -> float:
-    """User and system CPU seconds of this process and of its children it waited for, so far."""
+    """User and system CPU seconds of this process and of its children it waited for, so far, and of the warm
+    children that ran their programs (tests/site/warmstart.py: each parent's ledger)."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + _warm_cpu()
+
+
+def _warm_cpu() -> float:
+    total = 0.0
+    for ledger in glob.glob(os.path.join(os.environ.get("JOB_TESTS_WARM") or WARM, "cpu-*")):
+        try:
+            total += float(Path(ledger).read_text())
+        except (OSError, ValueError):  # being replaced: the next phase counts it
+            continue
+    return total
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:  # noqa: ARG001
+    """This process's warm parents end once their folder is gone."""
+    if os.environ.get("JOB_TESTS_WARM") == WARM:
+        shutil.rmtree(WARM, ignore_errors=True)
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outermost: pytest-timeout's clock starts once it holds the lock
@@ -144,7 +174,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     if CPU_MARK in item.stash:  # this phase's CPU, since the last phase's report (a new list: not the item's)
         now = cpu_seconds()
         report.user_properties = [*report.user_properties, (CPU_PROPERTY, now - item.stash[CPU_MARK])]
+        item.stash[TEST_CPU] = item.stash.get(TEST_CPU, 0.0) + now - item.stash[CPU_MARK]
         item.stash[CPU_MARK] = now
+        if call.when == "teardown":  # the whole test's, on the report junit's XML keeps (python -m tests.costs)
+            report.user_properties = [*report.user_properties, (TEST_CPU_PROPERTY, item.stash[TEST_CPU])]
     if REQUIRE_ALL_TIERS and report.skipped and not hasattr(report, "wasxfail"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launching import ROOT, child_env, explain, launcher_argv, run, scenario, wait_for_line
+from tests.launching import ROOT, child_env, explain, launcher_argv, rank_pids, run, scenario, wait_for_line
 
 pytestmark = pytest.mark.multiprocess
 
@@ -137,7 +137,8 @@ def _listening(port: int) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]
 def test_the_coordinator_listens_on_loopback_only() -> None:
     proc, pids = _start_held(2, "hold")
     try:
-        environ = Path(f"/proc/{pids[0]}/environ").read_bytes().split(b"\0")
+        # the environment the launcher gave rank 0's process (a warm child's own /proc file shows its parent's)
+        environ = Path(f"/proc/{rank_pids(proc.pid)[0]}/environ").read_bytes().split(b"\0")
         address = next(v.split(b"=", 1)[1].decode() for v in environ if v.startswith(b"JOB_LAUNCH_COORDINATOR="))
         port = int(address.rsplit(":", 1)[1])
         # every interface would show as 0.0.0.0 or ::

@@ -234,7 +234,10 @@ def test_a_hung_rank_trips_the_watchdog_on_the_others(tmp_path: Path) -> None:
                              "--watchdog-s", "3", *SMALL], devices=1)
     # the frozen rank stops sending heartbeats too: after 10 s (the default) the coordination service would abort
     # rank 0 (134), racing the watchdog's 3 s, its roll call's 3 s and its stack dump on a loaded machine
-    proc = subprocess.Popen(argv, env=child_env(JOB_HEARTBEAT_TIMEOUT="60"), cwd=ROOT, stdout=subprocess.PIPE,
+    # cold processes (JOB_TESTS_WARM=): SIGSTOP, which no process can catch, must freeze the rank itself, not a
+    # stand-in forwarding to a warm child (tests/site/warmstart.py)
+    proc = subprocess.Popen(argv, env=child_env(JOB_HEARTBEAT_TIMEOUT="60", JOB_TESTS_WARM=""), cwd=ROOT,
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     lines = wait_for_line(proc, "step 3/", timeout=180)
     pids = rank_pids(proc.pid)

@@ -77,3 +77,7 @@ if __name__ == "sitecustomize":  # started by Python; imported by a conftest for
         sys.meta_path.insert(0, _AfterImport())
     if os.environ.get("JOB_TESTS_COMPILE") == "fast" and OPTIMIZATION_LEVEL not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {OPTIMIZATION_LEVEL}=0".strip()
+    if os.environ.get("JOB_TESTS_WARM"):  # last: the program runs in a warm child from here (tests/site/warmstart.py)
+        import warmstart
+
+        warmstart.hand_over()
