@@ -41,8 +41,10 @@ PRELOAD = ("numpy", "jax", "jax.numpy", "flax", "flax.nnx", "optax", "orbax.chec
            "rich", "yaml")
 # variables that no preloaded library reads while it is imported: they may differ between a parent and its children
 KEY_EXEMPT_PREFIXES = ("JOB_", "PYTEST_", "TPU_", "CUDA_", "SLURM_", "COORDINATOR", "MEGASCALE_")
-KEY_EXEMPT = frozenset({"XLA_FLAGS", "JAX_COORDINATOR_BIND_ADDRESS", "PYTHONPATH", "PYTHONFAULTHANDLER", "HOME", "PWD", "OLDPWD", "SHLVL", "_",
-                        "TMPDIR", "COLUMNS", "LINES"})
+KEY_EXEMPT = frozenset({"XLA_FLAGS", "JAX_COORDINATOR_BIND_ADDRESS", "PYTHONPATH", "PYTHONFAULTHANDLER", "HOME", "PWD",
+                        "OLDPWD", "SHLVL", "_", "TMPDIR", "COLUMNS", "LINES",
+                        # the Cloud Storage emulator's address, a port of each test's own: read when a client is made
+                        "STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL"})
 KEY_BOUND = frozenset({"JOB_TESTS_CACHE_KEYS"})  # read by sitecustomize.py while the parent imports jax
 IDLE_S = 1800.0  # a parent with no request for this long ends
 _HEADER = struct.Struct("!I")
@@ -389,6 +391,9 @@ def serve(address: Path) -> dict | None:
             importlib.import_module(name)
     gc.collect()
     gc.freeze()  # the children's collections then leave the parent's objects' pages shared
+    # its log (KEY.log): the names that made its key, not their values (a test's variables may hold secrets)
+    print(f"warm parent {os.getpid()}: imported {', '.join(n for n in PRELOAD if n in sys.modules)}; key of "
+          f"{', '.join(sorted(key_env(dict(os.environ))))}", flush=True)
     return Parent(address).serve()
 
 
