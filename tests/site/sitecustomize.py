@@ -17,6 +17,9 @@ CPU at XLA's default, 14 s with it). XLA's graph passes (fusion, sharding, buffe
 results may differ from the default's in the last bits, so a test comparing a run in a container (which
 this file does not reach) with one on the host passes JOB_TESTS_COMPILE=default to the host's.
 Only the tests' processes are changed; the job itself runs jax as it is.
+
+With JOB_TESTS_WARM set (tests/conftest.py), a process that `warm_program` names runs in a warm child instead
+(warmstart.py); every other process goes on as started.
 """
 
 from __future__ import annotations
@@ -66,6 +69,20 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def warm_program() -> tuple[str, str] | None:
+    """("module", "job") or ("script", PATH) when this process is one the tests start warm (warmstart.py), else None:
+    `python -m job ...`, or a script of tests/scenarios or tests/user_tasks, with no interpreter option. Decided
+    here, before warmstart's own imports, so that every other process the tests start pays nothing for it."""
+    argv = getattr(sys, "orig_argv", [])
+    if len(argv) >= 3 and argv[1] == "-m" and argv[2] == "job":  # the launcher (job.launch) imports no jax: cold
+        return ("module", argv[2])
+    if len(argv) >= 2 and argv[1].endswith(".py") and not argv[1].startswith("-"):
+        parts = os.path.realpath(argv[1]).split(os.sep)
+        if len(parts) > 2 and parts[-3] == "tests" and parts[-2] in ("scenarios", "user_tasks"):
+            return ("script", argv[1])
+    return None
+
+
 def without_fast_compile(xla_flags: str) -> str:
     """XLA_FLAGS without what JOB_TESTS_COMPILE=fast adds (tests/container/conftest.py: a container compiles
     as XLA does by default)."""
@@ -77,7 +94,8 @@ if __name__ == "sitecustomize":  # started by Python; imported by a conftest for
         sys.meta_path.insert(0, _AfterImport())
     if os.environ.get("JOB_TESTS_COMPILE") == "fast" and OPTIMIZATION_LEVEL not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {OPTIMIZATION_LEVEL}=0".strip()
-    if os.environ.get("JOB_TESTS_WARM"):  # last: the program runs in a warm child from here (tests/site/warmstart.py)
+    # last: from here the program runs in a warm child (tests/site/warmstart.py)
+    if os.environ.get("JOB_TESTS_WARM") and (_warm := warm_program()) is not None:
         import warmstart
 
-        warmstart.hand_over()
+        warmstart.hand_over(_warm)

@@ -62,18 +62,6 @@ def key(env: dict[str, str]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- the stand-in side
-def program() -> tuple[str, str] | None:
-    """("module", NAME) or ("script", PATH) when this process is one the tests start warm, else None."""
-    argv = getattr(sys, "orig_argv", [])
-    if len(argv) >= 3 and argv[1] == "-m" and argv[2] == "job":  # the launcher (job.launch) imports no jax: cold
-        return ("module", argv[2])
-    if len(argv) >= 2 and argv[1].endswith(".py") and not argv[1].startswith("-"):
-        parts = Path(argv[1]).resolve().parts
-        if len(parts) > 2 and parts[-3] == "tests" and parts[-2] in ("scenarios", "user_tasks"):
-            return ("script", argv[1])
-    return None
-
-
 def _cold_reason(env: dict[str, str]) -> str | None:
     if not env.get(ENV) or not os.path.isdir(env[ENV]):
         return "off"
@@ -84,12 +72,13 @@ def _cold_reason(env: dict[str, str]) -> str | None:
     return None
 
 
-def hand_over() -> None:
-    """Run this process's program in a warm child and exit as it does; return (to run cold) where it cannot. An
-    error before the child exists is written to the folder's errors.log (the process then runs cold); once it
-    exists, the process never runs the program itself."""
+def hand_over(which: tuple[str, str]) -> None:
+    """Run this process's program (sitecustomize.warm_program's: ("module", NAME) or ("script", PATH)) in a warm
+    child and exit as it does; return (to run cold) where it cannot. An error before the child exists is written
+    to the folder's errors.log (the process then runs cold); once it exists, the process never runs the program
+    itself."""
     try:
-        _hand_over()
+        _hand_over(which)
     except Exception:  # noqa: BLE001 - nothing started: the program runs cold, the reason kept for whoever looks
         import traceback
 
@@ -97,10 +86,9 @@ def hand_over() -> None:
             errors.write(f"pid {os.getpid()}: {sys.orig_argv}\n{traceback.format_exc()}\n")
 
 
-def _hand_over() -> None:
-    which = program()
+def _hand_over(which: tuple[str, str]) -> None:
     env = dict(os.environ)
-    if which is None or _cold_reason(env) is not None:
+    if _cold_reason(env) is not None:
         return
     folder = Path(env[ENV])
     address = folder / f"{key(env)}.sock"
