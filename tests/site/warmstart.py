@@ -321,7 +321,7 @@ def become(request: dict) -> None:
     tempfile.tempdir = None  # TMPDIR is the child's own
     if "numpy" in sys.modules:  # numpy's global generator was seeded once, in the parent
         sys.modules["numpy"].random.seed()
-    gc.unfreeze()
+    # the parent's objects stay frozen (serve): what the imports made lives as long as the process in a cold one too
 
 
 def _reopen_standard_streams() -> None:
