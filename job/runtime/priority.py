@@ -32,12 +32,6 @@ def threads_named(name: str) -> list[int]:
     return [int(tid) for tid in tids if _comm(int(tid)) == name]
 
 
-def lower_named(name: str, nice: int) -> None:
-    """`lower` every thread of this process called `name`."""
-    for tid in threads_named(name):
-        lower(nice, tid)
-
-
 class NamedLowering:
     """`lower` the threads of this process called `name`, each thread's name read once: a call reads only the names
     of threads that appeared since the last (those still named as the main thread is, not yet named by their pool,

@@ -34,32 +34,6 @@ def test_lower_raises_the_calling_threads_nice_value_and_never_lowers_it() -> No
     assert _nice() == before
 
 
-def test_lower_named_reaches_only_the_threads_of_that_name() -> None:
-    before = _nice()
-    named_ready, others_ready, done = threading.Event(), threading.Event(), threading.Event()
-    seen: dict[str, int] = {}
-
-    def wait_then_report(key: str, ready: threading.Event) -> None:
-        # the kernel's thread name (comm) is what lower_named reads: set it as a native thread would
-        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as fh:
-            fh.write(key)
-        ready.set()
-        done.wait(10)
-        seen[key] = _nice()
-
-    threads = [threading.Thread(target=wait_then_report, args=("jobtest-writer", named_ready)),
-               threading.Thread(target=wait_then_report, args=("jobtest-other", others_ready))]
-    for thread in threads:
-        thread.start()
-    assert named_ready.wait(10) and others_ready.wait(10)
-    priority.lower_named("jobtest-writer", before + 7)
-    done.set()
-    for thread in threads:
-        thread.join()
-    assert seen == {"jobtest-writer": before + 7, "jobtest-other": before}
-    assert _nice() == before
-
-
 def _named_thread(name: str, ready: threading.Event, done: threading.Event, seen: dict[str, int]) -> threading.Thread:
     """A thread that names itself `name` in the kernel (as a native pool's thread does), then waits for `done` and
     reports its nice value under `name`."""
