@@ -33,6 +33,10 @@ COMPILATION_CACHE = {
     "JAX_COMPILATION_CACHE_DIR": os.path.join(tempfile.gettempdir(), f"jax-job-tests-{os.getuid()}", "jax-cache"),
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    # a size (far above the suite's ~20 MB) turns on jax's file lock around each entry's read and write: jax
+    # writes an entry in place, and a process of another test reading it half-written warned "Error reading
+    # persistent compilation cache entry ... truncated stream" (a failure of a test that reads its output whole)
+    "JAX_COMPILATION_CACHE_MAX_SIZE": str(8 << 30),
 }
 
 

@@ -11,8 +11,13 @@ directory, the folder `.cache/job/jax` of its bucket (jax reads and writes a
 gs:// cache through etils.epath, as the run directory is written), else the
 per-user cache folder. The default is under the user's cache folder, not /tmp:
 it survives a reboot and the end of a Slurm job, and other users' files cannot
-be in the way. jax writes entries atomically, and only from process 0, so
-concurrent processes and nodes may share it. It must be set before the first
+be in the way. jax writes entries only from process 0, so concurrent processes
+and nodes may share it; it writes each in place, not atomically: a process that
+reads an entry while it is written warns "Error reading persistent compilation
+cache entry" and compiles that program itself, and the run goes on
+(JAX_COMPILATION_CACHE_MAX_SIZE, for a local folder, adds jax's file lock around
+each read and write, and evicts the least recently used entries above that size).
+It must be set before the first
 compilation (`enable` is called right after `job.initialize`). Every compiled
 program is cached, not only those taking over jax's default 1 s, unless the
 JAX_PERSISTENT_CACHE_* variables say otherwise.
