@@ -4,20 +4,21 @@
 
 One program at a time holds the chip (libtpu's lockfile refuses a second), so the pytest process itself never
 opens it: every test runs its jax in a process of its own, one after another. Without a TPU every test skips,
-saying so."""
+saying so (tests/chip/probe.py reads the PCI devices; no jax is started to ask)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import importlib.util
 
 import pytest
+
+from tests.chip.probe import tpu_chips
 
 
 @pytest.fixture(scope="session", autouse=True)
 def on_a_tpu() -> None:
-    asked = subprocess.run([sys.executable, "-c", "import jax; print(jax.default_backend())"],
-                           capture_output=True, text=True, timeout=300, check=False)
-    backend = asked.stdout.strip() or f"none ({(asked.stderr.strip().splitlines() or ['no output'])[-1]})"
-    if backend != "tpu":
-        pytest.skip(f"no TPU (jax backend: {backend}): the chip tier runs on a TPU VM")
+    if not tpu_chips():
+        pytest.skip("no TPU (no TPU chip among the PCI devices in /sys/bus/pci/devices): the chip tier runs on a "
+                    "TPU VM")
+    if importlib.util.find_spec("libtpu") is None:
+        pytest.skip("no libtpu in this Python, though a TPU chip is there: install jax[tpu] (the tpu lock)")
