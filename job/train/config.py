@@ -99,8 +99,8 @@ class TrainConfig(Generic[M, D]):
     # $JAX_COMPILATION_CACHE_DIR, else for a gs:// run_dir gs://BUCKET/.cache/job/jax, else
     # $XDG_CACHE_HOME/job/jax (~/.cache/job/jax); see job/runtime/compile_cache.py
     compile_cache: str = ""
-    # the steps are compiled before the first step, then every process waits at the barrier "compiled" this
-    # many seconds for the slowest one (a host that missed the cache compiles while the others wait)
+    # the steps are compiled before the first step, and every process waits at the barriers "step compiled" and
+    # "compiled" this many seconds for the slowest one (a host that missed the cache compiles while the others wait)
     compile_timeout_s: float = 1800.0
     optim: OptimConfig = OptimConfig()
     ckpt: CheckpointConfig = CheckpointConfig()

@@ -75,10 +75,11 @@ def run(cfg: TrainConfig, task: Task, argv: list[str] | None = None) -> int:
 class Training:
     """One run of the loop, in the phases a reader finds by name:
 
-    build (mesh, data, the planned state, the jitted steps: `plan.build_run`) -> restore (the newest
-    checkpoint, else a fresh state created as its shards) -> compile (the steps, ahead, as
-    `plan.compile_ahead` does; then every process meets) -> step (one optimizer step, then logging, evaluate
-    and save as due) -> finish (the last save, the summary). `run` strings them together."""
+    build (mesh, data, the planned state, the jitted steps: `plan.build_run`) -> compile the train step (for the
+    state's abstract shapes, remat auto chosen: `plan.compile_step`; the state's init compiles on a thread
+    meanwhile, `plan.init_aside`) -> restore (the newest checkpoint, else a fresh state created as its shards)
+    -> compile the eval step (`plan.compile_ahead`; then every process meets) -> step (one optimizer step, then
+    logging, evaluate and save as due) -> finish (the last save, the summary). `run` strings them together."""
 
     # made by the phases, in this order: restore (checkpoints, origin), then open_records (report, profiler)
     checkpoints: Checkpoints  # both tiers: the loop asks it, and decides nothing about tiers
@@ -110,7 +111,14 @@ class Training:
     def phases(self) -> int:
         """`run`'s phases in order, counted by `self.cache_events`."""
         built = plan.build_run(self.cfg, self.task, self.info)
-        start, state = self.restore(built)
+        init = plan.init_aside(self.cfg, built)  # compiled on a thread while this one compiles the train step
+        try:
+            with self.timer.part("compile"):
+                self.remat, self.compile_s = plan.compile_step(self.cfg, self.task, built)
+            start, state = self.restore(built, init)
+        except BaseException:
+            init.settle()  # stopped before the state was created: no compile left running at the exit
+            raise
         if start >= self.cfg.steps:
             on_process_zero(log.info, "already complete at step %d; use a new --run-dir or raise --steps", start)
             self.checkpoints.close(completed=False)
@@ -129,8 +137,8 @@ class Training:
         self.finish(built, state, code)
         return code
 
-    def restore(self, built: Built) -> tuple[int, nnx.State]:
-        """(the step to start from, the state): the newest readable checkpoint's, else a fresh state.
+    def restore(self, built: Built, init: Callable[[], nnx.State]) -> tuple[int, nnx.State]:
+        """(the step to start from, the state): the newest readable checkpoint's, else a fresh state (`init()`).
         A checkpoint of another state stops the run here (exit 2), with nothing touched."""
         cfg, run_dir = self.cfg, built.run_dir
         # --no-resume moves the earlier checkpoints aside here (checkpoints.moved)
@@ -145,7 +153,7 @@ class Training:
         on_process_zero(_save_config, run_dir, cfg)
         on_process_zero(provenance.record, run_dir, self.argv, _topology(self.info, built.mesh), task=self.cfg.task)
         self.attempt = on_process_zero(attempts.note_start, run_dir) or self.attempt  # on record, numbered there
-        restored = checkpoints.restore(built.planned.init)
+        restored = checkpoints.restore(init)
         self.origin = restored.origin
         return restored.origin.step, restored.state
 
@@ -164,11 +172,11 @@ class Training:
         self.timer.started()
 
     def compile(self, built: Built, state: nnx.State, start: int) -> dict[str, jax.Array]:
-        """The train and eval steps compiled ahead, every process met at the barrier "compiled"
-        (`plan.compile_ahead`): the batch of step `start`, which the first step uses."""
+        """The eval step compiled ahead (the train step was, before the restore), every process met at the
+        barrier "compiled" (`plan.compile_ahead`): the batch of step `start`, which the first step uses."""
         with self.timer.part("compile"):
-            compiled = plan.compile_ahead(self.cfg, self.task, built, state, start)
-        self.remat, self.compile_s = compiled.remat, compiled.seconds
+            compiled = plan.compile_ahead(self.cfg, self.task, built, state, start, self.remat)
+        self.compile_s += compiled.seconds
         return compiled.batch
 
     def train(self, built: Built, start: int, state: nnx.State,

@@ -13,12 +13,16 @@ checkpoint (job/train/trained.py) plans the same state on its own mesh.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
+import numpy as np
 import optax
 from etils import epath
 from flax import nnx
@@ -143,15 +147,25 @@ def first_batch(source: Rows, batch_sharding: jax.sharding.Sharding, *, step: in
     return to_global(rows, batch_sharding, size)
 
 
-def choose_remat(cfg: TrainConfig, task: Task, built: Built, state: nnx.State, batch: dict[str, jax.Array]) -> str:
+def abstract_batch(row: Mapping[str, Any], size: int, batch_sharding: jax.sharding.Sharding
+                   ) -> dict[str, jax.ShapeDtypeStruct]:
+    """A global batch of `size` rows like `row` (row 0 of step 0: every step's batch has its shapes), laid out as
+    the loop lays one out: what the train step is compiled for before any batch or state exists (`compile_step`,
+    and the fit check's compile for a TPU slice, job/train/fit.py)."""
+    return {name: jax.ShapeDtypeStruct((size, *np.shape(value)[1:]),
+                                       jax.dtypes.canonicalize_dtype(np.asarray(value).dtype), sharding=batch_sharding)
+            for name, value in row.items()}
+
+
+def choose_remat(cfg: TrainConfig, task: Task, built: Built, args: tuple[Any, ...]) -> str:
     """The policy remat `auto` stands for in this run: the fastest whose compiled train step fits the device
     (job/train/remat_auto.py), the one an earlier run chose for the same step compiled first
-    (job/train/remat_cache.py); `built.train_step` becomes the step compiled under it. One error with the
-    bytes and the flags where nothing fits. Called inside the run's mesh context, as the loop compiles."""
+    (job/train/remat_cache.py); `built.train_step` becomes the step compiled under it, for `args` (the state and
+    a batch, or their abstract shapes). One error with the bytes and the flags where nothing fits. Called inside
+    the run's mesh context, as the loop compiles."""
     devices = list(built.mesh.devices.flat)
     limit = device_memory.limit(devices[0])
-    compile_under = remat_auto.compiling(lambda: train_step_of(cfg, task, built.planned, built.mesh),
-                                         (state, batch), limit)
+    compile_under = remat_auto.compiling(lambda: train_step_of(cfg, task, built.planned, built.mesh), args, limit)
     chosen_for = {"task": cfg.task, "model": to_dict(cfg)["model"], "global_batch": cfg.data.global_batch,
                   "rule": cfg.rule, "accum_steps": cfg.accum_steps, "mesh": dict(built.mesh.shape),
                   "devices": memory.describe(devices), "limit": limit, "jax": jax.__version__,
@@ -166,6 +180,82 @@ def choose_remat(cfg: TrainConfig, task: Task, built: Built, state: nnx.State, b
     return choice.policy
 
 
+class InitAside:
+    """The state's init, compiled on a thread of its own (`init_aside`) while the loop's thread compiles the train
+    step: XLA compiles both at once (on a v5e VM, the GPT-2-small LM's init took 28 s to compile, and two such
+    compiles 22.5 s together against 55 s one after the other). Traced and lowered on the loop's thread; the
+    thread only compiles. Calling it waits for that compile and creates the state."""
+
+    def __init__(self, init: jax.stages.Wrapped) -> None:
+        lowered = init.lower()
+        self._compiled: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def compile_init() -> None:
+            try:
+                self._compiled.set_result(lowered.compile())
+            except BaseException as exc:  # noqa: BLE001 - raised where the init is called
+                self._compiled.set_exception(exc)
+
+        threading.Thread(target=compile_init, name="job-init-compile", daemon=True).start()
+
+    def __call__(self) -> nnx.State:
+        return self._compiled.result()()
+
+    def settle(self) -> None:
+        """Wait for the compile, its outcome dropped: a run that stops before its state is created (an error, a
+        step that does not fit) must not leave XLA compiling on a thread while the interpreter tears down."""
+        concurrent.futures.wait([self._compiled])
+
+
+class InitCalled:
+    """The init as it is, compiled when it is called (a run dir holding a saved step: `init_aside`)."""
+
+    def __init__(self, init: jax.stages.Wrapped) -> None:
+        self._init = init
+
+    def __call__(self) -> nnx.State:
+        return self._init()
+
+    def settle(self) -> None:
+        """Nothing runs aside."""
+
+
+def init_aside(cfg: TrainConfig, built: Built) -> InitAside | InitCalled:
+    """The state's init for the restore: compiled aside from now (`InitAside`), unless the run dir holds a saved
+    step, which the restore reads instead (there the init is compiled only if it is called: every step
+    unreadable, say)."""
+    if cfg.resume and _holds_a_step(rundir.checkpoints(built.run_dir)):
+        return InitCalled(built.planned.init)
+    return InitAside(built.planned.init)
+
+
+def _holds_a_step(folder: epath.Path) -> bool:
+    """Whether a checkpoints folder holds a saved step (a folder named by its number): the restore reads one."""
+    try:
+        return folder.exists() and any(path.name.isdigit() for path in folder.iterdir())
+    except OSError:  # unreadable here: the restore says so; the init is compiled if it is called
+        return True
+
+
+def compile_step(cfg: TrainConfig, task: Task, built: Built) -> tuple[str, float]:
+    """The train step compiled before the state exists (its abstract shapes and a batch's, `abstract_batch`),
+    remat `auto` chosen so (`choose_remat`); then every process meets at the barrier "step compiled", as after
+    the eval step (`compile_ahead`): one still compiling makes the others wait there, not in the restore's first
+    collective. (the policy, this process's seconds compiling)."""
+    with sharding.mesh_context(built.mesh, run_rules(cfg, task)), leaked_tracer_note():  # as steps are called
+        began = time.perf_counter()
+        batch = abstract_batch(built.source.rows("train", 0, 0, 1), cfg.data.global_batch, built.batch_sharding)
+        remat = choose_remat(cfg, task, built, (built.planned.abstract, batch))
+        seconds = time.perf_counter() - began
+    barrier("step compiled", cfg.compile_timeout_s, fix=_compile_fix(cfg))
+    return remat, seconds
+
+
+def _compile_fix(cfg: TrainConfig) -> str:
+    return (f"read those processes' logs: still compiling after --compile-timeout-s {cfg.compile_timeout_s:g}"
+            " (pass a larger one), or they died or hung")
+
+
 @dataclasses.dataclass(frozen=True)
 class Compiled:
     """What `compile_ahead` leaves for the first step."""
@@ -175,21 +265,19 @@ class Compiled:
     seconds: float  # this process's own time compiling the steps (the barrier's wait excluded)
 
 
-def compile_ahead(cfg: TrainConfig, task: Task, built: Built, state: nnx.State, start: int) -> Compiled:
-    """Compile the train step (for `state` and the batch of step `start`) and the eval step now, then wait
-    at the barrier "compiled" for every process: the first step's call finds its program compiled, and a
-    process that loaded its programs from the cache waits here for one that compiles, not in the first
-    collective (whose CPU transport, gloo, gives up after 30 s)."""
+def compile_ahead(cfg: TrainConfig, task: Task, built: Built, state: nnx.State, start: int, remat: str) -> Compiled:
+    """The first step's batch (asked for twice: `first_batch`), the eval step compiled for `state` under `remat`
+    (the train step is compiled already: `compile_step`), then every process waits at the barrier "compiled":
+    the first step's call finds its program compiled, and a process that loaded its programs from the cache
+    waits here for one that compiles, not in the first collective (whose CPU transport, gloo, gives up after
+    30 s)."""
     with sharding.mesh_context(built.mesh, run_rules(cfg, task)), leaked_tracer_note():  # as steps are called
         began = time.perf_counter()
         batch = first_batch(built.source, built.batch_sharding, step=start, size=cfg.data.global_batch)
-        remat = choose_remat(cfg, task, built, state, batch)
         with choosing(remat):
             built.evaluator.compile(state)
         seconds = time.perf_counter() - began
-        barrier("compiled", cfg.compile_timeout_s, fix=(
-            f"read those processes' logs: still compiling after --compile-timeout-s {cfg.compile_timeout_s:g}"
-            " (pass a larger one), or they died or hung"))
+        barrier("compiled", cfg.compile_timeout_s, fix=_compile_fix(cfg))
     return Compiled(batch=batch, remat=remat, seconds=seconds)
 
 
@@ -215,5 +303,6 @@ def opening_lines(cfg: TrainConfig, task: Task, info: ClusterInfo, built: Built,
                     for split, batches in built.evaluator.plan.items()]
 
 
-__all__ = ["Built", "Compiled", "RunPlan", "build_run", "choose_remat", "compile_ahead", "first_batch", "opening_lines",
-           "plan_run", "run_mesh", "run_rules", "train_step_of"]
+__all__ = ["Built", "Compiled", "InitAside", "InitCalled", "RunPlan", "abstract_batch", "build_run", "choose_remat",
+           "compile_ahead", "compile_step", "first_batch", "init_aside", "opening_lines", "plan_run", "run_mesh",
+           "run_rules", "train_step_of"]

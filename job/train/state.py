@@ -50,7 +50,7 @@ class Plan:
     abstract: nnx.State  # every leaf a jax.ShapeDtypeStruct carrying its NamedSharding: what restore fills
     shardings: nnx.State  # the NamedSharding of every leaf (the train step's out_shardings)
     params: int  # scalar entries over the model's nnx.Params
-    init: Callable[[], nnx.State]  # jitted: the initial state, each array created as its own shards
+    init: jax.stages.Wrapped  # jitted: the initial state, each array created as its own shards
 
 
 def nodes(task: Any, cfg: Any, tx: Any) -> dict[str, Any]:

@@ -138,7 +138,7 @@ def test_a_rerun_with_a_warm_cache_waits_for_the_process_that_compiles_and_recor
     compiles them again. Process 1 is made SLOWER_S (35) seconds slower to compile there (DEEP_TRACE_DELAY_S:
     it sleeps when the loss is first traced), a skew a deep enough model gives on its own at more test time (96
     layers on 2 busy cores: process 1 reached the barrier 73 s after process 0, its state's init and steps
-    compiled while process 0 loaded them). Without compiling ahead and meeting at the barrier "compiled",
+    compiled while process 0 loaded them). Without compiling ahead and meeting at the barrier "step compiled",
     process 0 waited for process 1 in its first collective, and gloo ended the run after 30 s (exit 1)."""
     cache = tmp_path / "cache"
     real = {"JAX_LOG_COMPILES": "1", "JOB_TESTS_CACHE_KEYS": "real"}  # jax's own keys (tests/site/sitecustomize.py)
@@ -177,7 +177,7 @@ def test_a_process_still_compiling_past_the_compile_timeout_is_named_with_the_fi
                                  *DEEP, "--compile-timeout-s", "2"], devices=2), timeout=300, DEEP_TRACE_DELAY_S="20")
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, explain(proc, proc.stdout, proc.stderr)
-    assert ("BarrierTimeout: barrier 'compiled': expected all 2 processes within 2 s, found process(es) 1 missing "
+    assert ("BarrierTimeout: barrier 'step compiled': expected all 2 processes within 2 s, found process(es) 1 missing "
             "(this is process 0). Fix: read those processes' logs: still compiling after --compile-timeout-s 2 "
             "(pass a larger one), or they died or hung") in output, output
     assert "step 1/" not in output

@@ -123,6 +123,23 @@ def test_goodput_splits_the_time_and_the_first_step_pays_for_compilation() -> No
     assert "goodput 22% of 22.5 s" in describe(split)
 
 
+def test_a_compile_timed_before_the_start_is_compile_not_start_up() -> None:
+    """The loop compiles the train step before it restores the state (job/train/plan.py's compile_step): that
+    part is compile time, and start-up is what came before and after it until the loop started."""
+    clock = FakeClock()
+    timer = Goodput(clock=clock, wall=clock)
+    clock.now = 2.0  # initialisation and the build
+    with timer.part("compile"):
+        clock.now += 7.0
+    clock.now += 1.5  # the restore
+    timer.started()
+    with timer.part("compile"):  # the eval step's
+        clock.now += 0.5
+    split = timer.finish()
+    assert split["startup_s"] == 3.5 and split["compile_s"] == 7.5 and split["other_s"] == 0.0
+    assert split["total_s"] == 11.0
+
+
 def test_goodput_of_a_requeued_attempt_counts_the_restart_and_the_steps_redone(tmp_path: Path) -> None:
     clock = FakeClock()
     first = Goodput(clock=clock, wall=clock)

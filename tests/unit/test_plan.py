@@ -1,20 +1,28 @@
 """The plan of a run's step (job/train/plan.py): the run's mesh, its axes asked of the --mesh flag's module and
 each error naming the user's flag; the run's opening lines; the plan's old names in the loop, each still
-answering with a DeprecationWarning; the loop's side of its hang watchdog alone in one process."""
+answering with a DeprecationWarning; the loop's side of its hang watchdog alone in one process; the train step's
+batch before any batch exists, and the state's init compiled on a thread of its own."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
 import types
+from pathlib import Path
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 import pytest
+from etils import epath
 
 from job import sharding as sh
 from job.errors import ConfigError
 from job.runs.tiers import Origin, Tier
 from job.runtime.cluster import ClusterInfo
 from job.runtime.rollcall import Progress
-from job.train import hang, loop, plan
+from job.train import config, hang, loop, plan
+from job.train import task as tasks
 
 
 def test_the_runs_mesh_is_the_one_sharding_builds_for_the_model_axis_or_the_mesh_flag() -> None:
@@ -73,3 +81,73 @@ def test_a_single_process_hang_has_no_roll_call_and_leaves_at_once() -> None:
     assert watched.roll_call() == ""
     watched.leave()  # nothing to wait for
     assert watched.answered == 0
+
+
+@pytest.mark.parametrize("task_name", ["lm", "classify", "tests.user_tasks.digits:TASK"])
+def test_the_abstract_batch_is_the_first_batch_the_loop_makes_in_shape_type_and_layout(task_name: str) -> None:
+    """The train step is compiled for it before the state exists: a difference would compile the step again at
+    the first step (or fail there)."""
+    task = tasks.load(task_name)
+    cfg = config.parse(["--task", task_name], task)
+    source = task.source(cfg.data, cfg.model)
+    batch_sharding = sh.batch_sharding(plan.run_mesh(2))
+    made = plan.first_batch(source, batch_sharding, step=7, size=cfg.data.global_batch)
+    abstract = plan.abstract_batch(source.rows("train", 0, 0, 1), cfg.data.global_batch, batch_sharding)
+    assert sorted(abstract) == sorted(made)
+    for name, array in made.items():
+        assert (abstract[name].shape, abstract[name].dtype, abstract[name].sharding) == (
+            array.shape, array.dtype, array.sharding), name
+        assert not array.weak_type
+
+
+def _init(fail: bool = False) -> jax.stages.Wrapped:
+    def create() -> dict[str, jax.Array]:
+        if fail:
+            raise ValueError("the model's constructor failed")
+        return {"w": jax.random.normal(jax.random.key(3), (64, 32)), "step": jnp.zeros((), jnp.int32)}
+    return jax.jit(create)
+
+
+def test_the_init_compiled_aside_creates_the_state_of_the_init_called_on_a_thread_of_its_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    threads: list[str] = []
+    compile_lowered = jax.stages.Lowered.compile
+
+    def compile_noted(self: jax.stages.Lowered, *args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return compile_lowered(self, *args, **kwargs)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", compile_noted)
+    aside = plan.InitAside(_init())
+    made = aside()
+    aside.settle()  # done: returns at once
+    assert threads == ["job-init-compile"]
+    expected = _init()()
+    assert jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)) and a.dtype == b.dtype, made, expected) == {
+        "w": True, "step": True}
+
+
+def test_an_init_that_fails_raises_where_it_is_called_and_settles_quietly() -> None:
+    with pytest.raises(ValueError, match="constructor failed"):  # traced on the caller's thread: raised there
+        plan.InitAside(_init(fail=True))
+    aside = plan.InitAside(jax.jit(lambda: jnp.zeros((4, 4))))
+    aside.settle()
+    aside._compiled = concurrent.futures.Future()  # a compile that failed on its thread
+    aside._compiled.set_exception(RuntimeError("XLA could not compile it"))
+    aside.settle()  # the run's own error is the one raised, not this
+    with pytest.raises(RuntimeError, match="could not compile"):
+        aside()
+
+
+def test_the_init_is_compiled_aside_unless_the_run_dir_holds_a_step_to_restore(tmp_path: Path) -> None:
+    built = types.SimpleNamespace(run_dir=epath.Path(tmp_path), planned=types.SimpleNamespace(init=_init()))
+    resuming = types.SimpleNamespace(resume=True)
+    assert isinstance(plan.init_aside(resuming, built), plan.InitAside)  # type: ignore[arg-type]
+    (tmp_path / "checkpoints" / "tmp-step").mkdir(parents=True)  # a save that never completed is not a step
+    assert isinstance(plan.init_aside(resuming, built), plan.InitAside)  # type: ignore[arg-type]
+    (tmp_path / "checkpoints" / "12").mkdir()
+    called = plan.init_aside(resuming, built)  # type: ignore[arg-type]
+    assert isinstance(called, plan.InitCalled) and called()["step"] == 0
+    called.settle()
+    assert isinstance(plan.init_aside(types.SimpleNamespace(resume=False), built),  # type: ignore[arg-type]
+                      plan.InitAside)  # --no-resume: a fresh state whatever the run dir holds
