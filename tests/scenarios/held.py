@@ -45,8 +45,9 @@ real_plan = state.plan
 
 
 def plan(*a, **k):  # noqa: ANN002, ANN003, ANN202
-    from job.runs import (
-        checkpoint,  # imported here: orbax's import sets up logging before the job's own would
+    from job.runs import (  # imported here: orbax's import sets up logging before the job's own would
+        checkpoint,
+        tiers,
     )
 
     real_restore_newest = checkpoint.Checkpointer.restore_newest
@@ -58,17 +59,17 @@ def plan(*a, **k):  # noqa: ANN002, ANN003, ANN202
         return step, restored
 
     checkpoint.Checkpointer.restore_newest = restore_newest
-    planned = real_plan(*a, **k)
-    real_init = planned.init
+    real_restore = tiers.Checkpoints.restore
 
-    def init():  # noqa: ANN202
-        created = real_init()
-        record["init"] = held(created)
-        write()
-        return created
+    def restore(self, init):  # noqa: ANN001, ANN202
+        restored = real_restore(self, init)
+        if restored.origin.tier is tiers.Tier.FRESH:  # the state right after the init created it
+            record["init"] = held(restored.state)
+            write()
+        return restored
 
-    object.__setattr__(planned, "init", init)
-    return planned
+    tiers.Checkpoints.restore = restore
+    return real_plan(*a, **k)
 
 
 state.plan = plan
