@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from job.core import renamed
 from job.core.errors import ConfigError
@@ -72,8 +73,17 @@ class Fit:
 
 def first_row(cfg: TrainConfig, task: Task) -> Mapping[str, Any]:
     """Row 0 of the first train batch, asked of the task's source (it may read a token file: an error where
-    that file is not on this machine): the shapes of `plan.abstract_batch`."""
+    that file is not on this machine)."""
     return task.source(cfg.data, cfg.model).rows("train", 0, 0, 1)
+
+
+def abstract_batch(row: Mapping[str, Any], size: int, batch_sharding: jax.sharding.Sharding
+                   ) -> dict[str, jax.ShapeDtypeStruct]:
+    """A global batch of `size` rows like `row` (`first_row`), laid out as the loop lays one out: what the step
+    is compiled for, with no batch made."""
+    return {name: jax.ShapeDtypeStruct((size, *np.shape(value)[1:]),
+                                       jax.dtypes.canonicalize_dtype(np.asarray(value).dtype), sharding=batch_sharding)
+            for name, value in row.items()}
 
 
 def measure(cfg: TrainConfig, task: Task, devices: Sequence[Any], hbm: int | None,
@@ -83,7 +93,7 @@ def measure(cfg: TrainConfig, task: Task, devices: Sequence[Any], hbm: int | Non
     row = first_row(cfg, task) if row is None else row
     mesh = plan.run_mesh(cfg.model_axis, cfg.mesh, devices=devices)
     sharding.check_global_batch(cfg.data.global_batch, cfg.accum_steps, mesh)
-    batch = plan.abstract_batch(row, cfg.data.global_batch, sharding.batch_sharding(mesh))
+    batch = abstract_batch(row, cfg.data.global_batch, sharding.batch_sharding(mesh))
     planned = plan.plan_run(cfg, task, mesh).planned  # outside the mesh's context, as the loop builds it
     compile_under = remat_auto.compiling(lambda: plan.train_step_of(cfg, task, planned, mesh),
                                          (planned.abstract, batch), hbm)
@@ -190,5 +200,5 @@ def step_fits(cfg: TrainConfig, task: Task, target: Target, larger: Sequence[Tar
 
 __getattr__ = renamed.answer(__name__, {"KINDS": "REMEDY_KINDS"})  # the old name warns
 
-__all__ = ["FALLS", "REMEDY_KINDS", "SPLIT_RULES", "Fit", "Scaling", "Target", "first_row", "measure",
+__all__ = ["FALLS", "REMEDY_KINDS", "SPLIT_RULES", "Fit", "Scaling", "Target", "abstract_batch", "first_row", "measure",
            "scaling", "step_fits"]

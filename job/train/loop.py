@@ -111,10 +111,10 @@ class Training:
     def phases(self) -> int:
         """`run`'s phases in order, counted by `self.cache_events`."""
         built = plan.build_run(self.cfg, self.task, self.info)
-        init = plan.init_aside(self.cfg, built)  # compiled on a thread while this one compiles the train step
+        expected = plan.expected_start(self.cfg, built.run_dir)  # the restore decides; made for it meanwhile:
+        init = plan.init_aside(built, expected)  # a fresh state's init, compiled on a thread while
         try:
-            with self.timer.part("compile"):
-                self.remat, self.compile_s = plan.compile_step(self.cfg, self.task, built)
+            made = self.compile_step(built, expected) if expected < self.cfg.steps else {}  # this one compiles
             start, state = self.restore(built, init)
         except BaseException:
             init.settle()  # stopped before the state was created: no compile left running at the exit
@@ -123,8 +123,11 @@ class Training:
             on_process_zero(log.info, "already complete at step %d; use a new --run-dir or raise --steps", start)
             self.checkpoints.close(completed=False)
             return 0
+        if start not in made:  # restored elsewhere than expected: that step's batch (the compiled step takes it)
+            made = {start: plan.first_batch(built.source, built.batch_sharding, step=start,
+                                            size=self.cfg.data.global_batch)} if made else self.compile_step(built, start)
         self.open_records(built, start)
-        made = {start: self.compile(built, state, start)}  # the first step's batch, made once
+        self.compile(built, state)
         if self.guard.should_stop():  # a signal during start-up (build, restore, compile): no step since the last save
             why = "stopped (Ctrl-C)" if self.guard.interrupted else "preempted"
             self.report.message("%s before the first step: nothing new to save; exiting with %d", why,
@@ -171,13 +174,19 @@ class Training:
         self.began = time.perf_counter()
         self.timer.started()
 
-    def compile(self, built: Built, state: nnx.State, start: int) -> dict[str, jax.Array]:
-        """The eval step compiled ahead (the train step was, before the restore), every process met at the
-        barrier "compiled" (`plan.compile_ahead`): the batch of step `start`, which the first step uses."""
+    def compile_step(self, built: Built, step: int) -> dict[int, dict[str, jax.Array]]:
+        """Before the restore: the batch of `step` and the train step compiled for it (`plan.compile_step`), every
+        process met at the barrier "step compiled": {step: its batch}, which the first step uses, made once."""
         with self.timer.part("compile"):
-            compiled = plan.compile_ahead(self.cfg, self.task, built, state, start, self.remat)
-        self.compile_s += compiled.seconds
-        return compiled.batch
+            batch, self.remat, seconds = plan.compile_step(self.cfg, self.task, built, step)
+        self.compile_s += seconds
+        return {step: batch}
+
+    def compile(self, built: Built, state: nnx.State) -> None:
+        """The eval step compiled ahead (the train step was, before the restore), every process met at the
+        barrier "compiled" (`plan.compile_ahead`)."""
+        with self.timer.part("compile"):
+            self.compile_s += plan.compile_ahead(self.cfg, self.task, built, state, self.remat)
 
     def train(self, built: Built, start: int, state: nnx.State,
               made: dict[int, dict[str, jax.Array]]) -> tuple[int, nnx.State]:

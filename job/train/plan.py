@@ -18,11 +18,10 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
-import numpy as np
 import optax
 from etils import epath
 from flax import nnx
@@ -147,16 +146,6 @@ def first_batch(source: Rows, batch_sharding: jax.sharding.Sharding, *, step: in
     return to_global(rows, batch_sharding, size)
 
 
-def abstract_batch(row: Mapping[str, Any], size: int, batch_sharding: jax.sharding.Sharding
-                   ) -> dict[str, jax.ShapeDtypeStruct]:
-    """A global batch of `size` rows like `row` (row 0 of step 0: every step's batch has its shapes), laid out as
-    the loop lays one out: what the train step is compiled for before any batch or state exists (`compile_step`,
-    and the fit check's compile for a TPU slice, job/train/fit.py)."""
-    return {name: jax.ShapeDtypeStruct((size, *np.shape(value)[1:]),
-                                       jax.dtypes.canonicalize_dtype(np.asarray(value).dtype), sharding=batch_sharding)
-            for name, value in row.items()}
-
-
 def choose_remat(cfg: TrainConfig, task: Task, built: Built, args: tuple[Any, ...]) -> str:
     """The policy remat `auto` stands for in this run: the fastest whose compiled train step fits the device
     (job/train/remat_auto.py), the one an earlier run chose for the same step compiled first
@@ -220,35 +209,39 @@ class InitCalled:
         """Nothing runs aside."""
 
 
-def init_aside(cfg: TrainConfig, built: Built) -> InitAside | InitCalled:
-    """The state's init for the restore: compiled aside from now (`InitAside`), unless the run dir holds a saved
-    step, which the restore reads instead (there the init is compiled only if it is called: every step
-    unreadable, say)."""
-    if cfg.resume and _holds_a_step(rundir.checkpoints(built.run_dir)):
-        return InitCalled(built.planned.init)
-    return InitAside(built.planned.init)
+def init_aside(built: Built, expected: int) -> InitAside | InitCalled:
+    """The state's init for the restore: compiled aside from now (`InitAside`) for a fresh start (`expected`, the
+    step the restore is expected to start from, `expected_start`, is 0), else left to be compiled if it is ever
+    called (every saved step unreadable, say)."""
+    return InitCalled(built.planned.init) if expected else InitAside(built.planned.init)
 
 
-def _holds_a_step(folder: epath.Path) -> bool:
-    """Whether a checkpoints folder holds a saved step (a folder named by its number): the restore reads one."""
+def expected_start(cfg: TrainConfig, run_dir: epath.Path) -> int:
+    """The step the restore is expected to start from, before it runs: the newest step saved in the run dir (a
+    folder named by its number), else 0 (--no-resume too). The restore decides (a newer node-local step, an
+    unreadable newest one set aside); where it decides otherwise, what was made for this guess is made again."""
+    folder = rundir.checkpoints(run_dir)
+    if not cfg.resume:
+        return 0
     try:
-        return folder.exists() and any(path.name.isdigit() for path in folder.iterdir())
-    except OSError:  # unreadable here: the restore says so; the init is compiled if it is called
-        return True
+        return max((int(path.name) for path in folder.iterdir() if path.name.isdigit()), default=0) if folder.exists() \
+            else 0
+    except OSError:  # unreadable here: the restore says so
+        return 0
 
 
-def compile_step(cfg: TrainConfig, task: Task, built: Built) -> tuple[str, float]:
-    """The train step compiled before the state exists (its abstract shapes and a batch's, `abstract_batch`),
-    remat `auto` chosen so (`choose_remat`); then every process meets at the barrier "step compiled", as after
-    the eval step (`compile_ahead`): one still compiling makes the others wait there, not in the restore's first
-    collective. (the policy, this process's seconds compiling)."""
+def compile_step(cfg: TrainConfig, task: Task, built: Built, step: int) -> tuple[dict[str, jax.Array], str, float]:
+    """Before the state exists: the batch of `step` (its rows asked for twice: `first_batch`) and the train step
+    compiled for it and the state's abstract shapes, remat `auto` chosen so (`choose_remat`); then every process
+    meets at the barrier "step compiled", as after the eval step (`compile_ahead`): one still compiling makes the
+    others wait there, not in the restore's first collective. (the batch, the policy, this process's seconds)."""
     with sharding.mesh_context(built.mesh, run_rules(cfg, task)), leaked_tracer_note():  # as steps are called
         began = time.perf_counter()
-        batch = abstract_batch(built.source.rows("train", 0, 0, 1), cfg.data.global_batch, built.batch_sharding)
+        batch = first_batch(built.source, built.batch_sharding, step=step, size=cfg.data.global_batch)
         remat = choose_remat(cfg, task, built, (built.planned.abstract, batch))
         seconds = time.perf_counter() - began
     barrier("step compiled", cfg.compile_timeout_s, fix=_compile_fix(cfg))
-    return remat, seconds
+    return batch, remat, seconds
 
 
 def _compile_fix(cfg: TrainConfig) -> str:
@@ -256,29 +249,18 @@ def _compile_fix(cfg: TrainConfig) -> str:
             " (pass a larger one), or they died or hung")
 
 
-@dataclasses.dataclass(frozen=True)
-class Compiled:
-    """What `compile_ahead` leaves for the first step."""
-
-    batch: dict[str, jax.Array]  # the first step's batch, made once: the step was compiled for it
-    remat: str  # what remat `auto` stands for in this run (`choose_remat`)
-    seconds: float  # this process's own time compiling the steps (the barrier's wait excluded)
-
-
-def compile_ahead(cfg: TrainConfig, task: Task, built: Built, state: nnx.State, start: int, remat: str) -> Compiled:
-    """The first step's batch (asked for twice: `first_batch`), the eval step compiled for `state` under `remat`
-    (the train step is compiled already: `compile_step`), then every process waits at the barrier "compiled":
-    the first step's call finds its program compiled, and a process that loaded its programs from the cache
-    waits here for one that compiles, not in the first collective (whose CPU transport, gloo, gives up after
-    30 s)."""
+def compile_ahead(cfg: TrainConfig, task: Task, built: Built, state: nnx.State, remat: str) -> float:
+    """The eval step compiled for `state` under `remat` (the train step is compiled already: `compile_step`), then
+    every process waits at the barrier "compiled": the first step's call finds its program compiled, and a
+    process that loaded its programs from the cache waits here for one that compiles, not in the first collective
+    (whose CPU transport, gloo, gives up after 30 s). This process's seconds compiling."""
     with sharding.mesh_context(built.mesh, run_rules(cfg, task)), leaked_tracer_note():  # as steps are called
         began = time.perf_counter()
-        batch = first_batch(built.source, built.batch_sharding, step=start, size=cfg.data.global_batch)
         with choosing(remat):
             built.evaluator.compile(state)
         seconds = time.perf_counter() - began
         barrier("compiled", cfg.compile_timeout_s, fix=_compile_fix(cfg))
-    return Compiled(batch=batch, remat=remat, seconds=seconds)
+    return seconds
 
 
 def opening_lines(cfg: TrainConfig, task: Task, info: ClusterInfo, built: Built, start: int, origin: Origin,
@@ -303,6 +285,6 @@ def opening_lines(cfg: TrainConfig, task: Task, info: ClusterInfo, built: Built,
                     for split, batches in built.evaluator.plan.items()]
 
 
-__all__ = ["Built", "Compiled", "InitAside", "InitCalled", "RunPlan", "abstract_batch", "build_run", "choose_remat",
-           "compile_ahead", "compile_step", "first_batch", "init_aside", "opening_lines", "plan_run", "run_mesh",
+__all__ = ["Built", "InitAside", "InitCalled", "RunPlan", "build_run", "choose_remat",
+           "compile_ahead", "compile_step", "expected_start", "first_batch", "init_aside", "opening_lines", "plan_run", "run_mesh",
            "run_rules", "train_step_of"]

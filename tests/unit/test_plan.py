@@ -1,7 +1,7 @@
 """The plan of a run's step (job/train/plan.py): the run's mesh, its axes asked of the --mesh flag's module and
 each error naming the user's flag; the run's opening lines; the plan's old names in the loop, each still
-answering with a DeprecationWarning; the loop's side of its hang watchdog alone in one process; the train step's
-batch before any batch exists, and the state's init compiled on a thread of its own."""
+answering with a DeprecationWarning; the loop's side of its hang watchdog alone in one process; the step the restore
+is expected at, and a fresh state's init compiled on a thread of its own."""
 
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ from job.errors import ConfigError
 from job.runs.tiers import Origin, Tier
 from job.runtime.cluster import ClusterInfo
 from job.runtime.rollcall import Progress
-from job.train import config, hang, loop, plan
-from job.train import task as tasks
+from job.train import hang, loop, plan
 
 
 def test_the_runs_mesh_is_the_one_sharding_builds_for_the_model_axis_or_the_mesh_flag() -> None:
@@ -83,23 +82,6 @@ def test_a_single_process_hang_has_no_roll_call_and_leaves_at_once() -> None:
     assert watched.answered == 0
 
 
-@pytest.mark.parametrize("task_name", ["lm", "classify", "tests.user_tasks.digits:TASK"])
-def test_the_abstract_batch_is_the_first_batch_the_loop_makes_in_shape_type_and_layout(task_name: str) -> None:
-    """The train step is compiled for it before the state exists: a difference would compile the step again at
-    the first step (or fail there)."""
-    task = tasks.load(task_name)
-    cfg = config.parse(["--task", task_name], task)
-    source = task.source(cfg.data, cfg.model)
-    batch_sharding = sh.batch_sharding(plan.run_mesh(2))
-    made = plan.first_batch(source, batch_sharding, step=7, size=cfg.data.global_batch)
-    abstract = plan.abstract_batch(source.rows("train", 0, 0, 1), cfg.data.global_batch, batch_sharding)
-    assert sorted(abstract) == sorted(made)
-    for name, array in made.items():
-        assert (abstract[name].shape, abstract[name].dtype, abstract[name].sharding) == (
-            array.shape, array.dtype, array.sharding), name
-        assert not array.weak_type
-
-
 def _init(fail: bool = False) -> jax.stages.Wrapped:
     def create() -> dict[str, jax.Array]:
         if fail:
@@ -139,15 +121,18 @@ def test_an_init_that_fails_raises_where_it_is_called_and_settles_quietly() -> N
         aside()
 
 
-def test_the_init_is_compiled_aside_unless_the_run_dir_holds_a_step_to_restore(tmp_path: Path) -> None:
-    built = types.SimpleNamespace(run_dir=epath.Path(tmp_path), planned=types.SimpleNamespace(init=_init()))
-    resuming = types.SimpleNamespace(resume=True)
-    assert isinstance(plan.init_aside(resuming, built), plan.InitAside)  # type: ignore[arg-type]
-    (tmp_path / "checkpoints" / "tmp-step").mkdir(parents=True)  # a save that never completed is not a step
-    assert isinstance(plan.init_aside(resuming, built), plan.InitAside)  # type: ignore[arg-type]
-    (tmp_path / "checkpoints" / "12").mkdir()
-    called = plan.init_aside(resuming, built)  # type: ignore[arg-type]
+def test_the_restore_is_expected_at_the_newest_saved_step_and_a_fresh_start_compiles_its_init_aside(
+        tmp_path: Path) -> None:
+    run_dir, resuming = epath.Path(tmp_path), types.SimpleNamespace(resume=True)
+    assert plan.expected_start(resuming, run_dir) == 0  # type: ignore[arg-type]  # no checkpoints folder
+    (tmp_path / "checkpoints" / "8.orbax-checkpoint-tmp-1").mkdir(parents=True)  # a save that never completed
+    assert plan.expected_start(resuming, run_dir) == 0  # type: ignore[arg-type]
+    for step in ("4", "12", "10"):
+        (tmp_path / "checkpoints" / step).mkdir()
+    assert plan.expected_start(resuming, run_dir) == 12  # type: ignore[arg-type]
+    assert plan.expected_start(types.SimpleNamespace(resume=False), run_dir) == 0  # type: ignore[arg-type]
+    built = types.SimpleNamespace(planned=types.SimpleNamespace(init=_init()))
+    assert isinstance(plan.init_aside(built, 0), plan.InitAside)  # type: ignore[arg-type]
+    called = plan.init_aside(built, 12)  # type: ignore[arg-type]  # restored: compiled only if it is called
     assert isinstance(called, plan.InitCalled) and called()["step"] == 0
     called.settle()
-    assert isinstance(plan.init_aside(types.SimpleNamespace(resume=False), built),  # type: ignore[arg-type]
-                      plan.InitAside)  # --no-resume: a fresh state whatever the run dir holds
