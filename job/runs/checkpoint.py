@@ -70,6 +70,16 @@ def abstract(tree: Any) -> Any:
     )
 
 
+def saved_steps(directory: epath.Path) -> list[int]:
+    """The complete steps a checkpoints folder holds, in order, from its listing: folders named by their step (a
+    save under way has another name), on gs:// only those with their commit marker. Raises what the listing
+    raises (a vanished disk, a refused bucket)."""
+    steps = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+    if storage.is_remote(directory):  # a gs:// step is complete once its marker is there
+        steps = [s for s in steps if (directory / str(s) / storage.COMMIT_MARKER).exists()]
+    return steps
+
+
 class Checkpointer:
     """Saves and restores the train state; `save` holds the loop for the copy of the state to host memory.
 
@@ -304,9 +314,7 @@ class Checkpointer:
         known = [os.strerror(code) for code in _STORAGE_ERRNOS if os.strerror(code) in text]
         reason = f"{known[0] + ' (' if known else ''}{type(cause).__name__}: {text[:200]}{')' if known else ''}"
         try:
-            safe = sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
-            if storage.is_remote(self.directory):  # a gs:// step is complete once its marker is there
-                safe = [s for s in safe if (self.directory / str(s) / storage.COMMIT_MARKER).exists()]
+            safe = saved_steps(self.directory)
             on_disk = f"{safe or 'none'} ({f'a rerun resumes from step {safe[-1]}' if safe else 'none complete yet'})"
         except Exception as err:  # noqa: BLE001 - a vanished disk, a refused bucket: the listing is unknown
             on_disk = f"unknown (cannot list the folder: {getattr(err, 'strerror', None) or err})"

@@ -34,6 +34,7 @@ from job.parallel.mesh import equal_slices
 from job.parallel.multihost import barrier, on_process_zero
 from job.parallel.rows import row_span
 from job.runs import resume
+from job.runs.checkpoint import saved_steps
 from job.runs.tiers import Origin
 from job.runtime import compile_cache, device_memory, preflight
 from job.runtime.cluster import ClusterInfo, node_name
@@ -221,11 +222,8 @@ def expected_start(cfg: TrainConfig, run_dir: epath.Path) -> int:
     folder named by its number), else 0 (--no-resume too). The restore decides (a newer node-local step, an
     unreadable newest one set aside); where it decides otherwise, what was made for this guess is made again."""
     folder = rundir.checkpoints(run_dir)
-    if not cfg.resume:
-        return 0
     try:
-        return max((int(path.name) for path in folder.iterdir() if path.name.isdigit()), default=0) if folder.exists() \
-            else 0
+        return max(saved_steps(folder), default=0) if cfg.resume and folder.exists() else 0
     except OSError:  # unreadable here: the restore says so
         return 0
 
@@ -285,6 +283,6 @@ def opening_lines(cfg: TrainConfig, task: Task, info: ClusterInfo, built: Built,
                     for split, batches in built.evaluator.plan.items()]
 
 
-__all__ = ["Built", "InitAside", "InitCalled", "RunPlan", "build_run", "choose_remat",
-           "compile_ahead", "compile_step", "expected_start", "first_batch", "init_aside", "opening_lines", "plan_run", "run_mesh",
-           "run_rules", "train_step_of"]
+__all__ = ["Built", "InitAside", "InitCalled", "RunPlan", "build_run", "choose_remat", "compile_ahead", "compile_step",
+           "expected_start", "first_batch", "init_aside", "opening_lines", "plan_run", "run_mesh", "run_rules",
+           "train_step_of"]
