@@ -88,7 +88,8 @@ COVERAGE_DIR ?= $(CURDIR)/.coverage-data
 coverage: $(BIN)/.installed ## line coverage of job/ and deploy/ over the whole suite, every process the tests start measured
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[coverage]'
 	rm -rf $(COVERAGE_DIR) && mkdir -p $(COVERAGE_DIR)
-	COVERAGE_FILE=$(COVERAGE_DIR)/data $(BIN)/python -m coverage run -m pytest $(TEST_WORKERS) $(PYTEST_ARGS); status=$$?; \
+	COVERAGE_CORE=$$($(BIN)/python -c 'import sys; print("sysmon" if sys.version_info >= (3, 12) else "ctrace")') \
+	    COVERAGE_FILE=$(COVERAGE_DIR)/data $(BIN)/python -m coverage run -m pytest $(TEST_WORKERS) $(PYTEST_ARGS); status=$$?; \
 	    COVERAGE_FILE=$(COVERAGE_DIR)/data $(BIN)/python -m coverage combine --quiet $(COVERAGE_DIR) && \
 	    COVERAGE_FILE=$(COVERAGE_DIR)/data $(BIN)/python -m coverage report | tee $(COVERAGE_DIR)/report.txt | tail -n 3; exit $$status
 
