@@ -152,12 +152,23 @@ class Evaluator:
         return global_batch(self._source, self._whole if piece.whole else self._sharded, split=split,
                             step=piece.step, size=piece.rows, offset=piece.offset)
 
+    def lower(self, state: Any, step: jax.stages.Wrapped | None = None) -> list[jax.stages.Lowered]:
+        """The eval step (or `step`, another jit of the same function) lowered for `state` (arrays or their
+        abstract shapes) and every batch shape of the plan. Reads the rows of one batch per shape and split."""
+        step = self._step if step is None else step
+        return [step.lower(state, self.batch(split, piece)) for split, planned in self.plan.items()
+                for piece in {(p.rows, p.whole): p for p in planned}.values()]
+
     def compile(self, state: Any) -> None:
         """Compile the eval step for `state` and every batch shape of the plan now, ahead of the first
         evaluation, whose calls then find it compiled. Reads the rows of one batch per shape and split."""
-        for split, planned in self.plan.items():
-            for piece in {(p.rows, p.whole): p for p in planned}.values():
-                self._step.lower(state, self.batch(split, piece)).compile()
+        for lowered in self.lower(state):
+            lowered.compile()
+
+    def use(self, step: jax.stages.Wrapped) -> None:
+        """Evaluate with `step` from now: another jit of the same function, its programs compiled already
+        (job/train/aside.py)."""
+        self._step = step
 
     def run(self, state: Any, should_stop: Callable[[], bool] = lambda: False) -> dict[str, dict[str, float]] | None:
         """{split: metrics} of `state`; None when `should_stop` (the collective preemption check after

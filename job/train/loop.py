@@ -44,7 +44,7 @@ from job.runtime.distributed import initialize
 from job.runtime.preemption import NOTICES, PreemptionGuard
 from job.runtime.rollcall import Progress
 from job.runtime.watchdog import Watchdog
-from job.train import memory, plan
+from job.train import aside, memory, plan
 from job.train.batches import Prefetch, global_batch
 from job.train.config import TrainConfig, to_dict, to_json
 from job.train.evaluation import summary_fields
@@ -76,10 +76,10 @@ class Training:
     """One run of the loop, in the phases a reader finds by name:
 
     build (mesh, data, the planned state, the jitted steps: `plan.build_run`) -> compile the train step (for the
-    state's abstract shapes, remat auto chosen: `plan.compile_step`; the state's init compiles on a thread
-    meanwhile, `plan.init_aside`) -> restore (the newest checkpoint, else a fresh state created as its shards)
-    -> compile the eval step (`plan.compile_ahead`; then every process meets) -> step (one optimizer step, then
-    logging, evaluate and save as due) -> finish (the last save, the summary). `run` strings them together."""
+    state's abstract shapes, remat auto chosen: `plan.compile_step`; the state's init and the eval step compile
+    on threads meanwhile, job/train/aside.py) -> restore (the newest checkpoint, else a fresh state created as its
+    shards) -> compile the eval step (`plan.compile_ahead`; then every process meets) -> step (one optimizer step,
+    then logging, evaluate and save as due) -> finish (the last save, the summary). `run` strings them together."""
 
     # made by the phases, in this order: restore (checkpoints, origin), then open_records (report, profiler)
     checkpoints: Checkpoints  # both tiers: the loop asks it, and decides nothing about tiers
@@ -112,22 +112,30 @@ class Training:
         """`run`'s phases in order, counted by `self.cache_events`."""
         built = plan.build_run(self.cfg, self.task, self.info)
         expected = plan.expected_start(self.cfg, built.run_dir)  # the restore decides; made for it meanwhile:
-        init = plan.init_aside(built, expected)  # a fresh state's init, compiled on a thread while
+        init = aside.init_aside(built.planned.init, expected)  # a fresh state's init, compiled on a thread while the train
+        evals: aside.EvalAside | aside.NoEvalAside = aside.NoEvalAside()  # step compiles (so is the eval step)
         try:
-            made = self.compile_step(built, expected) if expected < self.cfg.steps else {}  # this one compiles
+            if expected < self.cfg.steps:
+                made, evals = self.compile_step(built, expected)
+            else:
+                made = {}
             start, state = self.restore(built, init)
+            if start >= self.cfg.steps:
+                evals.settle()
+                on_process_zero(log.info, "already complete at step %d; use a new --run-dir or raise --steps", start)
+                self.checkpoints.close(completed=False)
+                return 0
+            if start not in made and made:  # restored elsewhere than expected: that step's batch, which the
+                made = {start: plan.first_batch(built.source, built.batch_sharding, step=start,  # compiled step
+                                                size=self.cfg.data.global_batch)}  # takes
+            elif start not in made:  # nothing compiled (expected complete, restored short of it): compile now
+                made, evals = self.compile_step(built, start)
+            self.open_records(built, start)
+            self.compile(built, state, evals)
         except BaseException:
-            init.settle()  # stopped before the state was created: no compile left running at the exit
+            init.settle()  # stopped before its programs were used: no compile left running at the exit
+            evals.settle()
             raise
-        if start >= self.cfg.steps:
-            on_process_zero(log.info, "already complete at step %d; use a new --run-dir or raise --steps", start)
-            self.checkpoints.close(completed=False)
-            return 0
-        if start not in made:  # restored elsewhere than expected: that step's batch (the compiled step takes it)
-            made = {start: plan.first_batch(built.source, built.batch_sharding, step=start,
-                                            size=self.cfg.data.global_batch)} if made else self.compile_step(built, start)
-        self.open_records(built, start)
-        self.compile(built, state)
         if self.guard.should_stop():  # a signal during start-up (build, restore, compile): no step since the last save
             why = "stopped (Ctrl-C)" if self.guard.interrupted else "preempted"
             self.report.message("%s before the first step: nothing new to save; exiting with %d", why,
@@ -174,19 +182,21 @@ class Training:
         self.began = time.perf_counter()
         self.timer.started()
 
-    def compile_step(self, built: Built, step: int) -> dict[int, dict[str, jax.Array]]:
-        """Before the restore: the batch of `step` and the train step compiled for it (`plan.compile_step`), every
-        process met at the barrier "step compiled": {step: its batch}, which the first step uses, made once."""
+    def compile_step(self, built: Built, step: int) -> tuple[dict[int, dict[str, jax.Array]],
+                                                               aside.EvalAside | aside.NoEvalAside]:
+        """Before the restore: the batch of `step` and the train step compiled for it (`plan.compile_step`), the
+        eval step compiling on a thread meanwhile, every process met at the barrier "step compiled": ({step: its
+        batch}, which the first step uses, made once; the eval step compiling aside)."""
         with self.timer.part("compile"):
-            batch, self.remat, seconds = plan.compile_step(self.cfg, self.task, built, step)
+            batch, self.remat, seconds, evals = plan.compile_step(self.cfg, self.task, built, step)
         self.compile_s += seconds
-        return {step: batch}
+        return {step: batch}, evals
 
-    def compile(self, built: Built, state: nnx.State) -> None:
-        """The eval step compiled ahead (the train step was, before the restore), every process met at the
-        barrier "compiled" (`plan.compile_ahead`)."""
+    def compile(self, built: Built, state: nnx.State, evals: aside.EvalAside | aside.NoEvalAside) -> None:
+        """The eval step compiled ahead (aside, while the train step compiled, where it is the chosen policy's
+        program), every process met at the barrier "compiled" (`plan.compile_ahead`)."""
         with self.timer.part("compile"):
-            self.compile_s += plan.compile_ahead(self.cfg, self.task, built, state, self.remat)
+            self.compile_s += plan.compile_ahead(self.cfg, self.task, built, state, self.remat, evals)
 
     def train(self, built: Built, start: int, state: nnx.State,
               made: dict[int, dict[str, jax.Array]]) -> tuple[int, nnx.State]:

@@ -13,10 +13,8 @@ checkpoint (job/train/trained.py) plans the same state on its own mesh.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -38,7 +36,7 @@ from job.runs.checkpoint import saved_steps
 from job.runs.tiers import Origin
 from job.runtime import compile_cache, device_memory, preflight
 from job.runtime.cluster import ClusterInfo, node_name
-from job.train import memory, optimizers, remat_auto, remat_cache
+from job.train import aside, memory, optimizers, remat_auto, remat_cache
 from job.train import state as state_plan
 from job.train.batches import impurity, to_global
 from job.train.config import TrainConfig, to_dict
@@ -147,74 +145,48 @@ def first_batch(source: Rows, batch_sharding: jax.sharding.Sharding, *, step: in
     return to_global(rows, batch_sharding, size)
 
 
-def choose_remat(cfg: TrainConfig, task: Task, built: Built, args: tuple[Any, ...]) -> str:
-    """The policy remat `auto` stands for in this run: the fastest whose compiled train step fits the device
-    (job/train/remat_auto.py), the one an earlier run chose for the same step compiled first
-    (job/train/remat_cache.py); `built.train_step` becomes the step compiled under it, for `args` (the state and
-    a batch, or their abstract shapes). One error with the bytes and the flags where nothing fits. Called inside
-    the run's mesh context, as the loop compiles."""
+@dataclasses.dataclass(frozen=True)
+class RematAsk:
+    """What remat `auto`'s choice is for (the step, its devices and their memory: the record's key), the `limit`
+    of bytes a device, and what an earlier run chose for it (`recall_remat`)."""
+
+    chosen_for: dict[str, Any]
+    limit: int | None
+    earlier: remat_auto.Remembered | None
+
+    @property
+    def first(self) -> str:
+        """The policy remat auto compiles first."""
+        return remat_auto.order_of(self.earlier)[0]
+
+
+def recall_remat(cfg: TrainConfig, built: Built) -> RematAsk:
+    """What remat auto's choice is for, and the earlier run's choice for the same step on the same devices
+    (job/train/remat_cache.py), process 0's on every process: a collective."""
     devices = list(built.mesh.devices.flat)
     limit = device_memory.limit(devices[0])
-    compile_under = remat_auto.compiling(lambda: train_step_of(cfg, task, built.planned, built.mesh), args, limit)
     chosen_for = {"task": cfg.task, "model": to_dict(cfg)["model"], "global_batch": cfg.data.global_batch,
                   "rule": cfg.rule, "accum_steps": cfg.accum_steps, "mesh": dict(built.mesh.shape),
                   "devices": memory.describe(devices), "limit": limit, "jax": jax.__version__,
                   "compiler": getattr(devices[0].client, "platform_version", "")}
-    earlier = remat_cache.recall(built.run_dir, built.cache_dir, chosen_for)  # process 0's, on every process
-    choice = remat_auto.choose(compile_under, limit=limit, first=earlier)
+    return RematAsk(chosen_for, limit, remat_cache.recall(built.run_dir, built.cache_dir, chosen_for))
+
+
+def choose_remat(cfg: TrainConfig, task: Task, built: Built, args: tuple[Any, ...], ask: RematAsk) -> str:
+    """The policy remat `auto` stands for in this run: the fastest whose compiled train step fits the device
+    (job/train/remat_auto.py), the one an earlier run chose for the same step compiled first (`ask`,
+    `recall_remat`); `built.train_step` becomes the step compiled under it, for `args` (the state and a batch,
+    or their abstract shapes). One error with the bytes and the flags where nothing fits. Called inside the
+    run's mesh context, as the loop compiles."""
+    compile_under = remat_auto.compiling(lambda: train_step_of(cfg, task, built.planned, built.mesh), args,
+                                         ask.limit)
+    choice = remat_auto.choose(compile_under, limit=ask.limit, first=ask.earlier)
     if not choice.fits:  # as XLA's own out-of-memory: one error, the bytes, the flags that may fit
         memory.raise_out_of_memory(cfg, task, built.mesh, choice.need, "compiling the train step")
     on_process_zero(log.info, "%s", choice.line())
-    on_process_zero(remat_cache.remember, built.run_dir, built.cache_dir, chosen_for, choice)
+    on_process_zero(remat_cache.remember, built.run_dir, built.cache_dir, ask.chosen_for, choice)
     built.train_step = choice.step
     return choice.policy
-
-
-class InitAside:
-    """The state's init, compiled on a thread of its own (`init_aside`) while the loop's thread compiles the train
-    step: XLA compiles both at once (on a v5e VM, the GPT-2-small LM's init took 28 s to compile, and two such
-    compiles 22.5 s together against 55 s one after the other). Traced and lowered on the loop's thread; the
-    thread only compiles. Calling it waits for that compile and creates the state."""
-
-    def __init__(self, init: jax.stages.Wrapped) -> None:
-        lowered = init.lower()
-        self._compiled: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-        def compile_init() -> None:
-            try:
-                self._compiled.set_result(lowered.compile())
-            except BaseException as exc:  # noqa: BLE001 - raised where the init is called
-                self._compiled.set_exception(exc)
-
-        threading.Thread(target=compile_init, name="job-init-compile", daemon=True).start()
-
-    def __call__(self) -> nnx.State:
-        return self._compiled.result()()
-
-    def settle(self) -> None:
-        """Wait for the compile, its outcome dropped: a run that stops before its state is created (an error, a
-        step that does not fit) must not leave XLA compiling on a thread while the interpreter tears down."""
-        concurrent.futures.wait([self._compiled])
-
-
-class InitCalled:
-    """The init as it is, compiled when it is called (a run dir holding a saved step: `init_aside`)."""
-
-    def __init__(self, init: jax.stages.Wrapped) -> None:
-        self._init = init
-
-    def __call__(self) -> nnx.State:
-        return self._init()
-
-    def settle(self) -> None:
-        """Nothing runs aside."""
-
-
-def init_aside(built: Built, expected: int) -> InitAside | InitCalled:
-    """The state's init for the restore: compiled aside from now (`InitAside`) for a fresh start (`expected`, the
-    step the restore is expected to start from, `expected_start`, is 0), else left to be compiled if it is ever
-    called (every saved step unreadable, say)."""
-    return InitCalled(built.planned.init) if expected else InitAside(built.planned.init)
 
 
 def expected_start(cfg: TrainConfig, run_dir: epath.Path) -> int:
@@ -228,18 +200,28 @@ def expected_start(cfg: TrainConfig, run_dir: epath.Path) -> int:
         return 0
 
 
-def compile_step(cfg: TrainConfig, task: Task, built: Built, step: int) -> tuple[dict[str, jax.Array], str, float]:
-    """Before the state exists: the batch of `step` (its rows asked for twice: `first_batch`) and the train step
-    compiled for it and the state's abstract shapes, remat `auto` chosen so (`choose_remat`); then every process
-    meets at the barrier "step compiled", as after the eval step (`compile_ahead`): one still compiling makes the
-    others wait there, not in the restore's first collective. (the batch, the policy, this process's seconds)."""
+def compile_step(cfg: TrainConfig, task: Task, built: Built, step: int) -> tuple[
+        dict[str, jax.Array], str, float, aside.EvalAside | aside.NoEvalAside]:
+    """Before the state exists: the batch of `step` (its rows asked for twice: `first_batch`), the earlier run's
+    remat choice recalled (`recall_remat`), the eval step traced under the policy remat auto compiles first and
+    compiling on a thread (`aside.eval_aside`), and the train step compiled for the batch and the state's
+    abstract shapes, remat `auto` chosen so (`choose_remat`); then every process meets at the barrier "step
+    compiled", as after the eval step (`compile_ahead`): one still compiling makes the others wait there, not
+    in a collective before it (both collectives come before the first trace). (the batch, the policy, this
+    process's seconds, the eval step compiling aside: settled here where this raises)."""
     with sharding.mesh_context(built.mesh, run_rules(cfg, task)), leaked_tracer_note():  # as steps are called
         began = time.perf_counter()
         batch = first_batch(built.source, built.batch_sharding, step=step, size=cfg.data.global_batch)
-        remat = choose_remat(cfg, task, built, (built.planned.abstract, batch))
-        seconds = time.perf_counter() - began
-    barrier("step compiled", cfg.compile_timeout_s, fix=_compile_fix(cfg))
-    return batch, remat, seconds
+        ask = recall_remat(cfg, built)
+        evals = aside.eval_aside(task, built.evaluator, built.planned, ask.first)
+        try:
+            remat = choose_remat(cfg, task, built, (built.planned.abstract, batch), ask)
+            seconds = time.perf_counter() - began
+            barrier("step compiled", cfg.compile_timeout_s, fix=_compile_fix(cfg))
+        except BaseException:
+            evals.settle()
+            raise
+    return batch, remat, seconds, evals
 
 
 def _compile_fix(cfg: TrainConfig) -> str:
@@ -247,15 +229,18 @@ def _compile_fix(cfg: TrainConfig) -> str:
             " (pass a larger one), or they died or hung")
 
 
-def compile_ahead(cfg: TrainConfig, task: Task, built: Built, state: nnx.State, remat: str) -> float:
-    """The eval step compiled for `state` under `remat` (the train step is compiled already: `compile_step`), then
-    every process waits at the barrier "compiled": the first step's call finds its program compiled, and a
-    process that loaded its programs from the cache waits here for one that compiles, not in the first collective
-    (whose CPU transport, gloo, gives up after 30 s). This process's seconds compiling."""
+def compile_ahead(cfg: TrainConfig, task: Task, built: Built, state: nnx.State, remat: str,
+                  evals: aside.EvalAside | aside.NoEvalAside) -> float:
+    """The eval step compiled for `state` under `remat` (the train step is compiled already: `compile_step`): the
+    one `evals` compiled aside where it is that policy's program, else compiled now; then every process waits at
+    the barrier "compiled": the first step's call finds its program compiled, and a process that loaded its
+    programs from the cache waits here for one that compiles, not in the first collective (whose CPU transport,
+    gloo, gives up after 30 s). This process's seconds compiling (waiting for the aside's compile included)."""
     with sharding.mesh_context(built.mesh, run_rules(cfg, task)), leaked_tracer_note():  # as steps are called
         began = time.perf_counter()
-        with choosing(remat):
-            built.evaluator.compile(state)
+        if not evals.take(built.evaluator, state, remat):
+            with choosing(remat):
+                built.evaluator.compile(state)
         seconds = time.perf_counter() - began
         barrier("compiled", cfg.compile_timeout_s, fix=_compile_fix(cfg))
     return seconds
@@ -283,6 +268,6 @@ def opening_lines(cfg: TrainConfig, task: Task, info: ClusterInfo, built: Built,
                     for split, batches in built.evaluator.plan.items()]
 
 
-__all__ = ["Built", "InitAside", "InitCalled", "RunPlan", "build_run", "choose_remat", "compile_ahead", "compile_step",
-           "expected_start", "first_batch", "init_aside", "opening_lines", "plan_run", "run_mesh", "run_rules",
+__all__ = ["Built", "RematAsk", "RunPlan", "build_run", "choose_remat", "compile_ahead", "compile_step",
+           "expected_start", "first_batch", "opening_lines", "plan_run", "recall_remat", "run_mesh", "run_rules",
            "train_step_of"]

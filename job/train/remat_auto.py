@@ -104,7 +104,7 @@ def choose(compile_under: Callable[[str], tuple[Any, Need, Callable[[], str]]], 
     changed: Choice | None = None  # the remembered policy, fitting, whose program is no longer the one remembered
     last: Choice | None = None
     asked = first.policy if first is not None and first.policy in CANDIDATES else None
-    order = (asked, *(p for p in CANDIDATES if p != asked)) if asked else CANDIDATES
+    order = order_of(first)
     unread = False  # every candidate compiles to one program: the model does not read auto
     for policy in order:
         if changed is not None and CANDIDATES.index(policy) > CANDIDATES.index(changed.policy):
@@ -132,6 +132,12 @@ def choose(compile_under: Callable[[str], tuple[Any, Need, Callable[[], str]]], 
     if unread and last.need.fits:  # no policy to choose from: the one program XLA compiled runs, share or not
         return dataclasses.replace(last, tried=tuple(tried))
     return dataclasses.replace(last, tried=tuple(tried), fits=False)
+
+
+def order_of(first: Remembered | None) -> tuple[str, ...]:
+    """The order `choose` compiles the candidates in: `first`'s policy (where it is one), then CANDIDATES'."""
+    asked = first.policy if first is not None and first.policy in CANDIDATES else None
+    return (asked, *(p for p in CANDIDATES if p != asked)) if asked else CANDIDATES
 
 
 def need_of(compile_step: Callable[[], Any], limit: int | None) -> Need:
@@ -162,4 +168,4 @@ def compiling(make_step: Callable[[], Any], args: tuple[Any, ...], limit: int | 
 
 __getattr__ = renamed.answer(__name__, {"HEADROOM": "DEVICE_SHARE"})  # the old name warns
 
-__all__ = ["DEVICE_SHARE", "Choice", "Remembered", "choose", "compiling", "fits", "need_of", "program_of"]
+__all__ = ["DEVICE_SHARE", "Choice", "Remembered", "choose", "compiling", "fits", "need_of", "order_of", "program_of"]

@@ -1,18 +1,14 @@
 """The plan of a run's step (job/train/plan.py): the run's mesh, its axes asked of the --mesh flag's module and
 each error naming the user's flag; the run's opening lines; the plan's old names in the loop, each still
 answering with a DeprecationWarning; the loop's side of its hang watchdog alone in one process; the step the restore
-is expected at, and a fresh state's init compiled on a thread of its own."""
+is expected at."""
 
 from __future__ import annotations
 
-import concurrent.futures
-import threading
 import types
 from pathlib import Path
-from typing import Any
 
 import jax
-import jax.numpy as jnp
 import pytest
 from etils import epath
 
@@ -82,47 +78,7 @@ def test_a_single_process_hang_has_no_roll_call_and_leaves_at_once() -> None:
     assert watched.answered == 0
 
 
-def _init(fail: bool = False) -> jax.stages.Wrapped:
-    def create() -> dict[str, jax.Array]:
-        if fail:
-            raise ValueError("the model's constructor failed")
-        return {"w": jax.random.normal(jax.random.key(3), (64, 32)), "step": jnp.zeros((), jnp.int32)}
-    return jax.jit(create)
-
-
-def test_the_init_compiled_aside_creates_the_state_of_the_init_called_on_a_thread_of_its_own(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    threads: list[str] = []
-    compile_lowered = jax.stages.Lowered.compile
-
-    def compile_noted(self: jax.stages.Lowered, *args: Any, **kwargs: Any) -> Any:
-        threads.append(threading.current_thread().name)
-        return compile_lowered(self, *args, **kwargs)
-
-    monkeypatch.setattr(jax.stages.Lowered, "compile", compile_noted)
-    aside = plan.InitAside(_init())
-    made = aside()
-    aside.settle()  # done: returns at once
-    assert threads == ["job-init-compile"]
-    expected = _init()()
-    assert jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)) and a.dtype == b.dtype, made, expected) == {
-        "w": True, "step": True}
-
-
-def test_an_init_that_fails_raises_where_it_is_called_and_settles_quietly() -> None:
-    with pytest.raises(ValueError, match="constructor failed"):  # traced on the caller's thread: raised there
-        plan.InitAside(_init(fail=True))
-    aside = plan.InitAside(jax.jit(lambda: jnp.zeros((4, 4))))
-    aside.settle()
-    aside._compiled = concurrent.futures.Future()  # a compile that failed on its thread
-    aside._compiled.set_exception(RuntimeError("XLA could not compile it"))
-    aside.settle()  # the run's own error is the one raised, not this
-    with pytest.raises(RuntimeError, match="could not compile"):
-        aside()
-
-
-def test_the_restore_is_expected_at_the_newest_saved_step_and_a_fresh_start_compiles_its_init_aside(
-        tmp_path: Path) -> None:
+def test_the_restore_is_expected_at_the_newest_saved_step(tmp_path: Path) -> None:
     run_dir, resuming = epath.Path(tmp_path), types.SimpleNamespace(resume=True)
     assert plan.expected_start(resuming, run_dir) == 0  # type: ignore[arg-type]  # no checkpoints folder
     (tmp_path / "checkpoints" / "8.orbax-checkpoint-tmp-1").mkdir(parents=True)  # a save that never completed
@@ -131,8 +87,3 @@ def test_the_restore_is_expected_at_the_newest_saved_step_and_a_fresh_start_comp
         (tmp_path / "checkpoints" / step).mkdir()
     assert plan.expected_start(resuming, run_dir) == 12  # type: ignore[arg-type]
     assert plan.expected_start(types.SimpleNamespace(resume=False), run_dir) == 0  # type: ignore[arg-type]
-    built = types.SimpleNamespace(planned=types.SimpleNamespace(init=_init()))
-    assert isinstance(plan.init_aside(built, 0), plan.InitAside)  # type: ignore[arg-type]
-    called = plan.init_aside(built, 12)  # type: ignore[arg-type]  # restored: compiled only if it is called
-    assert isinstance(called, plan.InitCalled) and called()["step"] == 0
-    called.settle()

@@ -101,3 +101,9 @@ def test_a_fresh_trace_of_the_same_step_lowers_to_the_program_a_record_names() -
             return remat_auto.program_of(step.lower(weights).as_text())
 
     assert program("dots") == program("dots") != program("full")
+
+
+def test_the_policy_compiled_first_is_the_remembered_one_where_it_is_a_candidate_else_the_fastest() -> None:
+    assert remat_auto.order_of(None) == rematerialize.CANDIDATES == ("none", "dots", "full")
+    assert remat_auto.order_of(remat_auto.Remembered("dots")) == ("dots", "none", "full")
+    assert remat_auto.order_of(remat_auto.Remembered("dots_all")) == rematerialize.CANDIDATES  # not auto's to take
