@@ -72,7 +72,9 @@ def warm() -> Iterator[tuple[Path, Path]]:
 
 
 def env_for(parents: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "XLA_FLAGS"))}
+    """The probe's environment: this process's, less pytest's, XLA's flags and coverage's (`make coverage`
+    starts every process cold, measured: these processes must start warm to be what the tests look at)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "XLA_FLAGS", "COVERAGE_", "COV_CORE_"))}
     env.update(JOB_TESTS_WARM=str(parents), PYTHONPATH=str(SITE), JAX_PLATFORMS="cpu", MINE="mine",
                XLA_FLAGS="--xla_force_host_platform_device_count=3")
     env.update(extra)
