@@ -30,7 +30,6 @@ from job.train.steps import jit_eval_step
 from job.train.task import Task
 
 
-
 class Aside:
     """`lowered` compiled in order on a thread named `name`, started now."""
 

@@ -112,8 +112,8 @@ class Training:
         """`run`'s phases in order, counted by `self.cache_events`."""
         built = plan.build_run(self.cfg, self.task, self.info)
         expected = plan.expected_start(self.cfg, built.run_dir)  # the restore decides; made for it meanwhile:
-        init = aside.init_aside(built.planned.init, expected)  # a fresh state's init, compiled on a thread while the train
-        evals: aside.EvalAside | aside.NoEvalAside = aside.NoEvalAside()  # step compiles (so is the eval step)
+        init = aside.init_aside(built.planned.init, expected)  # a fresh state's init and (compile_step) the eval
+        evals: aside.EvalAside | aside.NoEvalAside = aside.NoEvalAside()  # step compile on threads meanwhile
         try:
             if expected < self.cfg.steps:
                 made, evals = self.compile_step(built, expected)
@@ -125,11 +125,12 @@ class Training:
                 on_process_zero(log.info, "already complete at step %d; use a new --run-dir or raise --steps", start)
                 self.checkpoints.close(completed=False)
                 return 0
-            if start not in made and made:  # restored elsewhere than expected: that step's batch, which the
-                made = {start: plan.first_batch(built.source, built.batch_sharding, step=start,  # compiled step
-                                                size=self.cfg.data.global_batch)}  # takes
-            elif start not in made:  # nothing compiled (expected complete, restored short of it): compile now
-                made, evals = self.compile_step(built, start)
+            if start not in made:  # restored elsewhere than expected: that step's batch (the compiled step takes
+                if made:           # it), or, where nothing was compiled (expected complete), the compile now
+                    made = {start: plan.first_batch(built.source, built.batch_sharding, step=start,
+                                                    size=self.cfg.data.global_batch)}
+                else:
+                    made, evals = self.compile_step(built, start)
             self.open_records(built, start)
             self.compile(built, state, evals)
         except BaseException:
