@@ -76,9 +76,9 @@ def test_tensor_parallel_across_processes_trains_like_one_process(tmp_path: Path
 
 
 def _preempt(run_dir: Path, n: int, devices: int, sig: signal.Signals, rank: int, after_step: int,
-             *flags: str) -> tuple[int, str]:
+             *flags: str, env: dict[str, str] | None = None) -> tuple[int, str]:
     argv = launcher_argv(n, [*JOB, "--run-dir", str(run_dir), "--log-every", "1", *flags], devices=devices)
-    proc = subprocess.Popen(argv, env=child_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(argv, env=env or child_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     lines = wait_for_line(proc, f"step {after_step}/", timeout=180)
     pids = rank_pids(proc.pid)
@@ -124,6 +124,26 @@ def test_the_process_that_heard_the_signal_says_how_long_after_it_its_save_was_w
     assert re.search(rf"preempted: saved step {stopped}; exiting with 75 \(requeue\); written \d+\.\d s after "
                      "this process's signal", output), output
     assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [stopped]
+
+
+def test_a_stopped_run_s_way_out_reaches_no_bound_and_shuts_the_distributed_system_down_once(tmp_path: Path) -> None:
+    # each process's leave at DEBUG (a sitecustomize on PYTHONPATH, then the tests' own): its phases timed; the
+    # distributed system was shut down by python -m job's command as the run ended, and not again by leave
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import logging, runpy\nlogging.getLogger('job.runtime.leaving').setLevel(logging.DEBUG)\n"
+        f"runpy.run_path({str(ROOT / 'tests' / 'site' / 'sitecustomize.py')!r}, run_name='sitecustomize')\n")
+    env = child_env(JOB_TESTS_WARM="")
+    env["PYTHONPATH"] = os.pathsep.join([str(hook), *filter(None, [env.get("PYTHONPATH")])])
+    code, output = _preempt(tmp_path / "run", 2, 1, signal.SIGTERM, 1, 3, "--steps", "1000", "--ckpt.every", "500",
+                            *SMALL, env=env)
+    assert code == REQUEUE, output
+    for rank in (0, 1):
+        assert re.search(rf"\[rank {rank}\] \S+ DEBUG job\.runtime\.leaving: leaving with 75: jax's distributed "
+                         r"shutdown \d+\.\d{3} s \(none left to shut down\), exit handlers \d+\.\d{3} s, flush "
+                         r"\d+\.\d{3} s; no bound reached$", output, re.MULTILINE), output
+    assert "did not end within" not in output and "leave:" not in output, output
 
 
 def test_a_notice_during_the_last_step_completes_the_run(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ backends; and each caller (a Slurm task, the exit hook, a second Ctrl-C, the wat
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ ENV = {**os.environ, "JAX_PLATFORMS": "cpu"}
 LEAVES = """
 import atexit, logging, logging.handlers, sys, time
 from job.runtime.leaving import leave
+logging.getLogger("job.runtime.leaving").setLevel(logging.DEBUG)  # its phases, timed
 held = logging.getLogger("held")
 held.propagate = False
 held.addHandler(logging.handlers.MemoryHandler(capacity=100, target=logging.StreamHandler(sys.stderr)))
@@ -46,6 +48,9 @@ def test_leave_ends_with_its_code_after_the_exit_handlers_and_the_output_written
     assert proc.stdout == "written beforethe handler ran\n", proc.stdout  # nothing after leave ran
     assert "a record held until the flush" in proc.stderr
     assert "leave:" not in proc.stderr  # nothing went wrong, nothing said
+    # each phase timed, at DEBUG; on a normal way out no bound is reached
+    assert re.search(rf"DEBUG job\.runtime\.leaving: leaving with {code}: exit handlers \d+\.\d{{3}} s, flush "
+                     r"\d+\.\d{3} s; no bound reached\n", proc.stderr), proc.stderr
 
 
 def test_a_handler_that_blocks_holds_the_exit_no_longer_than_its_bound() -> None:
@@ -55,6 +60,7 @@ def test_a_handler_that_blocks_holds_the_exit_no_longer_than_its_bound() -> None
     assert took < 15, f"expected the exit within the 1 s bound (and the start), found {took:.1f} s"
     assert "leave: its exit handlers did not end within 1 s: leaving without the rest" in proc.stderr
     assert proc.stdout == "written before" and "a record held until the flush" in proc.stderr
+    assert "; bound reached: exit handlers\n" in proc.stderr, proc.stderr  # the phase line names it too
 
 
 def test_a_handler_that_raises_is_printed_and_the_others_still_run() -> None:
@@ -76,12 +82,46 @@ leave(75, together=sys.argv[1] == "together")
 """
 
 
+def _jax_script(script: str, arg: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", script, arg], capture_output=True, text=True, timeout=120, env=ENV)
+
+
 @pytest.mark.parametrize("how", ["together", "alone"])
 def test_jax_s_own_exit_handler_is_skipped_its_backends_left_to_the_process_end(how: str) -> None:
-    proc = subprocess.run([sys.executable, "-c", JAX_KEPT, how], capture_output=True, text=True, timeout=120,
-                          env=ENV)
+    proc = _jax_script(JAX_KEPT, how)
     assert proc.returncode == exits.REQUEUE, proc.stderr
     assert proc.stdout.strip() == "backends kept True", (proc.stdout, proc.stderr)
+
+
+# A stopped run's way out, as python -m job takes it: its command (job.train.entry.command) shuts the distributed
+# system down as the run ends, then leave(..., together=True); or leave alone, where nothing shut it down before.
+SHUT_ONCE = """
+import atexit, logging, socket, sys
+import jax
+logging.getLogger("job.runtime.leaving").setLevel(logging.DEBUG)
+free = socket.socket()
+free.bind(("127.0.0.1", 0))
+port = free.getsockname()[1]
+free.close()
+jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=1, process_id=0)
+calls, real = [], jax.distributed.shutdown
+jax.distributed.shutdown = lambda: (calls.append(1), real())[1]
+atexit.register(lambda: print("shut down", len(calls), "up", jax.distributed.is_initialized(), flush=True))
+from job.runtime.leaving import leave
+from job.train import entry
+leave(entry.command(lambda argv: 75, []) if sys.argv[1] == "command" else 75, together=True)
+"""
+
+
+@pytest.mark.parametrize("before", ["command", "nothing"])
+def test_a_stopped_run_shuts_the_distributed_system_down_once(before: str) -> None:
+    proc = _jax_script(SHUT_ONCE, before)
+    assert proc.returncode == exits.REQUEUE, proc.stderr
+    assert proc.stdout.strip() == "shut down 1 up False", (proc.stdout, proc.stderr)
+    shut = re.search(r"leaving with 75: jax's distributed shutdown \d+\.\d{3} s( \(none left to shut down\))?, "
+                     r"exit handlers [0-9.]+ s, flush [0-9.]+ s; no bound reached\n", proc.stderr)
+    assert shut is not None, proc.stderr
+    assert bool(shut.group(1)) is (before == "command"), proc.stderr  # leave shuts down only what is still up
 
 
 # Each caller, in a process of its own with an exit handler; the watchdog's before_exit comes after the handlers
