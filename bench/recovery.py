@@ -13,7 +13,8 @@ node2 is SIGKILLed at step 22 (tests/user_tasks/node_fault.py: the OOM killer's 
 Every case saves to the persistent tier every 50 steps (none yet at the fault).
 
 Figures, from the run's own records: the restart gap (attempts.jsonl's `resumed` record: from the failed
-attempt's end, as the supervisor saw srun end, to the first step completed after the restart) and the steps
+attempt's end, as the supervisor saw srun end, to the first step completed after the restart), the kill to that
+step (from the faulty process's `node_fault: SIGKILL at` line: the survivors' way out included) and the steps
 redone (the fault's step minus the step restored). The requeue here meets an idle queue (the partition holds
 nothing else): on a busy cluster it waits behind other jobs on top of this; a restart in the allocation never
 waits (tests/slurm/test_retries.py holds a job pending to show it). The compilation cache is warm for the
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -83,7 +85,9 @@ def one(env: dict[str, str], folder: Path, case: str) -> dict[str, float]:
     records = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines() if line.strip()]
     resumed = [r for r in records if r["event"] == "resumed"][-1]
     failed = next(r for r in records if r["event"] == "ended" and r["outcome"] == "failed")
-    return {"gap_s": float(resumed["gap_s"]), "redone": float(FAULT_STEP - int(resumed["from_step"])),
+    kills = [float(m) for log in (folder / "logs").glob("*_log.out")
+             for m in re.findall(r"^node_fault: SIGKILL at ([0-9.]+)$", log.read_text(errors="replace"), re.MULTILINE)]
+    return {"gap_s": float(resumed["gap_s"]), "kill_to_step_s": float(resumed["time"]) - min(kills), "redone": float(FAULT_STEP - int(resumed["from_step"])),
             "from_step": float(resumed["from_step"]), "wall_s": wall, "failed_code": float(failed["code"]),
             "tier_local": float(Tier(resumed["tier"]) is Tier.LOCAL)}
 
@@ -104,10 +108,12 @@ def run(quick: bool = False) -> Section:
                 figures[case].append(one(env, folder, case))
                 print(f"[bench recovery] {case}: {figures[case][-1]}", file=sys.stderr, flush=True)
     base = median([f["gap_s"] for f in figures["requeue"]])
-    section.columns = ["case", "restart gap (median)", "vs requeue", "steps redone", "restored from", "job wall time"]
+    section.columns = ["case", "restart gap (median)", "kill to first step", "vs requeue", "steps redone",
+                       "restored from", "job wall time"]
     for case, runs in figures.items():
         gap = median([f["gap_s"] for f in runs])
-        section.rows.append([case, fmt_s(gap), f"{gap / base:.2f}x" if base else "-",
+        section.rows.append([case, fmt_s(gap), fmt_s(median([f["kill_to_step_s"] for f in runs])),
+                             f"{gap / base:.2f}x" if base else "-",
                              f"{median([f['redone'] for f in runs]):.0f}",
                              f"step {median([f['from_step'] for f in runs]):.0f}"
                              + (", node-local" if runs[0]["tier_local"] else " (no persistent save yet)"

@@ -8,7 +8,8 @@ as a broken host fails every job it gets. With NODE_FAULT_AFTER (a path, such as
 first waits, up to 120 s, for that path to exist: rows are asked for ahead of the step, so without it the
 fault could come while another process still commits an earlier step's save (a path that never appears
 ends the process with 97 and a line saying so, not with the fault); NODE_FAULT_SETTLE_S then waits that many
-seconds more (a node-local save's copy on its way to a peer). Elsewhere, and without NODE_FAULT, it
+seconds more (a node-local save's copy on its way to a peer). Its last line, `node_fault: SIGKILL at UNIX_TIME`,
+dates the kill (bench/recovery.py measures from it). Elsewhere, and without NODE_FAULT, it
 is the lm task exactly (the same model, rows and losses), so a retried run can be compared with an
 uninterrupted lm run.
 """
@@ -46,6 +47,7 @@ class FaultyRows:
                     os._exit(97)
                 time.sleep(0.05)
             time.sleep(float(os.environ.get(SETTLE, "0")))  # what runs beside the save it waited for, done too
+            print(f"node_fault: SIGKILL at {time.time():.3f}", file=sys.stderr, flush=True)  # the kill's time
             os.kill(os.getpid(), signal.SIGKILL)
         return self.inner.rows(split, step, start, stop)
 
