@@ -35,6 +35,7 @@ ORBAX_MULTIHOST = "orbax.checkpoint._src.multihost.multihost"
 ORBAX_SIGNALING = "orbax.checkpoint._src.futures.signaling_client"
 ORBAX_ASYNC = "orbax.checkpoint._src.checkpointers.async_checkpointer"
 ORBAX_TS_UTILS = "orbax.checkpoint._src.serialization.tensorstore_utils"
+ORBAX_ARRAY_METADATA = "orbax.checkpoint._src.metadata.array_metadata_store"
 SUBMITIT_SLURM = "submitit.slurm.slurm"
 # what sys.exit runs before the interpreter's teardown: every function atexit holds, last registered first
 # (job.runtime.leaving runs them, then ends the process without the teardown); CPython 3.11.7, 3.12.1, 3.13.0
@@ -72,6 +73,9 @@ PRIVATE = (
     # what the sync costs); orbax-checkpoint 0.12.8
     f"{ORBAX_TS_UTILS}:_BASE_TS_CONTEXT",
     f"{ORBAX_TS_UTILS}:_DEFAULT_OCDBT_TS_CONTEXT",
+    # the store of per-array metadata orbax's default ArrayHandler writes (a typed PRNG key's implementation, which
+    # plain orbax needs to give the key back typed); orbax-checkpoint 0.12.8
+    f"{ORBAX_ARRAY_METADATA}:Store",
     # submitit 1.5.4: the batch script SlurmExecutor writes, for a dry run and the golden files
     f"{SUBMITIT_SLURM}:_make_sbatch_string",
     f"{SUBMITIT_TASK_MODULE}:submitit_main",
@@ -110,6 +114,11 @@ def orbax_ts_contexts() -> tuple[dict[str, Any], ...]:
     """The tensorstore context specs orbax's array handlers open their stores with (plain, and OCDBT's), which a
     caller may change before a save."""
     return (lookup(f"{ORBAX_TS_UTILS}:_BASE_TS_CONTEXT"), lookup(f"{ORBAX_TS_UTILS}:_DEFAULT_OCDBT_TS_CONTEXT"))
+
+
+def orbax_array_metadata_store() -> Any:
+    """A new store of orbax's per-array metadata, as its default ArrayHandler is given."""
+    return lookup(f"{ORBAX_ARRAY_METADATA}:Store")()
 
 
 def cuda_visible_devices() -> str | None:

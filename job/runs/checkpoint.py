@@ -24,7 +24,6 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint.type_handlers import (
-    ArrayHandler,
     create_type_handler_registry,
     get_type_handler,
     supported_types,
@@ -40,6 +39,7 @@ from job.parallel.multihost import (
 )
 from job.parallel.trees import leaf_specs
 from job.runs import headroom
+from job.runs.array_io import ArrayReader
 from job.runs.config import CheckpointConfig
 from job.runtime import host as host_memory
 from job.runtime import priority
@@ -142,10 +142,13 @@ class Checkpointer:
         save blocked the loop (bench.ckpt). One replica per array is orbax's GPU default.
         Arrays are stored without zstd: trained float weights hardly compress, and compressing
         took about 30% of the whole write (bench.ckpt); checkpoints written compressed still read.
+        Restores read through job.runs.array_io (files mapped into memory, shards into unfilled buffers). Each
+        array's orbax metadata is written as orbax's default handler writes it (plain orbax then restores typed keys).
         Where the host copy does not fit at once (`self.host`), orbax copies in batches of that many GB.
         """
         others = [(ty, get_type_handler(ty)) for ty in supported_types() if ty is not jax.Array]
-        registry = create_type_handler_registry((jax.Array, ArrayHandler(use_replica_parallel=False)), *others)
+        arrays = ArrayReader(use_replica_parallel=False, array_metadata_store=internals.orbax_array_metadata_store())
+        registry = create_type_handler_registry((jax.Array, arrays), *others)
         batches = None if self.host is None or self.host.fits else self.host.batch_gb()
         handler = ocp.PyTreeCheckpointHandler(type_handler_registry=registry, use_compression=False,
                                               save_device_host_concurrent_gb=batches)
