@@ -31,7 +31,7 @@ from job.parallel import mesh_flag, sharding
 from job.parallel.mesh import equal_slices
 from job.parallel.multihost import barrier, on_process_zero
 from job.parallel.rows import row_span
-from job.runs import resume
+from job.runs import local_tier, resume
 from job.runs.checkpoint import saved_steps
 from job.runs.tiers import Origin
 from job.runtime import compile_cache, device_memory, preflight
@@ -190,14 +190,38 @@ def choose_remat(cfg: TrainConfig, task: Task, built: Built, args: tuple[Any, ..
 
 
 def expected_start(cfg: TrainConfig, run_dir: epath.Path) -> int:
-    """The step the restore is expected to start from, before it runs: the newest step saved in the run dir (a
-    folder named by its number), else 0 (--no-resume too). The restore decides (a newer node-local step, an
-    unreadable newest one set aside); where it decides otherwise, what was made for this guess is made again."""
+    """The step the restore is expected to start from, before it runs: the node-local tier's step where the
+    restore will take it (`local_expected`), else the newest step saved in the run dir (a folder named by its
+    number), else 0 (--no-resume too). The restore decides (an unreadable step set aside, a node-local file that
+    fails its checksum); where it decides otherwise, what was made for this guess is made again. Collective with
+    --ckpt.local-every and --resume."""
+    if not cfg.resume:
+        return 0
     folder = rundir.checkpoints(run_dir)
     try:
-        return max(saved_steps(folder), default=0) if cfg.resume and folder.exists() else 0
+        persistent = max(saved_steps(folder), default=None) if folder.exists() else None
     except OSError:  # unreadable here: the restore says so
-        return 0
+        persistent = None
+    local = local_expected(cfg, run_dir, persistent) if cfg.ckpt.local_every else None
+    return local if local is not None else persistent or 0
+
+
+def local_expected(cfg: TrainConfig, run_dir: epath.Path, persistent: int | None,
+                   group: local_tier.Group | None = None) -> int | None:
+    """The node-local step the restore will take (as `Checkpoints` chooses it: the newest step whose every
+    process's file some node holds, newer than every process's newest persistent step), else None; read only:
+    nothing is made, fetched or read back. Every process gets process 0's decision from every process's listing
+    (one exchange through the coordination service's key-value store, as the tier's own restore). Collective."""
+    group = local_tier.Group.of_this_run() if group is None else group
+    folder = local_tier.run_folder(cfg.ckpt.local_dir, str(run_dir))
+    try:
+        held = tuple(local_tier.held(folder))
+    except OSError:  # unreadable here: the tier's restore says so
+        held = ()
+    mine = local_tier.Listing(node_name(), held, persistent)
+    decided = group.decided(f"{local_tier.KEY}expected", mine.to_json(), lambda said: local_tier.plan_restore(
+        [local_tier.Listing.from_json(x) for x in said]).to_json())
+    return local_tier.RestorePlan.from_json(decided).step
 
 
 def compile_step(cfg: TrainConfig, task: Task, built: Built, step: int) -> tuple[
@@ -269,5 +293,5 @@ def opening_lines(cfg: TrainConfig, task: Task, info: ClusterInfo, built: Built,
 
 
 __all__ = ["Built", "RematAsk", "RunPlan", "build_run", "choose_remat", "compile_ahead", "compile_step",
-           "expected_start", "first_batch", "opening_lines", "plan_run", "recall_remat", "run_mesh", "run_rules",
-           "train_step_of"]
+           "expected_start", "first_batch", "local_expected", "opening_lines", "plan_run", "recall_remat",
+           "run_mesh", "run_rules", "train_step_of"]
