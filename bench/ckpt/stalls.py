@@ -24,6 +24,7 @@ from typing import Any
 SAMPLE_S = 0.005  # how often the loop's thread is looked at
 STALL = 2.0  # a step this many times the median is a stall
 FRAMES = 4  # the innermost frames named per sample
+LATE_S = 0.3  # a sampler this late looks at every thread: the one that held the GIL is likely still where it was
 
 
 def where(frame: FrameType | None) -> str:
@@ -41,6 +42,7 @@ class Stalls:
     def __init__(self) -> None:
         self.samples: list[tuple[float, float, str]] = []  # (time, seconds since the previous sample, where)
         self.collections: list[tuple[float, float, int]] = []  # (start, end, generation)
+        self.late: list[tuple[float, float, dict[str, str]]] = []  # (time, wait, {thread name: where}) after LATE_S
         self._gc_began: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, name="bench-stalls", daemon=True)
@@ -70,8 +72,11 @@ class Stalls:
         while not self._stop.is_set():
             time.sleep(SAMPLE_S)
             now = time.perf_counter()
-            frame = sys._current_frames().get(main)  # noqa: SLF001 - the one way to see another thread's stack
-            self.samples.append((now, now - last, where(frame)))
+            frames = sys._current_frames()  # noqa: SLF001 - the one way to see another thread's stack
+            self.samples.append((now, now - last, where(frames.get(main))))
+            if now - last > LATE_S:
+                names = {t.ident: t.name for t in threading.enumerate()}
+                self.late.append((now, now - last, {names.get(i, str(i)): where(f) for i, f in frames.items()}))
             last = now
 
     def report(self, spans: list[tuple[float, float]]) -> dict[str, Any]:
@@ -93,6 +98,8 @@ class Stalls:
                            "frames": [(w, n) for w, n in common]})
         everything = [s for s in self.samples if spans[0][0] <= s[0] <= spans[-1][1]]
         return {"median_step_s": round(median, 4), "stalls": stalls,
+                "late": [{"at_s": round(t - spans[0][0], 3), "wait_s": round(w, 3), "threads": threads}
+                         for t, w, threads in self.late],
                 "gc_collections": len(self.collections), "gc_s": round(sum(e - b for b, e, _ in self.collections), 3),
                 "sampler_waits_over_50ms": sum(1 for s in everything if s[1] > 0.05),
                 "frames_overall": collections.Counter(s[2] for s in everything).most_common(3)}
