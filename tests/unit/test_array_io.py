@@ -23,7 +23,7 @@ def _mesh() -> jax.sharding.Mesh:
     return jax.make_mesh((4, 2), ("data", "model"))
 
 
-def _state(spec: dict[str, PartitionSpec]) -> dict[str, Any]:
+def _placed(spec: dict[str, PartitionSpec]) -> dict[str, Any]:
     """Random float32, bfloat16 and int arrays and a PRNG key, placed by `spec` (per leaf name) on the 4 x 2 mesh."""
     mesh, rng = _mesh(), np.random.default_rng(0)
     values = {"w": rng.standard_normal((16, 8), dtype=np.float32),
@@ -64,7 +64,7 @@ def _assert_bitwise(back: dict, saved: dict, like: dict) -> None:
                          ids=["replicated", "sharded", "sharded-to-another", "replicated-to-sharded"])
 def test_the_template_restores_bitwise_what_it_saved_on_any_target_sharding(
         saved: dict, target: dict, tmp_path: Path) -> None:
-    state, like = _state(saved), _state(target)
+    state, like = _placed(saved), _placed(target)
     checkpoints = Checkpointer(tmp_path / "ck", CheckpointConfig(async_save=True))
     checkpoints.save(3, state)
     checkpoints.wait()
@@ -73,10 +73,10 @@ def test_the_template_restores_bitwise_what_it_saved_on_any_target_sharding(
 
 
 def test_a_partial_restore_reads_only_what_the_target_names(tmp_path: Path) -> None:
-    state = _state(SHARDED)
+    state = _placed(SHARDED)
     checkpoints = Checkpointer(tmp_path / "ck", CheckpointConfig(async_save=False))
     checkpoints.save(1, state)
-    like = {k: v for k, v in _state(ELSEWHERE).items() if k in ("w", "key")}
+    like = {k: v for k, v in _placed(ELSEWHERE).items() if k in ("w", "key")}
     _assert_bitwise(checkpoints.restore(1, like, partial=True), state, like)
     checkpoints.close()
 
@@ -89,10 +89,10 @@ def _plain_restore(path: Path, like: dict) -> dict:
 
 @pytest.mark.parametrize("compressed", [False, True], ids=["uncompressed", "zstd"])
 def test_plain_orbax_and_the_template_read_each_others_checkpoints(compressed: bool, tmp_path: Path) -> None:
-    state = _state(SHARDED)
+    state = _placed(SHARDED)
     checkpoints = Checkpointer(tmp_path / "ck", CheckpointConfig(async_save=False))
     checkpoints.save(2, state)
-    elsewhere = _state(ELSEWHERE)
+    elsewhere = _placed(ELSEWHERE)
     _assert_bitwise(_plain_restore(tmp_path / "ck" / "2" / "default", elsewhere), state, elsewhere)
     # orbax's own save, compressed (its default) or not, read by the template
     handler = ocp.PyTreeCheckpointHandler(use_compression=compressed)
@@ -101,7 +101,7 @@ def test_plain_orbax_and_the_template_read_each_others_checkpoints(compressed: b
         plain.save(4, args=ocp.args.PyTreeSave(state))
         plain.wait_until_finished()
     reader = Checkpointer(tmp_path / "plain", CheckpointConfig())
-    like = _state(ELSEWHERE)
+    like = _placed(ELSEWHERE)
     _assert_bitwise(reader.restore(4, like), state, like)
     reader.close()
     checkpoints.close()
