@@ -10,7 +10,10 @@ Every part is measured, none is a remainder: `other_s` is what no part
 covered, so the parts' sum against `total_s` shows how complete the split is.
 `compile_s` is the loop's compile part (the steps compiled ahead, and the wait
 for the other processes to have compiled theirs) plus the first training step's
-time minus one ordinary step.
+time minus one ordinary step. `checkpoint_s` is what the saves cost: the time
+they held the loop, plus what the steps taken while a write ran beside them lost
+(each one's time over the median of the steps taken without a write,
+`checkpoint_stalls_s`), which `steps_s` then leaves out.
 
 Across requeues of one run directory, process 0 appends to RUN_DIR/goodput.jsonl:
 an "attempt" line when a run starts (its number the run dir's attempt record's,
@@ -26,7 +29,9 @@ the run's attempts: job.runs.attempts tells which.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,6 +44,7 @@ from job.runs import attempts as attempt_records
 
 PARTS = ("startup", "compile", "steps", "input_wait", "checkpoint", "eval", "profile", "logging")
 RECORD = rundir.GOODPUT
+PLAIN_KEPT = 1024  # the last steps taken without a write beside them, whose median is a step's own time
 
 
 class Goodput:
@@ -52,6 +58,9 @@ class Goodput:
         self.seconds = dict.fromkeys(PARTS, 0.0)
         self.first_step_s: float | None = None
         self.steps_timed = 0
+        self._plain: collections.deque[float] = collections.deque(maxlen=PLAIN_KEPT)  # steps with no write beside
+        self._beside: list[float] = []  # steps beside a write, not yet set against the plain steps' median
+        self._stalls = 0.0  # what the steps beside a write lost, those set against the median so far
         self.previous: dict[str, Any] = {}
         self._record: storage.Appender | None = None  # on RUN_DIR/goodput.jsonl (process 0, from `resume`)
 
@@ -71,8 +80,9 @@ class Goodput:
             self.seconds[name] += self._clock() - start
 
     @contextlib.contextmanager
-    def step(self) -> Iterator[None]:
-        """One training step: the first one (compilation included) is kept apart until `finish`."""
+    def step(self, *, beside_write: bool = False) -> Iterator[None]:
+        """One training step: the first one (compilation included) is kept apart until `finish`. `beside_write`: a
+        save's write was running when it began; what it takes over a plain step's median is the save's cost."""
         start = self._clock()
         try:
             yield
@@ -83,18 +93,40 @@ class Goodput:
             else:
                 self.seconds["steps"] += took
                 self.steps_timed += 1
+                (self._beside if beside_write else self._plain).append(took)
+                if len(self._beside) >= PLAIN_KEPT and self._plain:
+                    self._set_against_median()
+
+    def _set_against_median(self) -> None:
+        """Add what the steps beside a write took over the plain steps' median to the stalls (none without a plain
+        step to compare with: they stay steps)."""
+        if self._plain:
+            median = statistics.median(self._plain)
+            self._stalls += sum(max(0.0, took - median) for took in self._beside)
+            self._beside.clear()
+
+    def stalls(self) -> float:
+        """Seconds the steps beside a write lost so far (their time over the plain steps' median)."""
+        self._set_against_median()
+        return self._stalls
 
     def finish(self) -> dict[str, Any]:
         """The split of this attempt's time so far (seconds, rounded to ms), and across attempts."""
         total = self._clock() - self.began
         seconds = dict(self.seconds)
-        if self.first_step_s is not None:  # the first step: one ordinary step, the rest is compilation
-            ordinary = seconds["steps"] / self.steps_timed if self.steps_timed else 0.0
+        stalls = self.stalls()  # the saves' cost beside the steps, out of the steps into the checkpoint part
+        seconds["steps"] -= stalls
+        seconds["checkpoint"] += stalls
+        if self.first_step_s is not None:  # the first step: one ordinary step (the plain steps' median), the rest
+            # is compilation
+            ordinary = statistics.median(self._plain) if self._plain else (
+                seconds["steps"] / self.steps_timed if self.steps_timed else 0.0)
             ordinary = min(ordinary, self.first_step_s)
             seconds["compile"] += self.first_step_s - ordinary
             seconds["steps"] += ordinary
         result: dict[str, Any] = {"total_s": round(total, 3)}
         result.update({f"{name}_s": round(value, 3) for name, value in seconds.items()})
+        result["checkpoint_stalls_s"] = round(stalls, 3)
         result["other_s"] = round(total - sum(seconds.values()), 3)
         result["goodput"] = round(seconds["steps"] / total, 4) if total > 0 else 0.0
         result.update(self.previous)
@@ -168,7 +200,13 @@ def read_records(path: Path | epath.Path) -> list[dict[str, Any]]:
 
 def describe(split: dict[str, Any]) -> str:
     """One log line: "goodput 71%: steps 10.2 s, compile 3.1 s, ... of 14.4 s"."""
-    parts = ", ".join(f"{name.replace('_', ' ')} {split[f'{name}_s']:.1f} s" for name in (*PARTS, "other"))
+    def said(name: str) -> str:
+        text = f"{name.replace('_', ' ')} {split[f'{name}_s']:.1f} s"
+        if name == "checkpoint" and split.get("checkpoint_stalls_s"):  # the saves' cost beside the steps, within it
+            text += f" ({split['checkpoint_stalls_s']:.1f} s of it steps slowed beside writes)"
+        return text
+
+    parts = ", ".join(said(name) for name in (*PARTS, "other"))
     line = f"goodput {split['goodput']:.0%} of {split['total_s']:.1f} s: {parts}"
     if "restart_s" in split:
         line += (f"; attempt {split['attempt']}: {split['restart_s']:.1f} s since the previous one, "

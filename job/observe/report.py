@@ -69,6 +69,13 @@ class Reporter:
                      self._shown(metrics), lr, rate, self.unit, step_time * 1e3)
 
     @only_specific_processes()
+    def checkpoint(self, step: int, blocked_s: float) -> None:
+        """A save of `step` that held the loop `blocked_s` (the copy to host memory; the write runs on): recorded
+        under the split "checkpoint" and left out of the next logged step's time, which times the steps alone."""
+        self._last_time += blocked_s
+        self._write(step, "checkpoint", {"blocked_s": blocked_s})
+
+    @only_specific_processes()
     def hosts(self, step: int, stragglers: Sequence[Straggler]) -> None:
         """The stragglers of this log interval (job.observe.stragglers): one line naming each, and the metrics."""
         if not stragglers:

@@ -140,8 +140,7 @@ class Checkpoints:
     def due(self, step: int) -> Tier | None:
         """The tier finished step `step` is saved in, or None: never a step already saved (or restored); the
         persistent tier where both are due. Asked once by every process after each step, once the processes have
-        agreed whether to stop there. Looks first whether the last write has ended (its paused collector resumes)."""
-        self.persistent.writing()
+        agreed whether to stop there."""
         if step == self.last_saved:
             return None
         if step % self.cfg.every == 0 or step == self.end or self.stopping():
@@ -162,6 +161,10 @@ class Checkpoints:
             raise ValueError(f"checkpoints: expected the tier due(step) gives for step {step} (persistent, or "
                              f"node-local with --ckpt.local-every), found {tier}; fix: save the tier due() returns")
         self.last_saved = step
+
+    def writing(self) -> bool:
+        """Whether the last persistent save is still being written, beside the steps (a question, nothing else)."""
+        return self.persistent.writing()
 
     def wait(self) -> None:
         """Until the last persistent save is written; CheckpointError if it failed on any process."""

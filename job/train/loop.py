@@ -253,7 +253,8 @@ class Training:
         # error too, once a save under way has finished
         fits = memory.one_error(cfg, self.task, built.mesh, "its first step" if first else f"step {done}",
                                 before=self.checkpoints.wait)
-        with fits, self.profiler.step(done) as outputs, timer.step():  # starting and ending a trace is not a step
+        beside = self.checkpoints.writing()  # a step slowed by the write beside it is the save's cost (goodput)
+        with fits, self.profiler.step(done) as outputs, timer.step(beside_write=beside):  # a trace's start: not a step
             previous = self.metrics
             state, self.metrics = built.train_step(state, next_batch)
             at(done, "wait")
@@ -284,8 +285,10 @@ class Training:
             with timer.part("steps"):  # the step itself, not the save's copy to the host
                 jax.block_until_ready(self.metrics)
             at(done, "save")
+            saving = time.perf_counter()
             with timer.part("checkpoint"):
                 self.checkpoints.save(done, state, tier)
+            report.checkpoint(done, time.perf_counter() - saving)
         if not first and not (evaluates or tier is not None):  # a step's time: no compilation, evaluation or save
             self.watch.add(host_s, time.perf_counter() - step_began)
         return state, stop

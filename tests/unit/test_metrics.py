@@ -123,6 +123,31 @@ def test_goodput_splits_the_time_and_the_first_step_pays_for_compilation() -> No
     assert "goodput 22% of 22.5 s" in describe(split)
 
 
+def test_what_the_steps_beside_a_write_lose_is_the_saves_cost_not_the_steps() -> None:
+    clock = FakeClock()
+    timer = Goodput(clock=clock, wall=clock)
+    timer.started()
+    # a first step (compile), 10 plain steps of 1 s, a save holding the loop 0.5 s, then 3 steps beside its write:
+    # 3 s, 1.5 s and 1 s; then plain steps again (one of 0.8 s: faster than the median is no gain)
+    for took, beside in [(10.0, False), *[(1.0, False)] * 10, (3.0, True), (1.5, True), (1.0, True), (0.8, False)]:
+        if beside and timer.stalls() == 0.0 and clock.now == 20.0:  # the save, after the 11th step
+            with timer.part("checkpoint"):
+                clock.now += 0.5
+        with timer.step(beside_write=beside):
+            clock.now += took
+    assert timer.stalls() == 2.5  # (3 - 1) + (1.5 - 1) + 0
+    split = timer.finish()
+    assert split["checkpoint_stalls_s"] == 2.5
+    assert split["checkpoint_s"] == 3.0  # the 0.5 s it held the loop, and what the steps beside it lost
+    assert split["steps_s"] == round(10 + 3 + 1.5 + 1 + 0.8 - 2.5 + 1.0, 3)  # the first step's ordinary part: 1 s
+    assert "checkpoint 3.0 s (2.5 s of it steps slowed beside writes)" in describe(split)
+    plain = Goodput(clock=clock, wall=clock)
+    for _ in range(3):
+        with plain.step(beside_write=True):  # no plain step to compare with: they stay steps
+            clock.now += 2.0
+    assert plain.finish()["checkpoint_stalls_s"] == 0.0
+
+
 def test_a_compile_timed_before_the_start_is_compile_not_start_up() -> None:
     """The loop compiles the train step before it restores the state (job/train/plan.py's compile_step): that
     part is compile time, and start-up is what came before and after it until the loop started."""
