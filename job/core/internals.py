@@ -35,6 +35,7 @@ ORBAX_MULTIHOST = "orbax.checkpoint._src.multihost.multihost"
 ORBAX_SIGNALING = "orbax.checkpoint._src.futures.signaling_client"
 ORBAX_ASYNC = "orbax.checkpoint._src.checkpointers.async_checkpointer"
 ORBAX_TS_UTILS = "orbax.checkpoint._src.serialization.tensorstore_utils"
+ORBAX_SERIALIZATION_TYPES = "orbax.checkpoint._src.serialization.types"
 ORBAX_ARRAY_METADATA = "orbax.checkpoint._src.metadata.array_metadata_store"
 SUBMITIT_SLURM = "submitit.slurm.slurm"
 # what sys.exit runs before the interpreter's teardown: every function atexit holds, last registered first
@@ -73,6 +74,9 @@ PRIVATE = (
     # what the sync costs); orbax-checkpoint 0.12.8
     f"{ORBAX_TS_UTILS}:_BASE_TS_CONTEXT",
     f"{ORBAX_TS_UTILS}:_DEFAULT_OCDBT_TS_CONTEXT",
+    # how an ArrayHandler's callback schedules an array's copy to the host (its default: every array at once, which
+    # no memory bound reaches); orbax-checkpoint 0.12.8
+    f"{ORBAX_SERIALIZATION_TYPES}:TransferPriority",
     # the store of per-array metadata orbax's default ArrayHandler writes (a typed PRNG key's implementation, which
     # plain orbax needs to give the key back typed); orbax-checkpoint 0.12.8
     f"{ORBAX_ARRAY_METADATA}:Store",
@@ -119,6 +123,12 @@ def orbax_ts_contexts() -> tuple[dict[str, Any], ...]:
 def orbax_array_metadata_store() -> Any:
     """A new store of orbax's per-array metadata, as its default ArrayHandler is given."""
     return lookup(f"{ORBAX_ARRAY_METADATA}:Store")()
+
+
+def orbax_transfer_priority(name: str) -> Any:
+    """orbax's TransferPriority of that name (SYNCHRONOUS, ASYNCHRONOUS_DEPRIORITIZED), which an ArrayHandler's
+    callback gives for each array."""
+    return lookup(f"{ORBAX_SERIALIZATION_TYPES}:TransferPriority")[name]
 
 
 def cuda_visible_devices() -> str | None:

@@ -12,7 +12,6 @@ topology.
 from __future__ import annotations
 
 import errno
-import gc
 import logging
 import os
 import threading
@@ -41,7 +40,6 @@ from job.parallel.trees import leaf_specs
 from job.runs import headroom
 from job.runs.array_io import ArrayReader
 from job.runs.config import CheckpointConfig
-from job.runtime import host as host_memory
 from job.runtime import priority
 
 log = logging.getLogger(__name__)
@@ -86,13 +84,14 @@ class Checkpointer:
     A save copies this process's shards straight from the live arrays to host memory (orbax's
     `copy_to_host_async`, then one wait): no copy is made on the devices, so a save holds no device
     memory, and the next step may donate the state the moment `save` returns. The write then runs on
-    orbax's and tensorstore's threads from host memory (async), at a low CPU priority (nice
-    WRITER_NICE): on a busy host they fill the gaps the step leaves instead of slowing it. Orbax's
+    orbax's and tensorstore's threads from host memory (async); where the devices are this host's CPU, at
+    a low CPU priority (nice WRITER_NICE), so that they fill the gaps the step leaves instead of slowing it. Orbax's
     barriers go through the coordination service (every process is named), never device collectives.
 
     What a save needs of the host (its copy, for every process of the run on this host) is weighed
     once, from the state's plan (`like`), by job.runs.headroom: where it does not fit the host's
-    available memory, the copies go in bounded batches (the loop then waits for part of the write).
+    available memory, the copies go in bounded batches, each written before the next is copied (the loop
+    waits until the last is copied).
     """
 
     def __init__(self, directory: str | os.PathLike[str], cfg: CheckpointConfig, *, training: bool = False,
@@ -118,7 +117,6 @@ class Checkpointer:
             # a checkpoint set aside as unreadable is moved marker first (storage.move_aside)
             cleanup_tmp_directories=training and not storage.is_remote(path),
         )
-        self._gc_paused = False  # whether save() paused the collector (it was on) for the write under way
         if processes > 1:
             on_process_zero(storage.make_dirs, self.directory)
             barrier(f"checkpoint folder {self.directory}")
@@ -130,8 +128,13 @@ class Checkpointer:
         self._failure: BaseException | None = None  # why this process's last write failed, the moment it did
         self._lowering: threading.Thread | None = None  # the thread lowering the write's threads' priority
         self._pool = priority.NamedLowering(WRITER_THREADS, WRITER_NICE)  # tensorstore's, each thread looked at once
+        # the write's threads give way to the step only where the step computes on this host's cores (CPU devices):
+        # on a TPU VM lowering them gained nothing in the real loop (bench.ckpt.loop: no-scan), and finding them
+        # reads every thread's name in /proc, 0.7-1.1 s of a thread's time there
+        self._host_computes = jax.local_devices()[0].platform == "cpu"
         self._listener = _FailureListener(self._write_failed)
         logging.getLogger("absl").addHandler(self._listener)  # orbax logs through absl
+        self._transfers = _Transfers(batched=self.host is not None and not self.host.fits)
         self.manager = self._manager()
 
     def _manager(self) -> ocp.CheckpointManager:
@@ -140,17 +143,21 @@ class Checkpointer:
         orbax's default on CPU and TPU splits every replicated array into per-replica slices,
         one eager slice per replica and array, on the loop's thread; that doubled the time a
         save blocked the loop (bench.ckpt). One replica per array is orbax's GPU default.
-        Arrays are stored without zstd: trained float weights hardly compress, and compressing
-        took about 30% of the whole write (bench.ckpt); checkpoints written compressed still read.
+        Arrays are written with orbax's zstd where the devices are accelerators, and without it on CPU devices,
+        each measured in `python -m job train` itself (bench.ckpt.loop): on a TPU VM the uncompressed write
+        stalled a step beside it by 1.1-1.7 s at nearly every save (6 runs), the compressed one by 0.5 s at most,
+        in about the same write time; on CPU devices zstd's threads took the step's cores (on a 2-core machine the
+        steps beside the writes lost 9.6-12.3 s against 2.5-7.2 s, two runs each). Either format restores.
         Restores read through job.runs.array_io (files mapped into memory, shards into unfilled buffers). Each
         array's orbax metadata is written as orbax's default handler writes it (plain orbax then restores typed keys).
-        Where the host copy does not fit at once (`self.host`), orbax copies in batches of that many GB.
+        Where the host copy does not fit at once (`self.host`), orbax copies in batches of `batch_gb` (`_Transfers`).
         """
         others = [(ty, get_type_handler(ty)) for ty in supported_types() if ty is not jax.Array]
-        arrays = ArrayReader(use_replica_parallel=False, array_metadata_store=internals.orbax_array_metadata_store())
+        arrays = ArrayReader(use_replica_parallel=False, array_metadata_store=internals.orbax_array_metadata_store(),
+                             callback=self._transfers)
         registry = create_type_handler_registry((jax.Array, arrays), *others)
         batches = None if self.host is None or self.host.fits else self.host.batch_gb()
-        handler = ocp.PyTreeCheckpointHandler(type_handler_registry=registry, use_compression=False,
+        handler = ocp.PyTreeCheckpointHandler(type_handler_registry=registry, use_compression=not self._host_computes,
                                               save_device_host_concurrent_gb=batches)
         return ocp.CheckpointManager(self.directory, options=self.options, item_handlers=handler)
 
@@ -163,36 +170,19 @@ class Checkpointer:
     def save(self, step: int, state: Any) -> None:
         """Save `state` as `step` (collective): returns once this process's shards are in host memory, the write
         going on in the background when async. The next step may donate `state` at once."""
-        barrier(f"checkpoint save {step}")
+        barrier(f"checkpoint save {step}")  # a dead peer is a named timeout here, not orbax's barrier's long wait
         self.wait()  # orbax waits for the previous save anyway; a failure there is reported as that step's
         self._writing = step
-        if self.options.enable_async_checkpointing:
-            # every save's host copy lands in the pages the previous one used (a fresh page costs a fault: on a
-            # TPU VM the loop waited 0.8-0.9 s for 1.9 GB in fresh pages, 0.26-0.30 s in reused ones: bench.ckpt)
-            host_memory.keep_freed_memory()
-            self._pause_gc()  # before the write starts: a small one may be committed before save() returns
+        self._transfers.begin()
         try:
             self.manager.save(step, args=ocp.args.PyTreeSave(state), force=True)
+            # in batches, the copies go on behind save(): the state is the loop's again once the last one is made
+            self._transfers.wait(sum(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(state)),
+                                 ended=lambda: self._failure is not None or not self.manager.is_saving_in_progress())
         except Exception as exc:
-            self._resume_gc()
             raise self._failed(step, exc) from exc
-        if self.options.enable_async_checkpointing:  # orbax's commit thread and tensorstore's, now writing
+        if self.options.enable_async_checkpointing and self._host_computes:  # orbax's and tensorstore's threads
             self._lower_writers()
-
-    def _pause_gc(self) -> None:
-        """The collector off while the write runs: orbax's write makes 26-31 collections a save of gpt2-small's state,
-        and on a TPU VM the steps beside it stalled up to 1.7 s with it on (bench.ckpt.beside; the real gpt2-small
-        step ran 1.07x first and 1.09x mean beside the write with it paused, bench.ckpt). Resumed by the first look
-        that finds the write ended (`writing`, which the loop's checkpoints ask after every step), by `wait`, by a
-        failure and by `close`: on the loop's thread, never on orbax's."""
-        if gc.isenabled():
-            gc.disable()
-            self._gc_paused = True
-
-    def _resume_gc(self) -> None:
-        if self._gc_paused:
-            self._gc_paused = False
-            gc.enable()
 
     def _lower_writers(self) -> None:
         """The write's threads (orbax's commit thread, tensorstore's pool) at nice WRITER_NICE, lowered on a thread of
@@ -211,12 +201,8 @@ class Checkpointer:
         self._lowering.start()
 
     def writing(self) -> bool:
-        """Whether this process's last save is still being written (`wait` returns once it is not); once it is not,
-        the collector paused for it resumes."""
-        busy = self._failure is None and self.manager.is_saving_in_progress()
-        if not busy:
-            self._resume_gc()
-        return busy
+        """Whether this process's last save is still being written (`wait` returns once it is not)."""
+        return self._failure is None and self.manager.is_saving_in_progress()
 
     def restore(self, step: int, like: Any, *, partial: bool = False) -> Any:
         """The saved state, placed like `like` (which may come from another topology); with `partial`,
@@ -291,10 +277,10 @@ class Checkpointer:
                         raise CheckpointError(f"{posted[0]} (reported by that process; this is process "
                                               f"{jax.process_index()})")
                 time.sleep(POLL_S)
-            if self._failure is not None:  # (writing() found the write over: the collector is back on)
+            if self._failure is not None:
                 raise self._failure
             self.manager.wait_until_finished()
-            if self._writing is not None:  # those tensorstore added while writing
+            if self._writing is not None and self._host_computes:  # those tensorstore added while writing
                 self._lower_writers()
         except CheckpointError:
             raise
@@ -332,8 +318,51 @@ class Checkpointer:
         try:
             self.manager.close()
         finally:
-            self._resume_gc()
-        logging.getLogger("absl").removeHandler(self._listener)
+            logging.getLogger("absl").removeHandler(self._listener)
+
+
+class _Transfers:
+    """orbax's ArrayHandler callback (a `SerializationStatusCallback`): how each array's copy to the host is scheduled,
+    and how many have been made in the save under way.
+
+    orbax's own default marks every array SYNCHRONOUS: save() copies them all at once, and its bound on the copies
+    in flight (`save_device_host_concurrent_gb`) reaches none of them. Where the host cannot hold a save's copy at
+    once (`batched`, job.runs.headroom), every array is ASYNCHRONOUS_DEPRIORITIZED instead: orbax copies them in
+    batches within its bound, each batch written before the next is copied, and save() waits (`wait`) for the
+    last copy, since the next step may donate the state. Called on orbax's threads."""
+
+    def __init__(self, *, batched: bool) -> None:
+        self.batched = batched
+        self._copied = 0
+        self._changed = threading.Condition()
+
+    def key_priority(self, keypath: Any) -> Any:
+        return internals.orbax_transfer_priority("ASYNCHRONOUS_DEPRIORITIZED" if self.batched else "SYNCHRONOUS")
+
+    def begin(self) -> None:
+        with self._changed:
+            self._copied = 0
+
+    def on_transfer_start(self, keypath: Any) -> None:
+        pass
+
+    def on_transfer_end(self, keypath: Any) -> None:
+        with self._changed:
+            self._copied += 1
+            self._changed.notify_all()
+
+    def on_write_start(self, keypath: Any) -> None:
+        pass
+
+    def on_write_end(self, keypath: Any) -> None:
+        pass
+
+    def wait(self, arrays: int, ended: Callable[[], bool]) -> None:
+        """Until `arrays` copies are made (at once unless batched), or the save `ended` without them (a failure,
+        which `Checkpointer.wait` raises)."""
+        with self._changed:
+            while self.batched and self._copied < arrays and not ended():
+                self._changed.wait(POLL_S)
 
 
 def _first_line(exc: BaseException) -> str:

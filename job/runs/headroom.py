@@ -10,8 +10,9 @@ cannot reuse (donate) the state's buffers while the write reads them, so the sam
 That need is weighed once per run, from the state's plan, against what the host has available
 (MemAvailable within this process's cgroup: job.runtime.host). Where it fits in HOST_SHARE of it, a
 save copies everything at once and the loop waits only for that copy; where it does not, orbax
-copies in batches that fit (`save_device_host_concurrent_gb`), and the loop waits for the write of
-every batch but the last. Where nothing says what is available, the copy goes at once.
+copies in batches that fit (`save_device_host_concurrent_gb`, each array marked for orbax's batched copies:
+job.runs.checkpoint's `_Transfers`), each batch written before the next is copied, and the loop waits
+until the last batch is copied. Where nothing says what is available, the copy goes at once.
 """
 
 from __future__ import annotations
@@ -45,11 +46,10 @@ class HostFit:
     def fits(self) -> bool:
         return self.available is None or self.needed <= HOST_SHARE * self.available
 
-    def batch_gb(self) -> int:
-        """Orbax's bound on one process's device-to-host copies in flight, in GB (at least 1): the processes on
-        this host together within HOST_SHARE of what it has available."""
-        free = HOST_SHARE * (self.available or 0) / max(self.processes_on_host, 1)
-        return max(1, math.floor(free / GB))
+    def batch_gb(self) -> float:
+        """Orbax's bound on one process's device-to-host copies in flight, in GB: the processes on this host together
+        within HOST_SHARE of what it has available (an array larger than the bound is copied alone)."""
+        return HOST_SHARE * (self.available or 0) / max(self.processes_on_host, 1) / GB
 
     def line(self) -> str:
         """The run's log line for a host copy that does not fit at once."""
@@ -57,7 +57,8 @@ class HostFit:
         return (f"checkpoint: a save's copy of the state needs {size(self.needed)} of host memory for the "
                 f"{count} process{'es' if count > 1 else ''} on this host, more than {round(HOST_SHARE * 100)}% of "
                 f"the {size(self.available or 0)} available; the state goes to the host in batches of "
-                f"{self.batch_gb()} GB a process, the loop waiting for all but the last")
+                f"{self.batch_gb():.2f} GB a process, each written before the next is copied, the loop waiting "
+                "for the last copy")
 
 
 def host_bytes(tree: Any) -> int:

@@ -2,7 +2,6 @@
 
     host_available()   # bytes: MemAvailable, capped by what the cgroup's memory limit still allows
     usable_cores()     # cores: the CPU affinity, capped by the cgroup's cpu.max quota
-    keep_freed_memory()  # glibc's malloc keeps what the process frees for its next allocations
 
 Read from /proc and /sys/fs/cgroup (v2, and v1's memory controller); every reader takes its paths as
 arguments so tests describe a host in a folder. None where nothing can be read: the caller decides.
@@ -10,18 +9,13 @@ arguments so tests describe a host in a folder. None where nothing can be read: 
 
 from __future__ import annotations
 
-import ctypes
 import os
-import platform
 from pathlib import Path
 
 MEMINFO = Path("/proc/meminfo")
 PROC_CGROUP = Path("/proc/self/cgroup")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _UNLIMITED = 1 << 62  # cgroup v1 writes "no limit" as a number near 2**63
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
-MMAP_THRESHOLD_MAX = 32 << 20  # the largest mmap threshold glibc takes on 64-bit hosts
-TRIM_THRESHOLD = (1 << 31) - 1  # mallopt takes an int: free memory above the heap kept up to 2 GiB
 
 
 def mem_available(meminfo: str) -> int | None:
@@ -112,18 +106,3 @@ def usable_cores() -> float:
 
 __all__ = ["CGROUP_ROOT", "MEMINFO", "PROC_CGROUP", "cgroup_cpus", "cgroup_room", "host_available", "mem_available",
            "usable_cores"]
-
-
-def keep_freed_memory() -> bool:
-    """Ask glibc's malloc to keep the memory this process frees for its next allocations: blocks up to
-    MMAP_THRESHOLD_MAX come from its heap (not a fresh mapping each), and freed memory at the heap's top is kept up
-    to TRIM_THRESHOLD instead of given back. A checkpoint's host copy then lands, save after save, in pages already
-    mapped: a first touch of each page costs a fault, which on a sandboxed TPU VM was most of the device-to-host
-    copy's time. Whether it was set (glibc only; musl and others keep their own policy)."""
-    if platform.libc_ver()[0] != "glibc":
-        return False
-    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
-    if mallopt is None:
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))

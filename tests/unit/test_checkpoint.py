@@ -88,41 +88,48 @@ def test_the_write_runs_at_a_low_cpu_priority_and_the_loop_does_not(tmp_path: Pa
     checkpoints.close()
 
 
-def test_the_collector_is_paused_while_a_write_runs_and_resumes_at_the_first_look_after_it(tmp_path: Path) -> None:
-    assert gc.isenabled()
+def test_on_an_accelerator_the_write_keeps_its_priority_and_no_thread_reads_proc(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the step computes on the chip: lowering the writers gained nothing on a TPU VM (bench.ckpt.loop: no-scan), and
+    # finding them reads every thread's name in /proc
+    class Chip:
+        platform = "tpu"
+
+    monkeypatch.setattr(checkpoint.jax, "local_devices", lambda: [Chip()])
     checkpoints = Checkpointer(tmp_path / "ck", CheckpointConfig())
+    monkeypatch.undo()
     checkpoints.save(1, _state())
-    assert not gc.isenabled(), "paused while the write runs"
-    while checkpoints.writing():  # the loop's checkpoints look after every step (Checkpoints.due)
-        assert not gc.isenabled()
-        time.sleep(0.01)
-    assert gc.isenabled(), "resumed by the look that found the write ended"
     checkpoints.wait()
-    gc.disable()  # a loop that keeps its collector off: a save leaves it off
-    try:
-        checkpoints.save(2, _state())
-        checkpoints.wait()
-        assert not gc.isenabled()
-    finally:
-        gc.enable()
-    checkpoints.save(3, _state())
-    checkpoints.close()  # closed while writing: the collector back on
-    assert gc.isenabled()
+    checkpoints.save(2, _state())
+    assert checkpoints._lowering is None  # noqa: SLF001 - no thread was started to lower them
+    checkpoints.close()
 
 
-def test_a_failed_write_resumes_the_collector(tmp_path: Path) -> None:
+def test_a_save_leaves_the_collector_and_the_allocator_as_they_are(tmp_path: Path) -> None:
+    # in the real loop on a TPU VM neither the collector's pause nor glibc's kept heap shortened the save's block or
+    # the steps beside the write (bench.ckpt.loop: no-gc-pause, no-mallopt); the loop's process is left its own
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        try:
+            checkpoints = Checkpointer(tmp_path / f"ck{enabled}", CheckpointConfig())
+            checkpoints.save(1, _state())
+            while checkpoints.writing():  # the loop asks after every step: a question, nothing else
+                assert gc.isenabled() is enabled
+                time.sleep(0.01)
+            checkpoints.save(2, _state())
+            checkpoints.close()  # closed while writing
+            assert gc.isenabled() is enabled
+        finally:
+            gc.enable()
+
+
+def test_a_failed_write_is_raised_by_wait_and_leaves_the_collector_on(tmp_path: Path) -> None:
     checkpoints = Checkpointer(tmp_path / "ck", CheckpointConfig())
     with pytest.raises(CheckpointError):
         checkpoints.save(4, {"w": jnp.ones(3), "lock": threading.Lock()})
         checkpoints.wait()
     checkpoints.close()
     assert gc.isenabled()
-
-
-def test_a_saving_process_keeps_the_memory_it_frees_for_the_next_host_copy(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert host.keep_freed_memory() is True  # glibc here
-    monkeypatch.setattr(host.platform, "libc_ver", lambda: ("", ""))  # musl, macOS: their own allocator's policy
-    assert host.keep_freed_memory() is False
 
 
 def test_checkpoints_written_with_orbax_defaults_still_restore(tmp_path: Path) -> None:
@@ -179,11 +186,12 @@ def test_a_host_copy_that_does_not_fit_goes_in_batches_sized_for_every_process_o
     roomy = headroom.weigh(2 * GIB, 100 * GIB, 4)
     assert roomy == headroom.HostFit(8 * GIB, 100 * GIB, 4) and roomy.fits
     tight = headroom.weigh(20 * GIB, 40 * GIB, 4)  # 80 GiB for 4 processes, 40 available
-    assert not tight.fits and tight.batch_gb() == 9  # 0.9 x 40 GiB / 4 = 9.66 GB a process
-    assert headroom.weigh(GIB, GIB, 1).batch_gb() == 1  # never below orbax's smallest bound
+    assert not tight.fits and tight.batch_gb() == pytest.approx(0.9 * 40 * GIB / 4 / 1e9)  # 9.66 GB a process
+    assert headroom.weigh(GIB, GIB, 1).batch_gb() == pytest.approx(0.9 * GIB / 1e9)
     assert tight.line() == ("checkpoint: a save's copy of the state needs 80.0 GiB of host memory for the 4 "
                             "processes on this host, more than 90% of the 40.0 GiB available; the state goes to "
-                            "the host in batches of 9 GB a process, the loop waiting for all but the last")
+                            "the host in batches of 9.66 GB a process, each written before the next is copied, the "
+                            "loop waiting for the last copy")
 
 
 def test_a_checkpointer_whose_host_copy_does_not_fit_saves_in_batches_and_restores_bitwise(
@@ -191,17 +199,31 @@ def test_a_checkpointer_whose_host_copy_does_not_fit_saves_in_batches_and_restor
     monkeypatch.setattr(headroom, "host_available", lambda: 100)  # bytes: less than the state's 272
     given, made = [], ocp.PyTreeCheckpointHandler
     monkeypatch.setattr(ocp, "PyTreeCheckpointHandler", lambda **kw: given.append(kw) or made(**kw))
+    # what orbax does: each array's copy to the host and the end of its write, in order
+    events: list[tuple[str, str]] = []
+    copied, written = checkpoint._Transfers.on_transfer_end, checkpoint._Transfers.on_write_end  # noqa: SLF001
+    monkeypatch.setattr(checkpoint._Transfers, "on_transfer_end",  # noqa: SLF001
+                        lambda self, key: events.append(("copied", jax.tree_util.keystr(key))) or copied(self, key))
+    monkeypatch.setattr(checkpoint._Transfers, "on_write_end",  # noqa: SLF001
+                        lambda self, key: events.append(("written", jax.tree_util.keystr(key))) or written(self, key))
     caplog.set_level(logging.INFO, logger=checkpoint.__name__)
     checkpoints = Checkpointer(tmp_path / "ck", CheckpointConfig(), like=abstract(_state()))
     assert checkpoints.host == headroom.HostFit(272, 100, 1)  # w's 256 bytes over 8 devices, b's 16 once
-    assert [kw["save_device_host_concurrent_gb"] for kw in given] == [1]  # orbax copies 1 GB at most at a time
+    assert [kw["save_device_host_concurrent_gb"] for kw in given] == [pytest.approx(90 / 1e9)]  # 90% of 100 bytes
     step = jax.jit(lambda w: w * 0 - 1, donate_argnums=0)
     step(_state()["w"])
     for number in (2, 4):
         state = _state(float(number))
+        events.clear()
         checkpoints.save(number, state)
+        assert sorted(what for what, _ in events if what == "copied") == ["copied", "copied"], (
+            "save() returns once every array is on the host: the next step may donate it")
         state["w"] = step(state["w"])  # the loop's next step, donating the state
         checkpoints.wait()
+        # 90 bytes at a time: w (256 bytes, alone) is written before b is copied, or the other way round
+        in_flight = [sum(1 for e in events[:i + 1] if e[0] == "copied") - sum(1 for e in events[:i + 1]
+                     if e[0] == "written") for i in range(len(events))]
+        assert max(in_flight) == 1 and len(events) == 4, events
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("checkpoint: a save's copy")]
     assert len(said) == 1 and "needs 272 B of host memory for the 1 process on this host" in said[0]
     for number in (2, 4):
