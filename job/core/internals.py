@@ -31,6 +31,7 @@ JAX_XLA_BRIDGE = "jax._src.xla_bridge"
 JAX_API = "jax._src.api"
 JAX_DISTRIBUTED = "jax._src.distributed"
 JAX_CLOUD_TPU = "jax._src.clusters.cloud_tpu_cluster"
+JAX_CACHE_KEY = "jax._src.cache_key"
 ORBAX_MULTIHOST = "orbax.checkpoint._src.multihost.multihost"
 ORBAX_SIGNALING = "orbax.checkpoint._src.futures.signaling_client"
 ORBAX_ASYNC = "orbax.checkpoint._src.checkpointers.async_checkpointer"
@@ -58,6 +59,10 @@ PRIVATE = (
     # clears the backends (a TPU runtime letting go of the chip: seconds), then shuts the distributed system down;
     # jax 0.10.2, 0.12.0.1: jax's exit handler
     f"{JAX_API}:clean_up",
+    # what a persistent-cache key hashes of the devices (on CPU, this process's topology's fingerprint, which
+    # differs from process to process), and the devices' kinds hashed (its fallback); jax 0.10.2, 0.12.0.1
+    f"{JAX_CACHE_KEY}:_hash_accelerator_config",
+    f"{JAX_CACHE_KEY}:_hash_devices",
     # jax 0.10.2, 0.12.0.1: jax's own Cloud TPU VM detection (the metadata server's worker list)
     f"{JAX_CLOUD_TPU}:running_in_cloud_tpu_vm",
     f"{JAX_CLOUD_TPU}:GceTpuCluster.is_env_present",
@@ -173,6 +178,32 @@ def is_orbax_save_thread(code: CodeType) -> bool:
     return code.co_name == ORBAX_SAVE_THREAD_FUNCTION and "orbax" in code.co_filename
 
 
+def share_cpu_cache_keys(machine: str) -> None:
+    """jax's persistent-cache key of a program on CPU devices made the same on every process: on CPU jax hashes
+    this process's topology, which holds only its own devices (process 1's fingerprint is not process 0's), and
+    only process 0 writes entries, so no other process ever loads one. Hashed instead, as jax does where it cannot
+    fingerprint a topology: the devices' kinds, the process holding each (2 processes x 2 devices is not 1 x 4),
+    and `machine` (this host's CPU: the compiled code is for it). Other platforms keep jax's key. Once a process."""
+    module = importlib.import_module(JAX_CACHE_KEY)
+    fingerprinted = module._hash_accelerator_config
+    if getattr(fingerprinted, "job_machine", None) == machine:
+        return
+    fingerprinted = getattr(fingerprinted, "jax_own", fingerprinted)
+    by_kind = module._hash_devices
+
+    def same_on_every_process(hash_obj: Any, accelerators: Any) -> None:
+        if not all(device.platform == "cpu" for device in accelerators.flat):
+            same_on_every_process.jax_own(hash_obj, accelerators)  # type: ignore[attr-defined]
+            return
+        by_kind(hash_obj, accelerators)
+        hash_obj.update(",".join(str(device.process_index) for device in accelerators.flat).encode())
+        hash_obj.update(machine.encode())
+
+    same_on_every_process.jax_own = fingerprinted  # type: ignore[attr-defined]
+    same_on_every_process.job_machine = machine  # type: ignore[attr-defined]
+    setattr(module, "_hash_accelerator_config", same_on_every_process)  # noqa: B010 - jax's, replaced
+
+
 @contextlib.contextmanager
 def one_host_view(local_devices: list[jax.Device]) -> Iterator[None]:
     """Inside: jax says process 0 of 1 with `local_devices` as every device, orbax skips its
@@ -192,5 +223,6 @@ def one_host_view(local_devices: list[jax.Device]) -> Iterator[None]:
 __all__ = [
     "PRIVATE", "SUBMITIT_TASK_MODULE", "TENSORSTORE_WRITER_THREADS", "backends_are_initialized", "coordination_client",
     "cuda_visible_devices", "gce_tpu_cluster", "in_cloud_tpu_vm", "is_orbax_save_thread", "lookup",
-    "one_host_view", "run_exit_handlers", "skip_backend_teardown_at_exit", "submitit_sbatch_script",
+    "one_host_view", "run_exit_handlers", "share_cpu_cache_keys", "skip_backend_teardown_at_exit",
+    "submitit_sbatch_script",
 ]

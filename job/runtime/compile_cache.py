@@ -22,6 +22,14 @@ compilation (`enable` is called right after `job.initialize`). Every compiled
 program is cached, not only those taking over jax's default 1 s, unless the
 JAX_PERSISTENT_CACHE_* variables say otherwise.
 
+On CPU every process loads what process 0 wrote: jax's own key hashes a CPU
+process's topology, which holds that process's devices only, so process 1's key
+was never process 0's and process 1 (on its node, or on a spare node after a
+restart) compiled every program again while process 0 waited for it at the
+barrier "step compiled". The key hashes instead the devices' kinds, the process
+holding each, and the host's CPU (`machine`: its model and flags), the same on
+every process of nodes alike (job/core/internals.py, `share_cpu_cache_keys`).
+
 Each process counts its own hits and misses (`CacheEvents`); `record` puts every
 process's counts into the run's summary.
 """
@@ -30,12 +38,14 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 
+from job.core import internals
 from job.core.storage import bucket_of, is_remote
 
 log = logging.getLogger("job.train")
@@ -53,6 +63,25 @@ def resolve(setting: str, env: Mapping[str, str], run_dir: str = "") -> str | No
         return f"gs://{bucket_of(run_dir)}/{BUCKET_FOLDER}"
     base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return str(Path(base) / "job" / "jax")
+
+
+def machine(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """This host's CPU, as a CPU program's cache key holds it: its architecture, and its first processor's model
+    and feature flags where `cpuinfo` says them (Linux), the compiled code being for those features."""
+    said: dict[str, str] = {}
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                name, sep, value = line.partition(":")
+                if not sep:
+                    if said:
+                        break  # the first processor's lines only
+                    continue
+                said.setdefault(name.strip(), value.strip())
+    except OSError:
+        pass
+    found = [said.get(name, "") for name in ("model name", "flags", "Features", "CPU part")]
+    return "\n".join([platform.machine(), platform.processor(), *found])
 
 
 def enable(setting: str = "", env: Mapping[str, str] | None = None, run_dir: str = "") -> str | None:
@@ -75,6 +104,7 @@ def enable(setting: str = "", env: Mapping[str, str] | None = None, run_dir: str
             jax.config.update("jax_enable_compilation_cache", False)
             return None
     jax.config.update("jax_enable_compilation_cache", True)
+    internals.share_cpu_cache_keys(machine())  # on CPU, process 0's entries serve every process
     jax.config.update("jax_compilation_cache_dir", folder)
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in env:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

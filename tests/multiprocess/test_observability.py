@@ -133,10 +133,9 @@ def compilations(output: str, rank: int, program: str) -> int:
 def test_a_rerun_with_a_warm_cache_waits_for_the_process_that_compiles_and_records_every_process(
         tmp_path: Path) -> None:
     """A user's unrolled deep model (tests/user_tasks/deep.py) trained twice on 2 processes x 2 devices with one
-    --compile-cache folder, into two run dirs. jax writes cache entries from process 0 only, and on CPU process
-    1's cache key differs from process 0's: in the second run process 0 loads its programs while process 1
-    compiles them again. Process 1 is made SLOWER_S (35) seconds slower to compile there (DEEP_TRACE_DELAY_S:
-    it sleeps when the loss is first traced), a skew a deep enough model gives on its own at more test time (96
+    --compile-cache folder, into two run dirs, with the job's own cache keys. In the second run process 1 is made
+    SLOWER_S (35) seconds slower to reach its programs (DEEP_TRACE_DELAY_S: it sleeps when the loss is first
+    traced, before the cache is asked), a skew a deep enough model gives on its own at more test time (96
     layers on 2 busy cores: process 1 reached the barrier 73 s after process 0, its state's init and steps
     compiled while process 0 loaded them). Without compiling ahead and meeting at the barrier "step compiled",
     process 0 waited for process 1 in its first collective, and gloo ended the run after 30 s (exit 1)."""
@@ -303,3 +302,15 @@ def test_a_host_whose_rows_cost_more_is_named_as_the_straggler_and_no_other(tmp_
         assert "process 0 (" not in line and "process 2 (" not in line, line
     assert [host["process"] for host in summary(tmp_path)["slowest_hosts"]] == [1]
     assert {r["slowest_process"] for r in records(tmp_path) if r["split"] == "hosts"} == {1.0}
+
+
+def test_a_rerun_loads_every_program_process_0_cached_on_every_process_with_jaxs_cache_on_cpu(tmp_path: Path) -> None:
+    """Two 2-process runs with one --compile-cache folder and the job's own keys (not the tests' shared ones):
+    jax writes entries from process 0 only and, on CPU, keyed process 1's programs by its own topology, so process
+    1 (a restart's, on its node or a spare) compiled every program again while process 0 waited for it. Now the
+    second run's process 1 loads every program it looks up, as process 0 does."""
+    cache, real = tmp_path / "cache", {"JOB_TESTS_CACHE_KEYS": "real"}  # the job's own keys (sitecustomize.py)
+    for name in ("cold", "warm"):
+        train(2, 2, tmp_path / name, "--compile-cache", str(cache), "--steps", "2", *SMALL, **real)
+    warm = summary(tmp_path / "warm")["goodput"]["compile_cache"]["by_process"]
+    assert warm["misses"] == [0, 0] and warm["hits"][0] > 0 and warm["hits"][1] > 0, warm
