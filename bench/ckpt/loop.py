@@ -15,7 +15,9 @@ own, so that no variant inherits another's heap, page faults or thread prioritie
 - `bare`: the template's handler saved by orbax's `CheckpointManager.save` alone, nothing else at the save;
 - `orbax`: orbax's own defaults (a CheckpointManager with its default handler, `StandardSave`);
 - `compressed`: the template, its arrays written with orbax's zstd (`use_compression=True`);
-- `chunked`: the template, every array written in chunks of at most CHUNK_BYTES (orbax's `chunk_byte_size`).
+- `chunked`: the template, every array written in chunks of at most CHUNK_BYTES (orbax's `chunk_byte_size`);
+- `uncompressed`: the template with its arrays written without zstd on any device (as on CPU devices);
+- `lowered`: the template with its writer threads lowered to nice 19 on any device (as on CPU devices).
 
 For each: every step's time (metrics.jsonl's `step_time_s`, the time between two logged steps), their median,
 mean, p99 and maximum, each save's blocked seconds (`bare` and `orbax` included), the steps after each save
@@ -38,7 +40,8 @@ from typing import Any
 
 from bench.procs import ROOT
 
-VARIANTS = ("job", "template", "no-scan", "gc-paused", "bare", "orbax", "compressed", "chunked")
+VARIANTS = ("job", "template", "no-scan", "gc-paused", "bare", "orbax", "compressed", "chunked", "uncompressed",
+            "lowered")
 CHUNK_BYTES = 16 << 20  # `chunked`: orbax's chunk_byte_size for every array
 TRAIN = ["--task", "tests.user_tasks.llama_fast:TASK", "--preset", "gpt2-small-size", "--steps", "120",
          "--ckpt.every", "40", "--log-every", "1", "--eval-every", "100000"]
@@ -134,6 +137,24 @@ def patch(variant: str, timings: dict[str, list[Any]]) -> None:
             return tree_save(item, save_args=args, **kw)
 
         ocp.args.PyTreeSave = chunked  # type: ignore[misc]
+
+    elif variant in ("uncompressed", "lowered"):
+        made = checkpoint.Checkpointer.__init__
+
+        def init(self: Any, *args: Any, **kw: Any) -> None:
+            if variant == "uncompressed":  # the manager is made in __init__: compression follows the platform's flag
+                real = checkpoint.jax.local_devices
+                checkpoint.jax.local_devices = lambda: [type("Cpu", (), {"platform": "cpu"})()]
+                try:
+                    made(self, *args, **kw)
+                finally:
+                    checkpoint.jax.local_devices = real
+                self._host_computes = False  # its writers' priority as on an accelerator
+            else:
+                made(self, *args, **kw)
+                self._host_computes = True  # lowered after the manager is made: compressed, writers lowered
+
+        checkpoint.Checkpointer.__init__ = init  # type: ignore[method-assign]
 
     save, writing = tiers.Checkpoints.save, checkpoint.Checkpointer.writing
 
