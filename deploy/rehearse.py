@@ -47,6 +47,7 @@ from job.core.errors import BAD_INPUT_EXIT_CODE, ConfigError
 from job.launch import command_line
 from job.observe.plot import series
 from job.train import sweep_check
+from job.train.evaluation import RESERVED_SPLITS
 from job.train import task as tasks
 
 DEFAULT_STEPS = 6
@@ -212,7 +213,7 @@ def eval_agrees(runs_own: Sequence[Mapping[str, Any]], written: Mapping[str, Any
     if written is None:
         return Check("eval", False, f"python -m job eval left no {rundir.evaluation(Path(), step)} in the run dir",
                      fix="read its output: it writes the file on process 0 after evaluating every split")
-    own = {r["split"]: r for r in runs_own if r.get("step") == step and r.get("split") not in ("train", "hosts")}
+    own = {r["split"]: r for r in runs_own if r.get("step") == step and r.get("split") not in RESERVED_SPLITS}
     splits = written.get("splits", {})
     if not splits and not own:
         return Check.skip("eval", "the task evaluates no split (no eval split declared, or --data.eval-batches 0): "

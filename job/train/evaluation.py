@@ -36,7 +36,7 @@ from job.parallel import sharding
 from job.train.batches import global_batch
 from job.train.task import Rows
 
-RESERVED_SPLITS = ("train", "hosts")  # metric records the loop writes under these names
+RESERVED_SPLITS = ("train", "hosts", "checkpoint")  # metric records the loop writes under these names
 # a source's rows of a finite split: a name of the protocol's own (`size` is often an image side)
 SPLIT_SIZE = "split_size"
 
@@ -126,7 +126,7 @@ def check_splits(splits: Sequence[str], task_name: str) -> None:
     bad = [s for s in splits if not isinstance(s, str) or not s.isidentifier() or s in RESERVED_SPLITS]
     if bad or len(set(splits)) != len(splits):
         raise ConfigError(f"Task.eval_splits of {task_name}", expected="distinct identifiers other than "
-                          f"{' and '.join(RESERVED_SPLITS)}", found=list(splits),
+                          f"{', '.join(RESERVED_SPLITS)}", found=list(splits),
                           fix='declare e.g. eval_splits=("eval", "test")')
 
 
