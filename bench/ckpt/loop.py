@@ -1,6 +1,6 @@
 """A save as the user's run sees it: `python -m job train` itself, every step timed, each variant in its own process.
 
-    python -m bench.ckpt.loop OUT_DIR [--variants job,template,...] [--small] [-- TRAIN_FLAGS...]
+    python -m bench.ckpt.loop OUT_DIR [--variants job,template,...] [--small] [-- TRAIN_FLAGS...]   # on a TPU VM
 
 Each variant is a fresh process that trains the same command (by default a user's Llama-style model in its own
 package, tests/user_tasks/llama_fast.py, 120 steps, a save every 40 and every step logged) into a run dir of its
@@ -47,6 +47,7 @@ TRAIN = ["--task", "tests.user_tasks.llama_fast:TASK", "--preset", "gpt2-small-s
          "--ckpt.every", "40", "--log-every", "1", "--eval-every", "100000"]
 SMALL = ["--task", "tests.user_tasks.llama_fast:TASK", "--steps", "30", "--ckpt.every", "10", "--log-every", "1",
          "--eval-every", "100000"]  # the task's own small defaults
+DEFAULT = ("job", "template", "uncompressed", "lowered", "orbax")  # the save as it is, each difference from CPU's, orbax's
 AFTER = 5  # the steps after each save reported one by one
 VARIANT_TIMEOUT_S = 300
 
@@ -247,7 +248,8 @@ def line(r: dict[str, Any]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path, help="OUT_DIR (a variant's run dir and log go under it)")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default=",".join(DEFAULT),
+                        help=f"among {','.join(VARIANTS)} (default: {','.join(DEFAULT)}, about 5 minutes on a chip)")
     parser.add_argument("--small", action="store_true", help="a CPU-sized model (a dry run of the bench)")
     parser.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)  # the driver's child
     parser.add_argument("--timed", type=Path, help=argparse.SUPPRESS)
