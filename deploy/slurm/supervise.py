@@ -33,7 +33,7 @@ from pathlib import Path
 
 from deploy.policy import Decision, Situation, decide
 from deploy.runner import Runner
-from job.core import exits
+from job.core import exits, internals
 from job.runs.attempts import ENV as ATTEMPTS_ENV
 from job.runs.attempts import Action, Ended, JobLog, Outcome
 from job.runtime.cluster.nodelist import expand_nodelist
@@ -145,7 +145,7 @@ class Supervisor:
         self.alloc = Allocation.from_env(env)
         retries = env.get(RETRIES_ENV, "")
         self.retries = int(retries) if retries.isdigit() else DEFAULT_RETRIES
-        log_dir = Path(env.get(LOG_DIR_ENV) or ".").absolute()
+        self.log_dir = log_dir = Path(env.get(LOG_DIR_ENV) or ".").absolute()
         log_dir.mkdir(parents=True, exist_ok=True)
         self.records = JobLog(log_dir / f"{self.alloc.job_id}-attempts.jsonl")
         self.lost: set[str] = set()
@@ -212,6 +212,15 @@ class Supervisor:
                      f"{decision.describe()}")
             if decision.exclude:
                 self.lost.add(decision.exclude)
+            self.clear_half_written()
+
+    def clear_half_written(self) -> None:
+        """What the ended attempt's tasks left half-written as srun ended them, removed before the next attempt
+        starts (nothing of this job runs between two attempts): submitit's result of a task ended while saving it,
+        over which that task's next attempt refuses to start (a survivor of a peer's death ends at once, and srun
+        ends it while it saves)."""
+        for path in self.log_dir.glob(f"{self.alloc.job_id}_*{internals.SUBMITIT_HALF_WRITTEN}"):
+            path.unlink(missing_ok=True)
 
     def stuck(self, since: float, nodes: list[str]) -> Failure | None:
         """The process the watchdog's roll call named in this attempt (process 0's `hang` record), if any."""

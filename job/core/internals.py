@@ -44,6 +44,9 @@ SUBMITIT_SLURM = "submitit.slurm.slurm"
 PYTHON_EXIT_HANDLERS = "atexit:_run_exitfuncs"
 # submitit 1.5.4: the module each Slurm task runs (`python -m ...` FOLDER: unpickles and runs the job)
 SUBMITIT_TASK_MODULE = "submitit.core._submit"
+# submitit 1.5.4 (core/utils.py, temporary_save_path): a task writes its result to FOLDER/JOBID_TASK_result.pkl
+# under this suffix first, and refuses to start where such a file is left ('A temporary saved file already exists')
+SUBMITIT_HALF_WRITTEN = "_result.pkl.save_tmp"
 # orbax-checkpoint 0.12.8: the function its background save thread runs (and logs a failure from)
 ORBAX_SAVE_THREAD = f"{ORBAX_ASYNC}:_AsyncManager._thread_func"
 PRIVATE = (

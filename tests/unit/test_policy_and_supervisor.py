@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -275,6 +276,30 @@ def test_a_run_submitted_again_under_a_new_job_id_goes_on_numbering_its_attempts
     assert (copy["attempt"], copy["action"], copy["says"]) == (3, "none", "none")  # the job's copy: the same number
     written = attempts.append(run_dir, Ended("pod-a", 40.0, 45.0, 0, Outcome.COMPLETED, Action.NONE))
     assert written is not None and written.attempt == 4  # another backend, the same numbering
+
+
+def test_what_an_ended_attempt_left_half_written_is_cleared_before_the_next_attempt(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a survivor of its peer's death ends at once and srun ends it while submitit saves its result: submitit's next
+    # attempt of that task refuses to start over the half-written file
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: None)
+    half, other_job = tmp_path / "9_0_result.pkl.save_tmp", tmp_path / "8_0_result.pkl.save_tmp"
+    seen: list[bool] = []
+
+    class Steps(RecordingRunner):
+        def run_echoing_stderr(self, argv, *, env=None):  # type: ignore[no-untyped-def]
+            seen.append(half.exists())
+            if len(seen) == 1:
+                half.write_bytes(b"")  # the first attempt's process 0, ended while saving its result
+                return subprocess.CompletedProcess(argv, 137, "", "srun: error: n2: task 1: Killed\n")
+            return subprocess.CompletedProcess(argv, 0, "", "")
+
+    other_job.write_bytes(b"")
+    env = {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n[1-3]", "JOB_LOG_DIR": str(tmp_path), "JOB_RETRIES": "2",
+           "JOB_NODES": "2"}
+    assert Supervisor(["true"], Steps(), env).run() == 0
+    assert seen == [False, False], "the second attempt started with the first one's half-written result gone"
+    assert other_job.exists()  # another job's files are its own
 
 
 class BucketError(Exception):
