@@ -94,7 +94,7 @@ class Goodput:
                 self.seconds["steps"] += took
                 self.steps_timed += 1
                 (self._beside if beside_write else self._plain).append(took)
-                if len(self._beside) >= PLAIN_KEPT and self._plain:
+                if len(self._beside) >= PLAIN_KEPT:
                     self._set_against_median()
 
     def _set_against_median(self) -> None:

@@ -177,11 +177,11 @@ class Checkpointer:
         try:
             self.manager.save(step, args=ocp.args.PyTreeSave(state), force=True)
             # in batches, the copies go on behind save(): the state is the loop's again once the last one is made
-            self._transfers.wait(sum(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(state)),
-                                 ended=lambda: self._failure is not None or not self.manager.is_saving_in_progress())
+            self._transfers.wait(state, ended=lambda: self._failure is not None
+                                 or not self.manager.is_saving_in_progress())
         except Exception as exc:
             raise self._failed(step, exc) from exc
-        if self.options.enable_async_checkpointing and self._host_computes:  # orbax's and tensorstore's threads
+        if self.options.enable_async_checkpointing:  # orbax's commit thread and tensorstore's, now writing
             self._lower_writers()
 
     def _lower_writers(self) -> None:
@@ -189,7 +189,9 @@ class Checkpointer:
         its own: reading thread names in /proc took 0.7-1.1 s on a TPU VM (a gVisor sandbox), which the loop must
         not wait for. Each of tensorstore's threads is looked at once (`priority.NamedLowering`): a save after the
         first reads the names of the threads started since only. Orbax's commit thread, new at every save, is found
-        by its Python name."""
+        by its Python name. Only where the step computes on this host's cores (`_host_computes`)."""
+        if not self._host_computes:
+            return
 
         def lower() -> None:
             for thread in threading.enumerate():
@@ -280,7 +282,7 @@ class Checkpointer:
             if self._failure is not None:
                 raise self._failure
             self.manager.wait_until_finished()
-            if self._writing is not None and self._host_computes:  # those tensorstore added while writing
+            if self._writing is not None:  # those tensorstore added while writing
                 self._lower_writers()
         except CheckpointError:
             raise
@@ -357,11 +359,14 @@ class _Transfers:
     def on_write_end(self, keypath: Any) -> None:
         pass
 
-    def wait(self, arrays: int, ended: Callable[[], bool]) -> None:
-        """Until `arrays` copies are made (at once unless batched), or the save `ended` without them (a failure,
-        which `Checkpointer.wait` raises)."""
+    def wait(self, state: Any, ended: Callable[[], bool]) -> None:
+        """Until every array of `state` is copied (at once unless batched), or the save `ended` without them (a
+        failure, which `Checkpointer.wait` raises)."""
+        if not self.batched:
+            return
+        arrays = sum(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(state))
         with self._changed:
-            while self.batched and self._copied < arrays and not ended():
+            while self._copied < arrays and not ended():
                 self._changed.wait(POLL_S)
 
 
